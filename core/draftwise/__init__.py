@@ -1,0 +1,38 @@
+"""draftwise: a speculative-decoding inference engine whose speculators are plugins.
+
+Public surface::
+
+    from draftwise import LLM, SamplingParams, hookimpl
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+__version__ = "0.1.0"
+
+#: plugins decorate their hook implementations with this marker
+hookimpl = pluggy.HookimplMarker("draftwise")
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "__version__", "hookimpl"]
+
+if TYPE_CHECKING:
+    from draftwise.engine import LLM, LLMEngine
+    from draftwise.sampling import SamplingParams
+
+_LAZY = {
+    "LLM": "draftwise.engine",
+    "LLMEngine": "draftwise.engine",
+    "SamplingParams": "draftwise.sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import torch-heavy parts only when used, so `draftwise plugins` stays fast."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'draftwise' has no attribute {name!r}")
