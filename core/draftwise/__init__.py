@@ -19,11 +19,12 @@ hookimpl = pluggy.HookimplMarker("draftwise")
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "__version__", "hookimpl"]
 
 if TYPE_CHECKING:
-    from draftwise.engine import LLM, LLMEngine
+    from draftwise.engine import LLMEngine
+    from draftwise.llm import LLM
     from draftwise.sampling import SamplingParams
 
 _LAZY = {
-    "LLM": "draftwise.engine",
+    "LLM": "draftwise.llm",
     "LLMEngine": "draftwise.engine",
     "SamplingParams": "draftwise.sampling",
 }

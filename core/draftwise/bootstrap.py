@@ -1,0 +1,123 @@
+"""Build an engine's parts in the order that refuses early: config, then weights.
+
+The speculative config is parsed and checked against the installed plugins before a
+byte of weights is read; engine settings are checked next; only then is the model
+loaded, the KV cache sized and allocated once, and the proposers built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from draftwise.cache.manager import KVCacheManager
+from draftwise.engine_args import EngineArgs
+from draftwise.errors import EngineConfigError
+from draftwise.runner import ModelRunner, kv_bytes_per_token
+from draftwise.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from draftwise.config import ResolvedSpeculativeConfig
+    from draftwise.models.loader import LoadedModel
+    from draftwise.speculation import Speculation
+
+_DTYPES = ("auto", "bfloat16", "float32", "float16")
+
+
+@dataclass(slots=True)
+class EngineParts:
+    """Everything LLMEngine holds, built in a checked order."""
+
+    spec_config: ResolvedSpeculativeConfig | None
+    loaded: LoadedModel
+    runner: ModelRunner
+    kv: KVCacheManager
+    scheduler: Scheduler
+    max_model_len: int
+    speculation: Speculation | None
+
+
+def check_args(args: EngineArgs) -> None:
+    """Refuse settings by name before anything is loaded."""
+    if args.dtype not in _DTYPES:
+        raise EngineConfigError(f"dtype {args.dtype!r} is not supported; use one of {_DTYPES}")
+    positive = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "block_size": args.block_size,
+    }
+    for name, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise EngineConfigError(f"max_model_len must be at least 2, got {args.max_model_len}")
+    if args.num_kv_blocks is not None and args.num_kv_blocks < 2:
+        raise EngineConfigError(f"num_kv_blocks must be at least 2, got {args.num_kv_blocks}")
+
+
+def resolve_max_model_len(args: EngineArgs, loaded: LoadedModel) -> int:
+    """The context length: the user's if the model allows it, else the model's (capped)."""
+    model_len = int(loaded.config.max_position_embeddings)
+    if args.max_model_len is not None:
+        if args.max_model_len > model_len:
+            raise EngineConfigError(
+                f"max_model_len {args.max_model_len} exceeds the model's "
+                f"max_position_embeddings {model_len}; use at most {model_len}"
+            )
+        return args.max_model_len
+    return min(model_len, args.default_max_model_len)
+
+
+def size_kv_cache(args: EngineArgs, loaded: LoadedModel, max_model_len: int) -> int:
+    """Blocks to allocate: the user's number, or what the memory budget holds."""
+    per_block = kv_bytes_per_token(loaded) * args.block_size
+    need = math.ceil(max_model_len / args.block_size) + 1
+    if args.num_kv_blocks is not None:
+        blocks = args.num_kv_blocks
+    else:
+        want = args.max_num_seqs * need
+        budget = int(args.kv_cache_memory_gib * 2**30 // per_block)
+        blocks = min(want, budget)
+    if blocks < need:
+        raise EngineConfigError(
+            f"the KV cache ({blocks} blocks of {args.block_size} tokens) cannot hold one "
+            f"request of max_model_len {max_model_len} ({need} blocks); raise "
+            "num_kv_blocks / kv_cache_memory_gib or lower max_model_len"
+        )
+    return blocks
+
+
+def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
+    """Config first, then weights, then cache, scheduler and proposers."""
+    from draftwise.config import parse_speculative_config
+    from draftwise.models.loader import load_model
+    from draftwise.plugins.manager import load_speculators
+    from draftwise.speculation import build_speculation, max_draft_len
+
+    spec_config = parse_speculative_config(args.speculative_config)
+    if spec_config is not None:
+        load_speculators().ensure_buildable(spec_config)
+    check_args(args)
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    loaded = load_model(args.model, dtype=args.dtype, progress=progress)
+    max_model_len = resolve_max_model_len(args, loaded)
+    num_blocks = size_kv_cache(args, loaded, max_model_len)
+    kv = KVCacheManager(num_blocks, args.block_size, enable_prefix_caching=args.enable_prefix_caching)
+    runner = ModelRunner(loaded, num_blocks, args.block_size)
+    k = max_draft_len(spec_config) if spec_config is not None else 0
+    scheduler = Scheduler(
+        kv,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        num_spec_tokens=k,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+    )
+    speculation = (
+        build_speculation(spec_config, loaded, max_model_len) if spec_config is not None else None
+    )
+    return EngineParts(spec_config, loaded, runner, kv, scheduler, max_model_len, speculation)

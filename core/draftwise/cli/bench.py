@@ -1,0 +1,144 @@
+"""``draftwise bench``: speed and acceptance over a workload, peers in the same run."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _identical(a: list[Any], b: list[Any]) -> int:
+    """How many prompts produced the same tokens in both runs."""
+    return sum(x.token_ids == y.token_ids for x, y in zip(a, b))
+
+
+@click.command("bench")
+@click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--model", default=None, help="Checkpoint path (default: the embedded model).")
+@click.option("--speculative-config", "-sc", default=None, help="vLLM-style JSON.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Runs; best per prompt.")
+@click.option("--compare-hf", is_flag=True, help="Also run HF transformers in this process.")
+@click.option("--compare-off", is_flag=True, help="Also run our engine with speculation off.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+def bench(
+    workload: str,
+    model: str | None,
+    speculative_config: str | None,
+    concurrency: int,
+    max_tokens: int,
+    dtype: str,
+    repeat: int,
+    compare_hf: bool,
+    compare_off: bool,
+    out_path: str,
+) -> None:
+    """Benchmark the engine on a JSONL workload and write a JSON report."""
+    import torch
+
+    from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
+    from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
+    from draftwise.cli.common import build_engine, fail
+
+    items = load_workload(workload)
+    report: dict[str, Any] = {
+        "workload": str(workload),
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "repeat": repeat,
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+    }
+
+    def measure(spec: str | None, label: str) -> tuple[list[Any], Any]:
+        engine = build_engine(model, spec, dtype, max_num_seqs=max(concurrency, 1))
+        warm_up(engine, items)
+        runs = [run_engine(engine, items, max_tokens, concurrency) for _ in range(repeat)]
+        results, wall = best_of(runs)
+        report[label] = {
+            "speculative_config": json.loads(spec) if spec else None,
+            "dtype": str(next(engine.loaded.model.parameters()).dtype),
+            "summary": summarize(results, wall),
+            "per_prompt": to_json(results),
+            "profile": engine_profile(engine),
+        }
+        if engine.spec is not None:
+            report[label]["spec_decode"] = engine.spec.metrics.summary()
+        click.echo(f"{label}: {report[label]['summary']['all']['tok_per_s']:.1f} tok/s", err=True)
+        return results, engine
+
+    try:
+        ours, engine = measure(speculative_config, "draftwise")
+        if compare_off and speculative_config:
+            off, _ = measure(None, "draftwise_spec_off")
+            report["ratios"] = report.get("ratios", {})
+            report["ratios"]["spec_on_vs_off"] = _ratio(report, "draftwise", "draftwise_spec_off")
+            report["identical_to_spec_off"] = _identical(ours, off)
+    except Exception as exc:  # noqa: BLE001 - config/load errors become a clean exit
+        fail(exc)
+        return
+
+    if compare_hf:
+        from draftwise.bench.hf import load_hf_model, run_hf
+
+        hf_model = load_hf_model(str(engine.loaded.path))
+        hf_items = [(i.id, i.kind, prompt_ids(engine, i)) for i in items]
+        eos = sorted(engine.eos_token_ids)
+        run_hf(hf_model, hf_items[:1], 8, eos)  # warm-up
+        hf_runs = [(run_hf(hf_model, hf_items, max_tokens, eos), 0.0) for _ in range(repeat)]
+        hf_res, _ = best_of(hf_runs)
+        report["hf_transformers"] = {
+            "dtype": "float32",
+            "summary": summarize(hf_res),
+            "per_prompt": to_json(hf_res),
+        }
+        report.setdefault("ratios", {})["draftwise_vs_hf"] = _ratio(
+            report, "draftwise", "hf_transformers"
+        )
+        report["identical_to_hf"] = _identical(ours, hf_res)
+        k = engine.spec.k if engine.spec is not None else None
+        if engine.spec is not None and engine.spec.config.method == "ngram":
+            pl_runs = [
+                (run_hf(hf_model, hf_items, max_tokens, eos, prompt_lookup_num_tokens=k), 0.0)
+                for _ in range(repeat)
+            ]
+            pl_res, _ = best_of(pl_runs)
+            report["hf_prompt_lookup"] = {
+                "prompt_lookup_num_tokens": k,
+                "summary": summarize(pl_res),
+                "per_prompt": to_json(pl_res),
+            }
+            report["ratios"]["draftwise_vs_hf_prompt_lookup"] = _ratio(
+                report, "draftwise", "hf_prompt_lookup"
+            )
+        for label in ("hf_transformers", "hf_prompt_lookup"):
+            if label in report:
+                tps = report[label]["summary"]["all"]["tok_per_s"]
+                click.echo(f"{label}: {tps:.1f} tok/s", err=True)
+        for name, value in report["ratios"].items():
+            click.echo(f"ratio {name}: {value['all']:.2f}x", err=True)
+
+    report["peak_rss_mib"] = peak_rss_mib()
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(report, indent=2, default=str))
+    click.echo(f"wrote {out_path}", err=True)
+    sys.stdout.flush()
+
+
+def _ratio(report: dict[str, Any], a: str, b: str) -> dict[str, float]:
+    """tok/s of ``a`` over tok/s of ``b``, overall and per kind."""
+    sa, sb = report[a]["summary"], report[b]["summary"]
+    return {
+        kind: (sa[kind]["tok_per_s"] / sb[kind]["tok_per_s"]) if sb[kind]["tok_per_s"] else 0.0
+        for kind in sa
+        if kind in sb
+    }

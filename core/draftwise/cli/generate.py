@@ -1,0 +1,90 @@
+"""``draftwise generate``: one prompt, streamed to the terminal (or JSON with metrics)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+
+@click.command("generate")
+@click.option("--model", default=None, help="Checkpoint: a .gguf file or an HF safetensors dir "
+              "(default: the embedded SmolLM2-135M-Instruct).")
+@click.option("--prompt", required=True, help="The prompt text.")
+@click.option("--chat/--no-chat", default=True, show_default=True,
+              help="Wrap the prompt as a user turn with the model's chat template.")
+@click.option("--system", default=None, help="A system message (with --chat).")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0))
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--seed", default=None, type=int)
+@click.option("--speculative-config", "-sc", default=None,
+              help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
+@click.option("--json", "as_json", is_flag=True, help="Print text, token_ids and metrics as JSON.")
+def generate(
+    model: str | None,
+    prompt: str,
+    chat: bool,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    seed: int | None,
+    speculative_config: str | None,
+    dtype: str,
+    as_json: bool,
+) -> None:
+    """Generate a completion for PROMPT, streaming text as it is produced."""
+    from draftwise.cli.common import build_engine, fail
+    from draftwise.sampling import SamplingParams
+
+    try:
+        engine = build_engine(model, speculative_config, dtype, max_num_seqs=1)
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            seed=seed, max_tokens=max_tokens,
+        )
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            request = {"prompt_token_ids": engine.apply_chat_template(messages)}
+            engine.add_request(request, params, request_id="cli")
+        else:
+            engine.add_request(prompt, params, request_id="cli")
+    except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
+        fail(exc)
+    t0 = time.perf_counter()
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if not as_json and out.new_text:
+                click.echo(out.new_text, nl=False)
+            if out.finished:
+                final = out
+    seconds = time.perf_counter() - t0
+    if final is None:  # pragma: no cover - the engine always finishes a request
+        raise SystemExit(1)
+    completion = final.outputs[0]
+    if as_json:
+        n = len(completion.token_ids)
+        metrics = dict(final.metrics)
+        metrics["seconds"] = seconds
+        metrics["tok_per_s"] = n / seconds if seconds else 0.0
+        click.echo(json.dumps({
+            "text": completion.text,
+            "token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason,
+            "prompt_token_ids": final.prompt_token_ids,
+            "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
+            "metrics": metrics,
+        }, indent=2))
+    else:
+        click.echo()

@@ -1,0 +1,375 @@
+"""LLMEngine: add_request / step / abort_request, the step-level API servers embed.
+
+One step, as in ``shared/design.md``: schedule -> propose -> ONE target forward ->
+verify -> commit/rollback -> feedback. With no speculative config there is no proposer
+and every row verifies zero drafts, which is plain sampling: the same code path, the
+same tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftwise.engine_args import EngineArgs
+from draftwise.errors import RequestError
+from draftwise.formats.tokenizer import IncrementalDetokenizer
+from draftwise.metrics import RequestSpecDecodeMetrics, SpecDecodingStats
+from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
+from draftwise.sampling import SamplingParams
+from draftwise.speculation import Speculation
+
+logger = logging.getLogger("draftwise.engine")
+
+PromptType = str | dict[str, Any] | list[int]
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """Where one step's time went (seconds), for profiling and bench reports."""
+
+    schedule: float = 0.0
+    propose: float = 0.0
+    forward: float = 0.0
+    verify: float = 0.0
+    commit: float = 0.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Cumulative counters since start."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_generated_tokens: int = 0
+    num_prompt_tokens: int = 0
+    timings: StepTimings = field(default_factory=StepTimings)
+
+
+class LLMEngine:
+    """The step-level engine: one target model, one scheduler, optional speculation."""
+
+    def __init__(self, args: EngineArgs, progress: Any = None) -> None:
+        from draftwise.bootstrap import build_engine_parts
+
+        self.args = args
+        parts = build_engine_parts(args, progress=progress)
+        self.loaded = parts.loaded
+        self.tokenizer = parts.loaded.tokenizer
+        self.runner = parts.runner
+        self.kv = parts.kv
+        self.scheduler = parts.scheduler
+        self.max_model_len = parts.max_model_len
+        self.spec: Speculation | None = parts.speculation
+        self.spec_config = parts.spec_config
+        self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._seed_gen = torch.Generator().manual_seed(args.seed)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """A string is tokenized; ``{"prompt_token_ids": [...]}`` or a list is taken as is."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                return self.tokenize_prompt(str(prompt["prompt"]))
+            raise RequestError("prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, list | tuple):
+            return None, [int(t) for t in prompt]
+        raise RequestError("prompt", f"unsupported prompt type {type(prompt).__name__}")
+
+    def add_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Validate and queue a request; returns its id. Bad input raises RequestError."""
+        params = params or SamplingParams()
+        req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if req_id in self.scheduler.requests:
+            raise RequestError("request_id", f"request id {req_id!r} is already running")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise RequestError("prompt", "the prompt is empty")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError("prompt_token_ids", f"token id {bad[0]} outside [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                "prompt",
+                f"the prompt has {len(ids)} tokens; the context is {self.max_model_len} "
+                "and at least one token must be generated",
+            )
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                "max_tokens",
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"context length {self.max_model_len}; ask for at most "
+                f"{self.max_model_len - len(ids)} tokens",
+            )
+        generator = None
+        if not params.is_greedy:
+            seed = params.seed
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen).item())
+            generator = torch.Generator().manual_seed(seed)
+        req = Request(
+            req_id=req_id,
+            prompt=text,
+            prompt_token_ids=ids,
+            params=params,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            generator=generator,
+        )
+        req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        if self.spec is not None:
+            req.spec = RequestSpecDecodeMetrics(self.spec.k)
+        self.scheduler.add(req)
+        self.stats.num_prompt_tokens += len(ids)
+        return req_id
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a request wherever it is; its KV blocks are returned at once."""
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return False
+        req.finished_time = time.monotonic()
+        if self.spec is not None:
+            self.spec.release(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether another step has work."""
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests waiting or running."""
+        return len(self.scheduler.requests)
+
+    # -- the step -----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns outputs of requests that progressed."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        for victim in sched.preempted:
+            self.stats.num_preemptions += 1
+            if self.spec is not None:
+                self.spec.release(victim.req_id)
+        rows = sched.rows
+        if not rows:
+            return []
+        t1 = time.perf_counter()
+        drafts = (
+            self.spec.propose(rows) if self.spec is not None else [None] * len(rows)
+        )
+        t2 = time.perf_counter()
+
+        token_ids: list[list[int]] = []
+        starts: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[list[int]] = []
+        for row, draft in zip(rows, drafts):
+            req = row.request
+            start = req.num_computed_tokens
+            ids = req.token_buf[start : start + row.num_new_tokens].tolist()
+            nd = 0 if draft is None else len(draft)
+            if nd:
+                ids.extend(draft.tolist())
+            token_ids.append(ids)
+            starts.append(start)
+            tables.append(self.kv.block_table(req.req_id))
+            n = row.num_new_tokens
+            logits_rows.append(list(range(n - 1, n + nd)) if row.samples else [])
+        hidden_layers = self.spec.hidden_layers if self.spec is not None else ()
+        batch = self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers)
+        output = self.runner.forward(batch)
+        t3 = time.perf_counter()
+
+        sampling_rows = [(row, d) for row, d in zip(rows, drafts) if row.samples]
+        results = self._verify(output.logits, sampling_rows)
+        t4 = time.perf_counter()
+
+        outputs = self._commit(rows, sampling_rows, results, output.hidden_states)
+        t5 = time.perf_counter()
+        tm = self.stats.timings
+        tm.schedule += t1 - t0
+        tm.propose += t2 - t1
+        tm.forward += t3 - t2
+        tm.verify += t4 - t3
+        tm.commit += t5 - t4
+        self.stats.num_steps += 1
+        return outputs
+
+    def _verify(
+        self, logits: torch.Tensor, sampling_rows: list[tuple[Any, np.ndarray | None]]
+    ) -> Any:
+        """Verify every sampling row (rows without drafts simply sample)."""
+        from draftwise.verify import verify
+
+        if not sampling_rows:
+            return None
+        reqs = [row.request for row, _ in sampling_rows]
+        draft_lists = [d if d is not None else np.zeros(0, dtype=np.int64) for _, d in sampling_rows]
+        num_draft = [len(d) for d in draft_lists]
+        flat = np.concatenate(draft_lists) if draft_lists else np.zeros(0, dtype=np.int64)
+        draft_probs = self.spec.draft_probs_for(reqs, draft_lists) if self.spec is not None else None
+        method = self.spec_config.rejection_sample_method if self.spec_config else "standard"
+        return verify(
+            logits,
+            flat,
+            num_draft,
+            [r.params for r in reqs],
+            [r.generator for r in reqs],
+            draft_probs=draft_probs,
+            method=method,
+        )
+
+    def _commit(
+        self,
+        rows: list[Any],
+        sampling_rows: list[tuple[Any, np.ndarray | None]],
+        results: Any,
+        hidden_states: dict[int, torch.Tensor],
+    ) -> list[RequestOutput]:
+        """Append verified tokens, roll back rejected drafts, check stops, build outputs."""
+        now = time.monotonic()
+        outputs: list[RequestOutput] = []
+        for row in rows:
+            if not row.samples:  # a prefill chunk that does not reach the end yet
+                self.scheduler.commit(row.request, row.num_new_tokens, 0)
+        if results is None:
+            return outputs
+        step_stats = SpecDecodingStats(self.spec.k if self.spec is not None else 0)
+        spec_ids: list[str] = []
+        spec_draft: list[int] = []
+        spec_acc: list[int] = []
+        spec_out: list[list[int]] = []
+        for (row, draft), toks, n_acc in zip(
+            sampling_rows, results.output_token_ids, results.num_accepted
+        ):
+            req = row.request
+            nd = 0 if draft is None else len(draft)
+            self.scheduler.commit(req, row.num_new_tokens, n_acc)
+            if nd and self.spec is not None and req.spec is not None:
+                req.spec.observe(nd, n_acc)
+                step_stats.observe_draft(nd, n_acc)
+                spec_ids.append(req.req_id)
+                spec_draft.append(nd)
+                spec_acc.append(n_acc)
+                spec_out.append(list(toks))
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self._append_tokens(req, toks)
+            outputs.append(self._make_output(req))
+            if req.status.finished:
+                req.finished_time = now
+                self.scheduler.finish(req, req.status)
+                if self.spec is not None:
+                    self.spec.release(req.req_id)
+        if self.spec is not None and spec_ids:
+            self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
+            self.spec.observe_step(step_stats)
+        return outputs
+
+    def _append_tokens(self, req: Request, toks: list[int]) -> None:
+        """Append tokens one by one, stopping at EOS, stop ids, stop strings or length."""
+        params = req.params
+        new: list[int] = []
+        for tok in toks:
+            req.append(tok)
+            new.append(tok)
+            self.stats.num_generated_tokens += 1
+            if not params.ignore_eos and tok in req.eos_token_ids:
+                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, None
+                break
+            if tok in params.stop_token_ids_set:
+                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
+                break
+            if req.num_output_tokens >= params.max_tokens:
+                req.status = RequestStatus.FINISHED_LENGTH
+                break
+        req.new_token_ids = new
+        delta = req.detok_state.step(new)
+        if req.status.finished:
+            delta += req.detok_state.flush()
+        old_len = len(req.text)
+        req.text += delta
+        if params.stop_strings and not req.status.finished:
+            self._check_stop_strings(req, old_len)
+        req.new_text = req.text[old_len:]
+
+    def _check_stop_strings(self, req: Request, old_len: int) -> None:
+        """Cut the text at the first stop string that the new text completes."""
+        params = req.params
+        for stop in params.stop_strings:
+            begin = max(0, old_len - len(stop) + 1)
+            idx = req.text.find(stop, begin)
+            if idx != -1:
+                end = idx + len(stop) if params.include_stop_str_in_output else idx
+                req.text = req.text[:end]
+                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+                return
+
+    def _make_output(self, req: Request) -> RequestOutput:
+        """The vLLM-shaped cumulative output for a request."""
+        finished = req.status.finished
+        completion = CompletionOutput(
+            index=0,
+            text=req.text,
+            token_ids=req.output_token_ids,
+            finish_reason=req.status.value if finished else None,
+            stop_reason=req.stop_reason,
+        )
+        return RequestOutput(
+            request_id=req.req_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            metrics=self.request_metrics(req),
+            new_token_ids=list(req.new_token_ids),
+            new_text=req.new_text,
+            num_cached_tokens=req.num_cached_tokens,
+        )
+
+    def request_metrics(self, req: Request) -> dict[str, Any]:
+        """Timing and speculation metrics of one request."""
+        out: dict[str, Any] = {
+            "arrival_time": req.arrival_time,
+            "first_token_time": req.first_token_time,
+            "finished_time": req.finished_time,
+            "time_to_first_token": (
+                req.first_token_time - req.arrival_time if req.first_token_time else None
+            ),
+            "num_prompt_tokens": req.num_prompt_tokens,
+            "num_output_tokens": req.num_output_tokens,
+            "num_cached_tokens": req.num_cached_tokens,
+            "num_preemptions": req.num_preemptions,
+        }
+        if req.spec is not None:
+            out["speculative_decoding"] = req.spec.as_dict()
+        return out
+
+    # -- chat -----------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Render a conversation with the checkpoint's chat template and tokenize it."""
+        return self.loaded.encode_chat(messages, add_generation_prompt=add_generation_prompt)

@@ -1,0 +1,31 @@
+"""Every engine setting in one place, shared by the CLI, the server and the library."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class EngineArgs:
+    """Engine settings; ``speculative_config`` takes the JSON object vLLM takes."""
+
+    model: str | None = None
+    speculative_config: str | dict[str, Any] | None = None
+    dtype: str = "auto"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    #: context length; None means the model's, capped at ``default_max_model_len``
+    max_model_len: int | None = None
+    default_max_model_len: int = 8192
+    block_size: int = 16
+    #: KV cache size; None means enough for ``max_num_seqs`` full contexts, capped by memory
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gib: float = 2.0
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    #: torch intra-op threads; None keeps torch's default (all cores)
+    num_threads: int | None = None
+    #: seconds between spec-decode log lines; None disables the periodic line
+    log_stats_interval: float | None = None

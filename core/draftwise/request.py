@@ -1,0 +1,133 @@
+"""One request's state as it moves through the engine, and the vLLM-shaped outputs."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from draftwise.metrics import RequestSpecDecodeMetrics
+    from draftwise.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is; finished states carry the finish reason."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        """True for the three terminal states."""
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass(slots=True)
+class Request:
+    """A sequence being generated. Token ids live in one preallocated buffer."""
+
+    req_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    #: tokens whose K/V is in the cache (verified tokens only, after each step)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    #: text produced so far (stop strings already cut off)
+    text: str = ""
+    detok_state: Any = None
+    #: speculation record; None when the engine runs without a speculative config
+    spec: RequestSpecDecodeMetrics | None = None
+    token_buf: np.ndarray = field(init=False)
+    num_tokens: int = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    #: tokens appended by the last step (for streaming)
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.token_buf = np.zeros(self.max_model_len, dtype=np.int64)
+        self.token_buf[: self.num_prompt_tokens] = self.prompt_token_ids
+        self.num_tokens = self.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Generated token ids."""
+        return self.token_buf[self.num_prompt_tokens : self.num_tokens].tolist()
+
+    @property
+    def all_token_ids(self) -> np.ndarray:
+        """Prompt + output as a view (int64)."""
+        return self.token_buf[: self.num_tokens]
+
+    @property
+    def is_decoding(self) -> bool:
+        """Every token but the last has K/V: the next step feeds one token (+ drafts)."""
+        return self.num_computed_tokens == self.num_tokens - 1
+
+    def append(self, token_id: int) -> None:
+        """Commit one generated token."""
+        self.token_buf[self.num_tokens] = token_id
+        self.num_tokens += 1
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One completion of a request (vLLM's shape; n=1 so index is 0)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+    logprobs: None = None
+
+    def finished(self) -> bool:
+        """Whether a finish reason is set."""
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What the engine returns for a request after a step (cumulative), vLLM-shaped."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+    #: tokens and text added by the step that produced this output (for streaming)
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    num_cached_tokens: int = 0

@@ -1,0 +1,179 @@
+"""Continuous batching: which requests run this step, with how many tokens.
+
+Every step mixes decode rows (one token, plus up to k reserved draft slots) and prefill
+chunks under one token budget, as vLLM v1 does: a row feeds
+``num_tokens - num_computed_tokens`` tokens (capped by the budget), so a fresh prompt,
+a chunk of a long one and a request resumed after preemption are the same case.
+Running requests are served first, in arrival order; when blocks run out the most
+recently admitted running request is preempted (its blocks freed, recomputed later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from draftwise.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from draftwise.cache.manager import KVCacheManager
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One request's share of a step."""
+
+    request: Request
+    #: tokens fed this step, drafts excluded (a prefill chunk, or 1 when decoding)
+    num_new_tokens: int
+    #: draft slots reserved for this row (0 when not decoding or not speculating)
+    max_draft: int
+
+    @property
+    def samples(self) -> bool:
+        """This step reaches the end of the request's known tokens, so it samples."""
+        req = self.request
+        return req.num_computed_tokens + self.num_new_tokens == req.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The rows of one step and what was preempted to fit them."""
+
+    rows: list[ScheduledRow] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed to the target, draft slots included."""
+        return sum(r.num_new_tokens + r.max_draft for r in self.rows)
+
+
+class Scheduler:
+    """Waiting/running queues under ``max_num_seqs`` and a token budget."""
+
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        num_spec_tokens: int = 0,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.num_spec_tokens = num_spec_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+
+    # -- queue management ---------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        """Queue a new request."""
+        self.requests[req.req_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        """Anything left to run."""
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Take a request out of the queues and return all its blocks."""
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.req_id)
+        self.requests.pop(req.req_id, None)
+
+    def abort(self, req_id: str) -> Request | None:
+        """Abort at any point: queued, mid-prefill or decoding. Blocks are returned."""
+        req = self.requests.get(req_id)
+        if req is None:
+            return None
+        self.finish(req, RequestStatus.FINISHED_ABORTED)
+        return req
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _draft_slots(self, req: Request, budget_left: int) -> int:
+        """How many draft tokens this decode row may get: k, cut by budget and lengths."""
+        if self.num_spec_tokens == 0:
+            return 0
+        remaining_output = req.params.max_tokens - req.num_output_tokens
+        room = self.max_model_len - req.num_tokens
+        return max(0, min(self.num_spec_tokens, budget_left, remaining_output - 1, room - 1))
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        """Free the victim's blocks; it is recomputed from scratch when readmitted."""
+        self.running.remove(victim)
+        self.kv.free(victim.req_id)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's rows; reserve KV slots for every token fed, drafts included."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[str] = set()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            drafts = self._draft_slots(req, budget - 1) if req.is_decoding else 0
+            while not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new + drafts):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.PREEMPTED:
+                break  # it preempted itself: nothing else fits either
+            out.rows.append(ScheduledRow(req, num_new, drafts))
+            scheduled.add(req.req_id)
+            budget -= num_new + drafts
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_computed_tokens == 0:
+                cached = self.kv.get_computed_blocks(req.req_id, req.all_token_ids)
+                req.num_computed_tokens = cached
+                req.num_cached_tokens = max(req.num_cached_tokens, cached)
+            need = req.num_tokens - req.num_computed_tokens
+            num_new = min(need, budget)
+            if num_new < need and not self.enable_chunked_prefill:
+                break
+            if not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new):
+                # never preempt running work for a newcomer; release the prefix blocks the
+                # lookup took (else waiting requests can hold every block) and retry later
+                self.kv.free(req.req_id)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.rows.append(ScheduledRow(req, num_new, 0))
+            budget -= num_new
+        return out
+
+    def commit(self, req: Request, num_fed: int, num_accepted: int) -> None:
+        """After a step: advance computed tokens and drop the KV of rejected drafts.
+
+        ``num_fed`` is the row's non-draft tokens; the K/V of the first ``num_accepted``
+        drafts is kept, the rest is rolled back (whole blocks past the end are freed).
+        """
+        req.num_computed_tokens += num_fed + num_accepted
+        self.kv.truncate(req.req_id, req.num_computed_tokens)
+        self.kv.cache_blocks(req.req_id, req.all_token_ids, req.num_computed_tokens)

