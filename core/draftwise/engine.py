@@ -78,6 +78,8 @@ class LLMEngine:
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """A string is tokenized; ``{"prompt_token_ids": [...]}`` or a list is taken as is."""
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("prompt", "this checkpoint has no tokenizer: pass token ids")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
@@ -135,7 +137,10 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             generator=generator,
         )
-        req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        if self.tokenizer is not None:
+            req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        elif params.stop_strings:
+            raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
         if self.spec is not None:
             req.spec = RequestSpecDecodeMetrics(self.spec.k)
         self.scheduler.add(req)
@@ -265,7 +270,6 @@ class LLMEngine:
         ):
             req = row.request
             nd = 0 if draft is None else len(draft)
-            self.scheduler.commit(req, row.num_new_tokens, n_acc)
             if nd and self.spec is not None and req.spec is not None:
                 req.spec.observe(nd, n_acc)
                 step_stats.observe_draft(nd, n_acc)
@@ -277,11 +281,13 @@ class LLMEngine:
                 req.first_token_time = now
             self._append_tokens(req, toks)
             outputs.append(self._make_output(req))
-            if req.status.finished:
+            if req.status.finished:  # tokens past a stop are dropped with all the blocks
                 req.finished_time = now
                 self.scheduler.finish(req, req.status)
                 if self.spec is not None:
                     self.spec.release(req.req_id)
+            else:  # keep the K/V of accepted drafts, roll back the rest
+                self.scheduler.commit(req, row.num_new_tokens, n_acc)
         if self.spec is not None and spec_ids:
             self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
             self.spec.observe_step(step_stats)
@@ -305,6 +311,9 @@ class LLMEngine:
                 req.status = RequestStatus.FINISHED_LENGTH
                 break
         req.new_token_ids = new
+        if req.detok_state is None:
+            req.new_text = ""
+            return
         delta = req.detok_state.step(new)
         if req.status.finished:
             delta += req.detok_state.flush()

@@ -1,0 +1,74 @@
+"""Tiny random checkpoints saved by transformers (the oracle), shared by every test folder.
+
+Every checkpoint is a real ``save_pretrained`` directory (config.json + safetensors) with
+all weights re-drawn (norms near 1, biases non-zero) so that no tensor is a no-op.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY: dict[str, Any] = dict(
+    hidden_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=512,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", dict(rope_theta=10000.0)),
+    "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0)),
+    "qwen3": ("Qwen3Config", dict(head_dim=48, rope_theta=1000000.0)),
+    "mistral": ("MistralConfig", dict(sliding_window=None, rope_theta=10000.0)),
+    "mistral_swa": ("MistralConfig", dict(sliding_window=6, rope_theta=10000.0)),
+    "llama_tied_scaled": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
+}
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.08) -> None:
+    """Re-draw every parameter: matrices N(0, std), norms 1 + N(0, 0.1), biases N(0, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(std * noise)
+
+
+def save_tiny(kind: str, directory: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Save a randomly initialised tiny ``kind`` model with transformers."""
+    import transformers
+
+    cls_name, extra = ARCHS[kind]
+    config = getattr(transformers, cls_name)(**{**TINY, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    randomize_(model, seed)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
