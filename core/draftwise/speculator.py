@@ -74,6 +74,13 @@ class Capabilities:
     parallel_drafting: bool = False
     #: can return draft probabilities (needed for ``draft_sample_method="probabilistic"``)
     draft_probs: bool = False
+    #: the draft weights may live inside the target checkpoint (MTP heads), so the
+    #: ``model`` key may be omitted; otherwise ``needs_checkpoint`` makes ``model`` required
+    checkpoint_in_target: bool = False
+    #: conditions on target hidden states; the layers are ``target_hidden_layers`` when the
+    #: method fixes them, else the loader reads them from the checkpoint (DFlash
+    #: ``target_layer_ids``; MTP: the target's last layer)
+    needs_target_hidden: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,122 @@
+"""The ``draftwise`` command line: one click group, one module per command.
+
+Built-in commands are listed in :data:`COMMANDS` (adding one is one line) and imported
+only when used, so ``draftwise check-config`` never imports torch. :func:`main` loads
+the plugins first, so a broken plugin or two distributions claiming one method fail at
+startup, then lets every plugin add commands through ``register_commands(cli)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from draftwise import __version__
+
+if TYPE_CHECKING:
+    from draftwise.plugins.manager import PluginHost
+    from draftwise.plugins.registry import SpeculatorRegistry
+
+#: built-in commands: name -> "module:attribute", imported on first use
+COMMANDS: dict[str, str] = {
+    "bench": "draftwise.cli.bench:bench",
+    "check-config": "draftwise.cli.check_config:check_config",
+    "generate": "draftwise.cli.generate:generate",
+    "plugins": "draftwise.cli.plugins_cmd:plugins",
+    "serve": "draftwise.cli.serve:serve",
+}
+#: exit status when the installed plugins themselves are broken (refusals exit 2)
+EXIT_PLUGIN_ERROR = 1
+
+
+@dataclass
+class CliState:
+    """What commands share through ``ctx.obj``: the plugin host (a test injects its own)."""
+
+    host: PluginHost | None = None
+    _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
+
+    def plugin_host(self) -> PluginHost:
+        """The injected host, or the process's plugins."""
+        if self.host is None:
+            from draftwise.plugins.manager import get_plugin_host
+
+            self.host = get_plugin_host()
+        return self.host
+
+    def registry(self) -> SpeculatorRegistry:
+        """The speculators of :meth:`plugin_host`, built once."""
+        if self._registry is None:
+            from draftwise.plugins.manager import load_speculators
+
+            self._registry = load_speculators(self.plugin_host())
+        return self._registry
+
+
+class LazyGroup(click.Group):
+    """A group whose built-in commands are imported when first looked up."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_commands and cmd_name not in self.commands:
+            module, _, attr = self.lazy_commands[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+def make_cli() -> LazyGroup:
+    """A fresh root group with the built-in commands (no plugin commands yet)."""
+
+    @click.group(
+        cls=LazyGroup,
+        lazy_commands=COMMANDS,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    @click.version_option(__version__, "--version", "-V", prog_name="draftwise")
+    def cli() -> None:
+        """draftwise: speculative decoding whose speculators are plugins."""
+
+    return cli  # type: ignore[return-value]
+
+
+#: the root group (built-in commands only); ``main`` builds its own and adds plugin commands
+cli = make_cli()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console script: load plugins (startup errors exit 1), then run the command line."""
+    from draftwise.plugins.errors import PluginError, PluginSelectionError
+    from draftwise.plugins.manager import (
+        ENV_VAR,
+        get_plugin_host,
+        load_speculators,
+        register_commands,
+    )
+
+    group = make_cli()
+    try:
+        host = get_plugin_host()
+        load_speculators()
+        register_commands(group, host)
+    except PluginError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if not isinstance(exc, PluginSelectionError):
+            click.echo(f"(set {ENV_VAR} to load only some plugins)", err=True)
+        sys.exit(EXIT_PLUGIN_ERROR)
+    args = list(argv) if argv is not None else None
+    group.main(args=args, prog_name="draftwise", obj=CliState(host))
+
+
+__all__ = ["COMMANDS", "EXIT_PLUGIN_ERROR", "CliState", "LazyGroup", "cli", "main", "make_cli"]

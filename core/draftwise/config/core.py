@@ -1,0 +1,221 @@
+"""The core's share of a speculative config: its own keys, refusals and per-key checks.
+
+:class:`SpeculativeConfig` holds the vLLM fields the core honours (names, types and
+defaults as vLLM declares them). The functions here classify and validate one config's
+keys; ``speculative.py`` strings them together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from draftwise.config.errors import (
+    ConfigError,
+    InternalFieldError,
+    InvalidValueError,
+    MissingKeyError,
+    NotForMethodError,
+    RefusedValueError,
+    UnimplementedFieldError,
+    UnknownKeyError,
+    show,
+)
+from draftwise.config.vllm_fields import FIELDS_BY_NAME, FIRST_PARTY, FieldKind
+from draftwise.speculator import ANY_VALUE, Refusal, Speculator
+
+if TYPE_CHECKING:
+    from draftwise.plugins.registry import SpeculatorRegistry
+
+#: vLLM's rejection sampler caps a draft at MAX_SPEC_LEN tokens; so does draftwise
+MAX_NUM_SPECULATIVE_TOKENS = 128
+
+
+class SpeculativeConfig(BaseModel):
+    """The keys the core itself honours, with vLLM's names, types and defaults.
+
+    Method-specific keys live in the method's options model; the other vLLM fields
+    are handled by the table in ``vllm_fields.py``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    method: str | None = None
+    model: str | None = Field(None, min_length=1)
+    num_speculative_tokens: int | None = Field(None, gt=0, le=MAX_NUM_SPECULATIVE_TOKENS)
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    rejection_sample_method: Literal["standard", "synthetic", "block"] = "standard"
+    max_model_len: int | None = Field(None, ge=1)
+    enforce_eager: bool | None = None
+    quantization: str | None = None
+    draft_tensor_parallel_size: int | None = Field(None, ge=1)
+
+
+#: the core's own refusals, as data (checked like a method's)
+CORE_REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        "rejection_sample_method",
+        "'synthetic' accepts drafts at preset rates without looking at the target: a "
+        "benchmarking mode that is not lossless",
+        "use 'standard' (or 'block'); both keep the target's distribution exactly",
+        values=("synthetic",),
+    ),
+    Refusal(
+        "quantization",
+        "draftwise detects the draft's quantization from its own checkpoint "
+        "(quantization_config in config.json, GGUF, EXL3), so it is not a setting",
+        "drop 'quantization'",
+    ),
+)
+
+
+def refusal_for(refusals: tuple[Refusal, ...], key: str, value: Any) -> Refusal | None:
+    """The first refusal of ``key`` matching ``value``; an explicit null counts as unset."""
+    for refusal in refusals:
+        if refusal.key != key or (value is None and refusal.values is ANY_VALUE):
+            continue
+        if refusal.matches(value):
+            return refusal
+    return None
+
+
+def check_unused_field(
+    key: str, value: Any, registry: SpeculatorRegistry, *, method: str | None
+) -> None:
+    """A key neither the core nor the method honours: a no-op default, or refused."""
+    field = FIELDS_BY_NAME.get(key)
+    if field is not None and field.is_default(value):
+        return
+    shown = f"{key}={show(value)}"
+    if field is not None and field.kind is FieldKind.TRAP:
+        raise RefusedValueError(
+            f"{shown} is refused: {field.reason}. Instead: {field.instead}.",
+            key=key, value=value, reason=field.reason, instead=field.instead,
+        )
+    if field is not None and field.kind is FieldKind.INTERNAL:
+        raise InternalFieldError(
+            f"{shown} is refused: '{key}' is a real vLLM field, but an engine-injected "
+            f"internal: {field.reason}. Instead: {field.instead}.",
+            key=key, value=value, reason=field.reason, instead=field.instead,
+        )
+    owners = registry.methods_with_option(key)
+    if owners:
+        names = ", ".join(f"'{m}'" for m in owners)
+        target = f"not of '{method}'" if method else "so it belongs in a chain member"
+        instead = f"drop it, or use \"method\": \"{owners[0]}\""
+        raise NotForMethodError(
+            f"{shown} is refused: '{key}' is an option of method {names}, {target}. "
+            f"Instead: {instead}.",
+            key=key, value=value, reason=f"an option of {names}", instead=instead,
+        )
+    if field is None:  # an option of no installed method: check_unknown_keys catches it first
+        raise UnknownKeyError(f"unknown key '{key}'.", key=key, value=value)
+    reason, instead = field.reason, field.instead
+    if field.kind is FieldKind.OPTION:
+        owner = field.methods[0]
+        reason = f"it is an option of method '{owner}', which is not installed"
+        instead = f"pip install {FIRST_PARTY[owner]}" if owner in FIRST_PARTY else "drop it"
+    raise UnimplementedFieldError(
+        f"{shown} is refused: '{key}' is a real vLLM field this engine does not implement: "
+        f"{reason}. Instead: {instead}.",
+        key=key, value=value, reason=reason, instead=instead,
+    )
+
+
+def translate(exc: ValidationError, data: Mapping[str, Any], what: str) -> ConfigError:
+    """The first pydantic error (in the user's key order) as a field-named ConfigError."""
+    order = {k: i for i, k in enumerate(data)}
+    errors = exc.errors(include_url=False)
+    err = min(errors, key=lambda e: order.get(str(e["loc"][0]) if e["loc"] else "", len(order)))
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    msg = msg[:1].lower() + msg[1:]
+    if not err["loc"]:
+        return InvalidValueError(f"{what} are invalid: {msg}.", reason=msg)
+    key = str(err["loc"][0])
+    sub = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:])
+    value = data.get(key, err.get("input"))
+    at = f" (at {key}{sub})" if sub else ""
+    return InvalidValueError(
+        f"{key}={show(value)} is invalid{at}: {msg}.", key=key, value=value, reason=msg
+    )
+
+
+def validate_core(values: dict[str, Any]) -> SpeculativeConfig:
+    try:
+        core = SpeculativeConfig.model_validate(values)
+    except ValidationError as exc:
+        raise translate(exc, values, "the core keys") from None
+    if core.draft_tensor_parallel_size not in (None, 1):
+        raise RefusedValueError(
+            f"draft_tensor_parallel_size={core.draft_tensor_parallel_size} is refused: "
+            "draftwise runs the draft on one device; tensor parallelism is not implemented. "
+            "Instead: drop it, or set 1.",
+            key="draft_tensor_parallel_size", value=core.draft_tensor_parallel_size,
+            reason="tensor parallelism is not implemented", instead="drop it, or set 1",
+        )
+    return core
+
+
+def check_structure(spec: Speculator, core: SpeculativeConfig, notices: list[str]) -> None:
+    """What the method needs: a model or none, k or a checkpoint that decides it, probs."""
+    caps, method = spec.capabilities, spec.method
+    if not caps.needs_checkpoint and core.model not in (None, method, f"[{method}]"):
+        raise RefusedValueError(
+            f"model={show(core.model)} is refused: method '{method}' reads no checkpoint. "
+            "Instead: drop 'model'.",
+            key="model", value=core.model, reason="the method reads no checkpoint",
+            instead="drop 'model'",
+        )
+    if caps.needs_checkpoint and not caps.checkpoint_in_target and core.model is None:
+        raise MissingKeyError(
+            f"method '{method}' needs 'model': the local path of its draft checkpoint.",
+            key="model", reason="the method reads a draft checkpoint",
+        )
+    if core.num_speculative_tokens is None:
+        if core.model is not None and hasattr(spec.options, "check_checkpoint"):
+            notices.append(
+                "num_speculative_tokens not given: the draft checkpoint's config decides it"
+            )
+        else:
+            raise MissingKeyError(
+                f"method '{method}' needs 'num_speculative_tokens' (how many tokens to draft "
+                "per step, e.g. 4).",
+                key="num_speculative_tokens", reason="k is required",
+                instead="set num_speculative_tokens",
+            )
+    if core.draft_sample_method == "probabilistic" and not caps.draft_probs:
+        raise RefusedValueError(
+            f"draft_sample_method=\"probabilistic\" is refused: method '{method}' produces no "
+            "draft distribution, so verification treats its drafts as one-hot, which is "
+            "already lossless. Instead: use \"greedy\" (the default).",
+            key="draft_sample_method", value="probabilistic",
+            reason="no draft distribution", instead="use \"greedy\"",
+        )
+
+
+def validate_options(
+    spec: Speculator, core: SpeculativeConfig, values: dict[str, Any]
+) -> BaseModel:
+    """The method's options; validators see the core keys as ``info.context["core"]``."""
+    try:
+        return spec.options.model_validate(values, context={"core": core})
+    except ValidationError as exc:
+        raise translate(exc, values, f"the options of method '{spec.method}'") from None
+
+
+__all__ = [
+    "CORE_REFUSALS",
+    "MAX_NUM_SPECULATIVE_TOKENS",
+    "SpeculativeConfig",
+    "check_structure",
+    "check_unused_field",
+    "refusal_for",
+    "translate",
+    "validate_core",
+    "validate_options",
+]

@@ -1,0 +1,314 @@
+"""The speculative config: vLLM's JSON object, checked key by key, resolved to one value.
+
+``parse_speculative_config`` takes what ``--speculative-config`` takes in vLLM (text or
+a dict) and returns a frozen :class:`ResolvedSpeculativeConfig`, or raises one
+:class:`~draftwise.config.errors.ConfigError` subclass. Nothing is dropped: every key
+is honoured by the core, honoured by the method's options, a vLLM field set to vLLM's
+own default (a no-op), or refused with its reason. Pure Python: no torch, no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from draftwise.config.core import (
+    CORE_REFUSALS,
+    check_structure,
+    check_unused_field,
+    refusal_for,
+    validate_core,
+    validate_options,
+)
+from draftwise.config.errors import (
+    ConfigError,
+    InvalidJSONError,
+    InvalidValueError,
+    RefusedValueError,
+    show,
+)
+from draftwise.config.jsonio import load_json
+from draftwise.config.keys import (
+    CORE_KEYS,
+    NAMESPACE,
+    NAMESPACE_KEYS,
+    check_namespace_keys,
+    check_unknown_keys,
+    normalize_keys,
+)
+from draftwise.config.methods import resolve_method
+
+if TYPE_CHECKING:
+    from draftwise.plugins.registry import SpeculatorRegistry
+
+#: top-level keys a drafter_chain config may set; members that do not set them inherit them
+CHAIN_INHERITED: tuple[str, ...] = tuple(k for k in CORE_KEYS if k not in ("method", "model"))
+
+
+@runtime_checkable
+class ChecksCheckpoint(Protocol):
+    """An options model that checks k against the draft's config.json (loader stage)."""
+
+    def check_checkpoint(
+        self, num_speculative_tokens: int | None, checkpoint_config: Mapping[str, Any]
+    ) -> int:
+        """The k to use given the checkpoint's config; raises ConfigError if it conflicts."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResolvedSpeculativeConfig:
+    """A checked speculative config: canonical method, defaults filled, options validated.
+
+    A drafter_chain config has ``method=None`` and its members in ``chain``; iterate
+    :attr:`drafters` to treat both shapes alike. ``num_speculative_tokens`` is None only
+    when the draft checkpoint decides it: call :meth:`with_checkpoint` once its
+    config.json is read.
+    """
+
+    method: str | None
+    model: str | None = None
+    num_speculative_tokens: int | None = None
+    draft_sample_method: str = "greedy"
+    rejection_sample_method: str = "standard"
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    #: the method's options model instance (None for a drafter_chain)
+    options: BaseModel | None = None
+    #: what the user should be told (alias used, method derived from model, ...)
+    notices: tuple[str, ...] = ()
+    chain: tuple[ResolvedSpeculativeConfig, ...] = ()
+    #: the distribution that provides the method, e.g. "draftwise-ngram 0.1.0"
+    provider: str | None = None
+
+    @property
+    def drafters(self) -> tuple[ResolvedSpeculativeConfig, ...]:
+        """The chain members in preference order, or just this config."""
+        return self.chain or (self,)
+
+    def to_json(self) -> dict[str, Any]:
+        """vLLM-shaped JSON; parsing it again gives an equal config."""
+        out: dict[str, Any] = {}
+        if not self.chain:
+            out["method"] = self.method
+        if self.model is not None:
+            out["model"] = self.model
+        if self.num_speculative_tokens is not None and not self.chain:
+            out["num_speculative_tokens"] = self.num_speculative_tokens
+        out["draft_sample_method"] = self.draft_sample_method
+        out["rejection_sample_method"] = self.rejection_sample_method
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
+        if self.enforce_eager:
+            out["enforce_eager"] = True
+        if self.options is not None:
+            out.update(self.options.model_dump(mode="json"))
+        if self.chain:
+            out[NAMESPACE] = {"drafter_chain": [m.to_json() for m in self.chain]}
+        return out
+
+    def with_checkpoint(self, checkpoint_config: Mapping[str, Any]) -> ResolvedSpeculativeConfig:
+        """Run the method's checks against the draft's config.json (before weights)."""
+        if self.chain:
+            raise ValueError("call with_checkpoint on each member of config.drafters")
+        if isinstance(self.options, ChecksCheckpoint):
+            k = self.options.check_checkpoint(self.num_speculative_tokens, checkpoint_config)
+            return dataclasses.replace(self, num_speculative_tokens=k)
+        return self
+
+
+def parse_speculative_config(
+    obj: str | bytes | Mapping[str, Any] | ResolvedSpeculativeConfig | None,
+    registry: SpeculatorRegistry | None = None,
+) -> ResolvedSpeculativeConfig | None:
+    """Check and resolve a speculative config; None (or JSON ``null``) means no speculation.
+
+    :param obj: the JSON text ``--speculative-config`` takes, the same object as a dict
+        (``EngineArgs(speculative_config=...)``), or an already resolved config.
+    :param registry: the installed speculators; default: :func:`load_speculators`.
+    :raises ConfigError: a subclass naming the key, quoting the value, saying why and
+        what works instead.
+    """
+    if obj is None or isinstance(obj, ResolvedSpeculativeConfig):
+        return obj
+    data = load_json(obj) if isinstance(obj, (str, bytes)) else obj
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise InvalidJSONError(
+            f"the speculative config must be a JSON object, got {show(data)}.",
+            value=data, reason="not an object",
+        )
+    if registry is None:
+        from draftwise.plugins.manager import load_speculators
+
+        registry = load_speculators()
+    return _resolve(data, registry, in_chain=False)
+
+
+def _resolve(
+    raw: Mapping[Any, Any], registry: SpeculatorRegistry, *, in_chain: bool
+) -> ResolvedSpeculativeConfig:
+    data = normalize_keys(raw)
+    chain = _parse_namespace(data.pop(NAMESPACE, None), in_chain)
+    check_unknown_keys(data, registry)
+    if chain is not None:
+        return _resolve_chain(data, chain, registry)
+    return _resolve_single(data, registry)
+
+
+def _parse_namespace(ns: Any, in_chain: bool) -> list[Any] | None:
+    """The ``"draftwise": {...}`` object; returns the drafter_chain, if any."""
+    if ns is None:
+        return None
+    if not isinstance(ns, Mapping):
+        raise InvalidValueError(
+            f"{NAMESPACE}={show(ns)} is invalid: it must be an object of draftwise's own "
+            f"keys ({', '.join(NAMESPACE_KEYS)}).",
+            key=NAMESPACE, value=ns, reason="not an object",
+        )
+    ns = normalize_keys(ns, prefix=f"{NAMESPACE}.")
+    check_namespace_keys(ns)
+    chain = ns.get("drafter_chain")
+    key = f"{NAMESPACE}.drafter_chain"
+    if chain is None:
+        return None
+    if in_chain:
+        raise RefusedValueError(
+            f"{key} inside a chain member is refused: chains do not nest. Instead: list "
+            "every drafter in the top-level drafter_chain.",
+            key=key, value=chain, reason="chains do not nest",
+            instead="list every drafter in the top-level drafter_chain",
+        )
+    if not isinstance(chain, (list, tuple)) or not chain:
+        raise InvalidValueError(
+            f"{key}={show(chain)} is invalid: it must be a non-empty list of speculative "
+            "configs, in preference order.",
+            key=key, value=chain, reason="not a non-empty list",
+        )
+    return list(chain)
+
+
+def _resolve_chain(
+    data: dict[str, Any], members: list[Any], registry: SpeculatorRegistry
+) -> ResolvedSpeculativeConfig:
+    """A preference order of drafters: each member a full config, checked on its own."""
+    top: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in CHAIN_INHERITED:
+            top[key] = value
+        elif value is not None and (key in ("method", "model") or key in registry.option_keys()):
+            raise RefusedValueError(
+                f"'{key}' at the top level of a drafter_chain config is refused: each chain "
+                f"member names its own method, model and options. Instead: move '{key}' "
+                "into the chain members.",
+                key=key, value=value, reason="belongs to a chain member",
+                instead="move it into the chain members",
+            )
+        else:
+            check_unused_field(key, value, registry, method=None)
+    core = validate_core(top)
+    resolved: list[ResolvedSpeculativeConfig] = []
+    for i, member in enumerate(members):
+        where = f"{NAMESPACE}.drafter_chain[{i}]"
+        own: dict[str, Any] = {}
+        if not isinstance(member, Mapping):
+            raise InvalidValueError(
+                f"{where}={show(member)} is invalid: each member must be an object (a "
+                "speculative config of its own).",
+                key=where, value=member, reason="not an object",
+            )
+        try:
+            own = normalize_keys(member)
+            merged = {**{k: v for k, v in top.items() if k not in own}, **member}
+            cfg = _resolve(merged, registry, in_chain=True)
+            if cfg.rejection_sample_method != core.rejection_sample_method:
+                raise RefusedValueError(
+                    f"rejection_sample_method={show(cfg.rejection_sample_method)} is refused: "
+                    "verification runs once per batch, so every chain member uses the "
+                    f"top-level {show(core.rejection_sample_method)}. Instead: set it at the "
+                    "top level only.",
+                    key="rejection_sample_method", value=cfg.rejection_sample_method,
+                    reason="one verification method per batch",
+                    instead="set it at the top level only",
+                )
+        except ConfigError as exc:
+            if exc.key in top and exc.key not in own:
+                exc.message += " (inherited from the top level)"
+            raise exc.within(where) from exc
+        resolved.append(cfg)
+    ks = [m.num_speculative_tokens for m in resolved]
+    notices = tuple(
+        f"{NAMESPACE}.drafter_chain[{i}]: {n}" for i, m in enumerate(resolved) for n in m.notices
+    )
+    return ResolvedSpeculativeConfig(
+        method=None,
+        num_speculative_tokens=None if None in ks else max(k for k in ks if k is not None),
+        draft_sample_method=core.draft_sample_method,
+        rejection_sample_method=core.rejection_sample_method,
+        max_model_len=core.max_model_len,
+        enforce_eager=bool(core.enforce_eager),
+        notices=notices,
+        chain=tuple(resolved),
+    )
+
+
+def _resolve_single(
+    data: dict[str, Any], registry: SpeculatorRegistry
+) -> ResolvedSpeculativeConfig:
+    resolution = resolve_method(data, registry)
+    spec, dist = resolution.registration
+    notices = list(resolution.notices)
+    core_values: dict[str, Any] = {}
+    option_values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "method":
+            continue
+        by_method = refusal_for(spec.refusals, key, value)
+        refusal = by_method or refusal_for(CORE_REFUSALS, key, value)
+        if refusal is not None:
+            by = f" by method '{spec.method}'" if by_method else ""
+            raise RefusedValueError(
+                f"{key}={show(value)} is refused{by}: {refusal.reason}. "
+                f"Instead: {refusal.instead}.",
+                key=key, value=value, reason=refusal.reason, instead=refusal.instead,
+            )
+        if key in CORE_KEYS:
+            core_values[key] = value
+        elif key in spec.options.model_fields:
+            option_values[key] = value
+        else:
+            check_unused_field(key, value, registry, method=spec.method)
+    core = validate_core(core_values)
+    check_structure(spec, core, notices)
+    options = validate_options(spec, core, option_values)
+    if spec.make_proposer is None:
+        notices.append(
+            f"method {spec.method} is registered but its proposer is not built yet: the "
+            "config is valid, the engine will refuse to run it"
+        )
+    if core.enforce_eager:
+        notices.append("enforce_eager has no effect: draftwise captures no graphs")
+    return ResolvedSpeculativeConfig(
+        method=spec.method,
+        model=core.model,
+        num_speculative_tokens=core.num_speculative_tokens,
+        draft_sample_method=core.draft_sample_method,
+        rejection_sample_method=core.rejection_sample_method,
+        max_model_len=core.max_model_len,
+        enforce_eager=bool(core.enforce_eager),
+        options=options,
+        notices=tuple(notices),
+        provider=str(dist),
+    )
+
+
+__all__ = [
+    "CHAIN_INHERITED",
+    "ChecksCheckpoint",
+    "ResolvedSpeculativeConfig",
+    "parse_speculative_config",
+]

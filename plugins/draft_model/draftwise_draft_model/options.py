@@ -1,0 +1,50 @@
+"""Method draft_model's declaration: options, refusals, capabilities.
+
+A smaller model of the target's family drafts autoregressively with its own KV cache.
+``model`` (the draft checkpoint) and ``num_speculative_tokens`` are required. vLLM's
+``use_heterogeneous_vocab`` (a draft with another tokenizer) needs greedy drafting, as
+in vLLM; whether the two vocabularies match is checked by the loader.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+from draftwise.config import RefusedValueError
+from draftwise.speculator import Capabilities, Refusal
+
+DESCRIPTION = "A smaller model of the target's family drafts autoregressively (own KV cache)."
+CAPABILITIES = Capabilities(needs_checkpoint=True, own_kv_cache=True, draft_probs=True)
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        "parallel_drafting",
+        "parallel drafting with a draft model (vLLM's PARD path) is not implemented",
+        "drop it; for block drafting use method 'dflash' or 'dspark'",
+        values=(True,),
+    ),
+)
+
+
+class DraftModelOptions(BaseModel):
+    """draft_model's options: vLLM's use_heterogeneous_vocab."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    use_heterogeneous_vocab: bool = Field(
+        False, description="the draft has its own tokenizer; tokens are mapped between vocabularies"
+    )
+
+    @model_validator(mode="after")
+    def _heterogeneous_needs_greedy(self, info: ValidationInfo) -> DraftModelOptions:
+        """vLLM: use_heterogeneous_vocab requires draft_sample_method "greedy"."""
+        core = (info.context or {}).get("core")
+        method = getattr(core, "draft_sample_method", "greedy")
+        if self.use_heterogeneous_vocab and method != "greedy":
+            raise RefusedValueError(
+                f"use_heterogeneous_vocab=true is refused with draft_sample_method="
+                f"\"{method}\": draft probabilities over another vocabulary cannot be "
+                "compared with the target's. Instead: use draft_sample_method \"greedy\".",
+                key="use_heterogeneous_vocab", value=True,
+                reason="needs greedy drafting", instead="use draft_sample_method \"greedy\"",
+            )
+        return self
