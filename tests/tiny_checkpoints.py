@@ -59,7 +59,9 @@ def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.08) -> None
                 p.copy_(std * noise)
 
 
-def save_tiny(kind: str, directory: Path, seed: int = 0, **overrides: Any) -> Path:
+def save_tiny(
+    kind: str, directory: Path, seed: int = 0, std: float = 0.08, **overrides: Any
+) -> Path:
     """Save a randomly initialised tiny ``kind`` model with transformers."""
     import transformers
 
@@ -67,7 +69,7 @@ def save_tiny(kind: str, directory: Path, seed: int = 0, **overrides: Any) -> Pa
     config = getattr(transformers, cls_name)(**{**TINY, **extra, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    randomize_(model, seed)
+    randomize_(model, seed, std)
     if config.tie_word_embeddings:
         model.tie_weights()
     model.save_pretrained(directory, safe_serialization=True)

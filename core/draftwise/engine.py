@@ -72,6 +72,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(args.seed)
+        self._last_log = time.monotonic()
 
     # -- requests -----------------------------------------------------------------------
 
@@ -219,7 +220,17 @@ class LLMEngine:
         tm.verify += t4 - t3
         tm.commit += t5 - t4
         self.stats.num_steps += 1
+        self._maybe_log_stats()
         return outputs
+
+    def _maybe_log_stats(self) -> None:
+        """vLLM's periodic ``SpecDecoding metrics`` line, every ``log_stats_interval`` s."""
+        interval = self.args.log_stats_interval
+        if interval is None or self.spec is None:
+            return
+        if time.monotonic() - self._last_log >= interval:
+            self.spec.logging.log(logger.info)
+            self._last_log = time.monotonic()
 
     def _verify(
         self, logits: torch.Tensor, sampling_rows: list[tuple[Any, np.ndarray | None]]
