@@ -1,0 +1,100 @@
+"""``draftwise serve``: the OpenAI-compatible HTTP server.
+
+The engine is built before any socket opens, so a refused speculative config or an
+unreadable checkpoint exits 2 with the message (as every engine-driving command does)
+instead of a server that half-starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def default_served_name(model: str | None, engine: Any) -> str:
+    """The ``--model`` string as given (vLLM's default), else the checkpoint's name."""
+    if model:
+        return model
+    loaded = getattr(engine, "loaded", None)
+    path = getattr(loaded, "path", None)
+    return Path(str(path)).name if path else "default"
+
+
+@click.command("serve")
+@click.option("--model", default=None, help="Checkpoint: a .gguf file or an HF safetensors dir "
+              "(default: the embedded SmolLM2-135M-Instruct).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--speculative-config", "-sc", default=None,
+              help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
+@click.option("--max-num-seqs", default=32, show_default=True, type=click.IntRange(1),
+              help="Requests batched together per step.")
+@click.option("--max-model-len", default=None, type=click.IntRange(2),
+              help="Context length (default: the model's, capped at 8192).")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
+@click.option("--served-model-name", "served_names", multiple=True,
+              help="Name(s) clients use as `model` (repeatable; default: --model as given).")
+@click.option("--api-key", default=None, envvar="DRAFTWISE_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1 (env: DRAFTWISE_API_KEY).")
+@click.option("--return-spec-metrics", is_flag=True,
+              help="Add per-request spec-decode metrics to every response (a request can "
+                   "also ask with \"return_spec_metrics\": true).")
+@click.option("--shutdown-timeout", default=30.0, show_default=True,
+              type=click.FloatRange(0.0),
+              help="Seconds in-flight requests get to finish after SIGTERM/SIGINT.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(
+    model: str | None,
+    host: str,
+    port: int,
+    speculative_config: str | None,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    dtype: str,
+    served_names: tuple[str, ...],
+    api_key: str | None,
+    return_spec_metrics: bool,
+    shutdown_timeout: float,
+    log_level: str,
+) -> None:
+    """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
+    from draftwise.cli.common import build_engine, fail
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    try:
+        engine = build_engine(model, speculative_config, dtype, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
+        fail(exc)
+
+    from draftwise.server import ServerConfig, create_app
+    from draftwise.server.runner import serve as run_server
+
+    names = served_names or (default_served_name(model, engine),)
+    config = ServerConfig(
+        served_model_names=tuple(names),
+        api_key=api_key or None,
+        return_spec_metrics=return_spec_metrics,
+        model_root=str(getattr(getattr(engine, "loaded", None), "path", model or "")) or None,
+    )
+    app = create_app(engine, config)
+    spec = engine.spec_config.to_json() if engine.spec_config is not None else None
+
+    def ready(url: str) -> None:
+        click.echo(f"draftwise serving {names[0]!r} on {url} (speculation: "
+                   f"{spec if spec else 'off'}; pid {os.getpid()})", err=True)
+
+    run_server(app, host, port, log_level=log_level, shutdown_timeout=shutdown_timeout,
+               on_ready=ready)
+
+
+if __name__ == "__main__":  # `python -m draftwise.cli.serve` before the group registers it
+    serve()

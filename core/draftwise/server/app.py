@@ -1,0 +1,264 @@
+"""The FastAPI app factory: OpenAI routes, auth, request counting, engine-loop lifecycle.
+
+``create_app(engine, config)`` takes a built engine (the CLI builds it first, so a bad
+speculative config is refused before any socket opens) and returns an app whose
+lifespan starts and stops the :class:`EngineLoop`. Each app has its own Prometheus
+registry, so several can live in one process (tests do that).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import draftwise
+from draftwise.request import RequestOutput
+from draftwise.server.engine_loop import EngineLoop
+from draftwise.server.errors import APIError, install_handlers
+from draftwise.server.metrics import ServerMetrics
+from draftwise.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    new_id,
+)
+from draftwise.server.serving import (
+    Chunks,
+    ServerConfig,
+    ServingContext,
+    collect,
+    spec_metrics,
+    start,
+    stream_events,
+    usage_of,
+)
+
+logger = logging.getLogger("draftwise.server")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _Gate:
+    """Pure ASGI middleware: bearer-token check on /v1 and per-path request counts.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) so streaming and disconnect detection pass
+    through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        status = 500
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self.api_key and path.startswith("/v1") and not self._authorized(scope):
+                err = APIError("missing or invalid API key: send 'Authorization: Bearer "
+                               "<key>'", status=401, code="invalid_api_key")
+                await err.response()(scope, receive, send_counted)
+                return
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.metrics.on_http(path, method, status)
+
+    def _authorized(self, scope: Scope) -> bool:
+        """Constant-time comparison of the bearer token."""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(
+                    token.strip().encode(), self.api_key.encode())  # type: ignore[union-attr]
+        return False
+
+
+class CompletionChunks(Chunks):
+    """``text_completion`` stream events."""
+
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
+        """A completion chunk (the last one has the finish reason and optional metrics)."""
+        resp = CompletionResponse(
+            id=self.id, created=self.created, model=self.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
+            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+        )
+        return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+
+    def usage(self, final: RequestOutput) -> dict[str, Any]:
+        """The usage chunk: ``choices: []``."""
+        resp = CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=[], usage=usage_of(final))
+        return resp.to_dict()
+
+
+class ChatChunks(Chunks):
+    """``chat.completion.chunk`` stream events."""
+
+    def _chunk(self, delta: DeltaMessage, finish: str | None, final: RequestOutput | None,
+               ) -> dict[str, Any]:
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model,
+            choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+        )
+        data = chunk.to_dict(keep_null=("usage",) if self.include_usage else ())
+        for choice in data["choices"]:  # OpenAI omits unset delta keys
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+        return data
+
+    def head(self) -> dict[str, Any]:
+        """The first event carries the role and empty content."""
+        return self._chunk(DeltaMessage(role="assistant", content=""), None, None)
+
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
+        """A content delta; the last has the finish reason (and no content when empty)."""
+        return self._chunk(DeltaMessage(content=text or None), finish_reason, final)
+
+    def usage(self, final: RequestOutput) -> dict[str, Any]:
+        """The usage chunk: ``choices: []``."""
+        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                    choices=[], usage=usage_of(final))
+        return chunk.to_dict()
+
+
+def _ctx(request: Request) -> ServingContext:
+    """The app's serving context (engine loop, metrics, config)."""
+    return request.app.state.serving  # type: ignore[no-any-return]
+
+
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    """POST /v1/completions."""
+    ctx = _ctx(request)
+    request_id = new_id("cmpl")
+    stream = await start(ctx, body, request_id)
+    if body.stream:
+        events = stream_events(ctx, stream, CompletionChunks(ctx, body, request_id))
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    out = await collect(ctx, stream, request)
+    completion = out.outputs[0]
+    resp = CompletionResponse(
+        id=request_id, model=ctx.config.model_name,
+        choices=[CompletionChoice(text=completion.text, finish_reason=completion.finish_reason)],
+        usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
+    )
+    return JSONResponse(resp.to_dict())
+
+
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    ctx = _ctx(request)
+    request_id = new_id("chatcmpl")
+    stream = await start(ctx, body, request_id)
+    if body.stream:
+        events = stream_events(ctx, stream, ChatChunks(ctx, body, request_id))
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    out = await collect(ctx, stream, request)
+    completion = out.outputs[0]
+    resp = ChatCompletionResponse(
+        id=request_id, model=ctx.config.model_name,
+        choices=[ChatChoice(message=ChatResponseMessage(content=completion.text),
+                            finish_reason=completion.finish_reason)],
+        usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
+    )
+    return JSONResponse(resp.to_dict())
+
+
+async def models(request: Request) -> JSONResponse:
+    """GET /v1/models: the served name(s)."""
+    ctx = _ctx(request)
+    max_len = getattr(ctx.loop.engine, "max_model_len", None)
+    cards = [ModelCard(id=name, root=ctx.config.model_root, max_model_len=max_len)
+             for name in ctx.config.served_model_names]
+    return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
+
+
+async def health(request: Request) -> JSONResponse:
+    """GET /health: 200 while serving, 503 when draining or the engine loop is gone.
+
+    The body carries the loop's snapshot (requests in flight, KV blocks in use), which
+    is how tests and operators see that aborted requests returned their blocks.
+    """
+    loop = _ctx(request).loop
+    if not loop.alive:
+        status, code = "dead", 503
+    elif not loop.accepting:
+        status, code = "draining", 503
+    else:
+        status, code = "ok", 200
+    return JSONResponse({"status": status, **loop.snapshot}, status_code=code)
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus text of this app's registry."""
+    registry = _ctx(request).metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def version(request: Request) -> JSONResponse:
+    """GET /version."""
+    engine = _ctx(request).loop.engine
+    spec_config = getattr(engine, "spec_config", None)
+    return JSONResponse({
+        "version": draftwise.__version__,
+        "speculative_config": spec_config.to_json() if spec_config is not None else None,
+    })
+
+
+def create_app(engine: Any, config: ServerConfig) -> FastAPI:
+    """An app serving ``engine``; the engine loop runs for the app's lifespan."""
+    server_metrics = ServerMetrics(config.model_name, engine=engine)
+    loop = EngineLoop(engine, observer=server_metrics)
+    server_metrics.watch(lambda: loop.snapshot)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import asyncio
+
+        loop.start(asyncio.get_running_loop())
+        logger.info("serving %s", config.model_name)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(loop.stop)
+
+    app = FastAPI(title="draftwise", version=draftwise.__version__, lifespan=lifespan)
+    app.state.serving = ServingContext(config=config, loop=loop, metrics=server_metrics)
+    install_handlers(app)
+    app.add_middleware(_Gate, api_key=config.api_key, metrics=server_metrics)
+    app.add_api_route("/v1/completions", completions, methods=["POST"],
+                      response_model=None)
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
+                      response_model=None)
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_api_route("/version", version, methods=["GET"])
+    return app

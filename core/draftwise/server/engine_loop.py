@@ -1,0 +1,326 @@
+"""The background loop that drives one step-level engine for many concurrent requests.
+
+The engine is not thread-safe and ``step()`` blocks for a whole forward pass, so it
+lives on ONE dedicated thread that owns it: requests and aborts reach it as commands on
+a thread-safe queue, drained between steps (that is where continuous batching happens:
+whatever arrived during a step joins the next one). Outputs go back to each request's
+``asyncio.Queue`` through ``call_soon_threadsafe``, so the event loop never waits on a
+forward pass.
+
+Failure containment: an exception while preparing or adding a request fails that
+request only; an exception from ``step()`` cannot be attributed to one row, so the rows
+in flight are aborted (their blocks freed) and failed, and the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from draftwise.request import RequestOutput
+
+logger = logging.getLogger("draftwise.server")
+
+#: builds (prompt, SamplingParams) on the engine thread, where the tokenizer is safe to use
+BuildFn = Callable[[Any], tuple[Any, Any]]
+
+
+class LoopClosed(Exception):
+    """The loop is shutting down (or died) and takes no new requests."""
+
+
+class RequestFailed(Exception):
+    """A request was ended by the server: a failed step, or shutdown."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Observer(Protocol):
+    """What the loop reports per request (implemented by ``ServerMetrics``)."""
+
+    def on_first_token(self, ttft: float) -> None: ...
+    def on_tokens(self, seconds_per_token: float) -> None: ...
+    def on_finished(self, out: RequestOutput, e2e: float) -> None: ...
+    def on_step(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Loop-side state of one request; touched only on the engine thread."""
+
+    request_id: str
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class RequestStream:
+    """The client side of one request: iterate outputs; ``close()`` aborts if unfinished."""
+
+    def __init__(self, loop: EngineLoop, stream: _Stream) -> None:
+        self._loop = loop
+        self._stream = stream
+        self.request_id = stream.request_id
+        self.finished = False
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            item = await self._stream.queue.get()
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            self.finished = item.finished
+            yield item
+
+    def close(self) -> None:
+        """Abort the request unless it finished; safe to call from ``finally`` on cancel."""
+        if not self.finished:
+            self.finished = True
+            self._loop.abort(self.request_id)
+
+
+class EngineLoop:
+    """Owns the engine on a dedicated thread; the async API is ``submit`` / ``abort``."""
+
+    def __init__(self, engine: Any, observer: Observer | None = None) -> None:
+        self.engine = engine
+        self.observer = observer
+        self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.accepting = False
+        #: submissions whose add command has not run yet (failed at shutdown)
+        self._pending: set[concurrent.futures.Future[None]] = set()
+        self._lock = threading.Lock()
+        #: engine figures published after every iteration (read by /health without locks)
+        self.snapshot: dict[str, Any] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, aio: asyncio.AbstractEventLoop) -> None:
+        """Start the engine thread; outputs are delivered on ``aio``."""
+        self._aio = aio
+        self.accepting = True
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name="draftwise-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def stop_accepting(self) -> None:
+        """First step of a graceful shutdown: new requests get 503, running ones go on."""
+        self.accepting = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever still runs (freeing its blocks) and join the engine thread."""
+        self.accepting = False
+        if self._thread is None:
+            return
+        self._cmds.put(self._shutdown)
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # pragma: no cover - a step longer than the timeout
+            logger.warning("engine thread still running after %.0fs", timeout)
+
+    # -- the async API ------------------------------------------------------------------
+
+    async def submit(self, request_id: str, build: BuildFn) -> RequestStream:
+        """Queue a request; raises what ``build`` or ``add_request`` raised (bad input)."""
+        stream = _Stream(request_id, asyncio.Queue())
+        added: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def add() -> None:
+            with self._lock:
+                self._pending.discard(added)
+            if not added.set_running_or_notify_cancel():
+                return  # the client left before the request reached the engine
+            try:
+                prompt, params = build(self.engine)
+                self.engine.add_request(prompt, params, request_id)
+            except Exception as exc:  # noqa: BLE001 - handed to the request's caller
+                added.set_exception(exc)
+                return
+            self._streams[request_id] = stream
+            added.set_result(None)
+
+        with self._lock:  # a request is either queued before shutdown or refused
+            if not self.accepting or self._stopping or not self.alive:
+                raise LoopClosed("the server is shutting down" if self._thread is not None
+                                 else "the engine loop is not running")
+            self._pending.add(added)
+            self._cmds.put(add)
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:
+            self.abort(request_id)  # it may have been added just before the cancel
+            raise
+        return RequestStream(self, stream)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (client gone); non-blocking, so it is safe while cancelled."""
+
+        def cmd() -> None:
+            if self._streams.pop(request_id, None) is not None:
+                self.engine.abort_request(request_id)
+
+        self._cmds.put(cmd)
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between steps (debug / tests)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def cmd() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+        self._cmds.put(cmd)
+        return await asyncio.wrap_future(fut)
+
+    # -- the engine thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Drain commands, step, dispatch; block only when there is nothing to do."""
+        try:
+            while not self._stopping:
+                self._drain(block=not self.engine.has_unfinished_requests())
+                if self._stopping or not self.engine.has_unfinished_requests():
+                    self._publish()
+                    continue
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    logger.exception("engine step failed; failing the requests in flight")
+                    self._fail_all(RequestFailed(f"engine step failed: {type(exc).__name__}: "
+                                                 f"{exc}"))
+                    continue
+                if self.observer is not None:  # before dispatch: a client that saw its
+                    try:                           # output sees the counters include it
+                        self.observer.on_step()
+                    except Exception:
+                        logger.exception("step observer failed")
+                self._dispatch(outputs)
+                self._publish()
+        except BaseException as exc:  # pragma: no cover - a bug in the loop itself
+            logger.exception("engine loop crashed")
+            self._fail_all(RequestFailed(f"engine loop crashed: {exc}"))
+            self._close(LoopClosed("the engine loop crashed"))
+
+    def _drain(self, block: bool) -> None:
+        """Run every pending command; wait for the first one when idle."""
+        try:
+            cmd = self._cmds.get(timeout=0.5) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                cmd()
+            except Exception:
+                logger.exception("engine loop command failed")
+            if self._stopping:
+                return
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Route outputs to their requests and record latencies."""
+        now = time.monotonic()
+        batch: list[tuple[_Stream, RequestOutput | BaseException]] = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted while its step ran
+            try:
+                self._observe(stream, out, now)
+            except Exception as exc:
+                logger.exception("observing request %s failed", out.request_id, exc_info=exc)
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            batch.append((stream, out))
+        self._deliver(batch)
+
+    def _observe(self, stream: _Stream, out: RequestOutput, now: float) -> None:
+        """TTFT, per-token latency and end-to-end latency, measured where steps end."""
+        n_new = len(out.new_token_ids)
+        if n_new:
+            if stream.first_token is None:
+                stream.first_token = now
+                if self.observer:
+                    self.observer.on_first_token(now - stream.arrival)
+            elif self.observer and stream.last_token is not None:
+                self.observer.on_tokens((now - stream.last_token) / n_new)
+            stream.last_token = now
+        if out.finished and self.observer:
+            self.observer.on_finished(out, now - stream.arrival)
+
+    def _deliver(self, batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
+        """Hand items to the event loop in one callback (asyncio queues are not thread-safe)."""
+        if not batch or self._aio is None:
+            return
+
+        def put_all() -> None:
+            for stream, item in batch:
+                stream.queue.put_nowait(item)
+
+        try:
+            self._aio.call_soon_threadsafe(put_all)
+        except RuntimeError:  # pragma: no cover - event loop already closed
+            pass
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """Abort every request in flight (returning its blocks) and fail it with ``exc``."""
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            try:
+                self.engine.abort_request(stream.request_id)
+            except Exception:
+                logger.exception("abort of %s failed", stream.request_id)
+        self._deliver([(s, exc) for s in streams])
+        self._publish()
+
+    def _shutdown(self) -> None:
+        """The last command: abort what is left and leave the loop."""
+        self._fail_all(RequestFailed("the server is shutting down", status=503))
+        self._close(LoopClosed("the server is shutting down"))
+
+    def _close(self, exc: LoopClosed) -> None:
+        """Stop; submissions queued behind this point will never run, so fail them now."""
+        with self._lock:
+            self._stopping = True
+            pending = list(self._pending)
+            self._pending.clear()
+        for fut in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(exc)
+
+    def _publish(self) -> None:
+        """Swap in a fresh snapshot of the engine's load and cache use."""
+        kv = getattr(self.engine, "kv", None)
+        self.snapshot = {
+            "num_requests": len(self._streams),
+            "num_unfinished": int(getattr(self.engine, "num_unfinished_requests", 0)),
+            "kv_used_blocks": int(kv.num_used_blocks) if kv is not None else None,
+            "kv_free_blocks": int(kv.num_free_blocks) if kv is not None else None,
+        }

@@ -1,0 +1,316 @@
+"""Turning OpenAI requests into engine requests and engine outputs into OpenAI bodies.
+
+The split from ``app.py``: routing, auth and lifecycle there; the per-request work
+(validation that needs the tokenizer, SamplingParams, streaming deltas, usage and the
+per-request spec-decode metrics) here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from draftwise.errors import RequestError
+from draftwise.formats.errors import ChatTemplateError
+from draftwise.request import RequestOutput
+from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
+from draftwise.server.errors import APIError, from_sampling_error, internal_error
+from draftwise.server.metrics import ServerMetrics
+from draftwise.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    UsageInfo,
+    new_id,
+    now,
+    unsupported_fields,
+)
+
+logger = logging.getLogger("draftwise.server")
+
+AnyRequest = CompletionRequest | ChatCompletionRequest
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """What the app needs besides the engine."""
+
+    #: names a request's ``model`` may use; the first is echoed in responses
+    served_model_names: tuple[str, ...]
+    api_key: str | None = None
+    #: default of the per-request ``return_spec_metrics`` field
+    return_spec_metrics: bool = False
+    model_root: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name responses carry."""
+        return self.served_model_names[0]
+
+
+@dataclass(slots=True)
+class ServingContext:
+    """Everything a handler needs, stored on ``app.state.serving``."""
+
+    config: ServerConfig
+    loop: EngineLoop
+    metrics: ServerMetrics
+
+
+def check_request(ctx: ServingContext, body: AnyRequest) -> None:
+    """Refusals that need no tokenizer: model name, unsupported fields, batched prompts."""
+    if body.model is not None and body.model not in ctx.config.served_model_names:
+        names = ", ".join(repr(n) for n in ctx.config.served_model_names)
+        raise APIError(f"model: the model {body.model!r} does not exist; this server "
+                       f"serves {names}", param="model", code="model_not_found")
+    for field, reason in unsupported_fields(body):
+        raise APIError(f"{field}: {reason}", param=field, code="unsupported_value")
+    if isinstance(body, CompletionRequest) and isinstance(body.prompt, list):
+        if body.prompt and isinstance(body.prompt[0], str | list) and len(body.prompt) != 1:
+            raise APIError("prompt: batched prompts are not supported; send one request "
+                           "per prompt", param="prompt", code="unsupported_value")
+        if not body.prompt:
+            raise APIError("prompt: the prompt is empty", param="prompt")
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them (content parts joined into text)."""
+    out: list[dict[str, Any]] = []
+    for msg in body.messages:
+        d = msg.model_dump(exclude_none=True)
+        if isinstance(msg.content, list):
+            d["content"] = "".join(part.text for part in msg.content)
+        elif msg.content is None:
+            d["content"] = ""
+        out.append(d)
+    return out
+
+
+def make_build(body: AnyRequest) -> Callable[[Any], tuple[Any, Any]]:
+    """The function the engine thread runs to tokenize and build SamplingParams."""
+    from draftwise.sampling import SamplingParams
+
+    def build(engine: Any) -> tuple[Any, Any]:
+        if isinstance(body, ChatCompletionRequest):
+            text = None
+            ids = list(engine.apply_chat_template(_messages(body),
+                                                  bool(body.add_generation_prompt)))
+            max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
+                          else body.max_tokens)
+        else:
+            prompt: Any = body.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+                prompt = prompt[0]
+            text, ids = engine.tokenize_prompt(prompt)
+            max_tokens = body.max_tokens
+        if max_tokens is None:  # OpenAI's "as many as fit"
+            max_tokens = max(1, engine.max_model_len - len(ids))
+        fields: dict[str, Any] = {
+            "n": body.n if body.n is not None else 1,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "max_tokens": max_tokens,
+            "stop": body.stop,
+            "stop_token_ids": body.stop_token_ids,
+            "seed": body.seed,
+            "ignore_eos": bool(body.ignore_eos),
+            "include_stop_str_in_output": bool(body.include_stop_str_in_output),
+            "skip_special_tokens": body.skip_special_tokens is not False,
+        }
+        for name in ("top_p", "top_k", "min_p"):
+            if getattr(body, name) is not None:
+                fields[name] = getattr(body, name)
+        try:
+            params = SamplingParams(**fields)
+        except ValidationError as exc:
+            raise _rename(from_sampling_error(exc), body) from None
+        return {"prompt_token_ids": ids, "prompt": text}, params
+
+    return build
+
+
+def _rename(err: APIError, body: AnyRequest) -> APIError:
+    """Chat requests may have set the limit as ``max_completion_tokens``."""
+    if (err.param == "max_tokens" and isinstance(body, ChatCompletionRequest)
+            and body.max_completion_tokens is not None):
+        err.param = "max_completion_tokens"
+        err.message = err.message.replace("max_tokens", "max_completion_tokens", 1)
+    return err
+
+
+async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> RequestStream:
+    """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
+    check_request(ctx, body)
+    try:
+        return await ctx.loop.submit(request_id, make_build(body))
+    except APIError as exc:
+        raise _rename(exc, body) from None
+    except RequestError as exc:
+        raise _rename(APIError(str(exc), param=exc.field, code="invalid_value"), body) from None
+    except ValidationError as exc:
+        raise _rename(from_sampling_error(exc), body) from None
+    except LoopClosed as exc:
+        raise APIError(str(exc), status=503) from None
+    except ChatTemplateError as exc:  # the template's raise_exception(): bad conversation
+        raise APIError(f"messages: {exc}", param="messages", code="invalid_chat") from None
+    except Exception as exc:
+        logger.exception("request %s failed before admission", request_id)
+        raise internal_error(exc) from None
+
+
+def spec_metrics(ctx: ServingContext, body: AnyRequest, out: RequestOutput) -> dict | None:
+    """The per-request ``metrics`` object (vLLM's shape), when asked for."""
+    wanted = body.return_spec_metrics
+    if wanted is None:
+        wanted = ctx.config.return_spec_metrics
+    if not wanted:
+        return None
+    return {"speculative_decoding": out.metrics.get("speculative_decoding")}
+
+
+def usage_of(out: RequestOutput) -> UsageInfo:
+    """Token counts from the engine's own ids (not a re-tokenization)."""
+    return UsageInfo.of(len(out.prompt_token_ids), len(out.outputs[0].token_ids))
+
+
+async def collect(ctx: ServingContext, stream: RequestStream, request: Request) -> RequestOutput:
+    """Wait for the final output; abort the request if the client goes away first."""
+
+    async def last() -> RequestOutput:
+        final = None
+        async for out in stream:
+            final = out
+        assert final is not None
+        return final
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    result = asyncio.ensure_future(last())
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not result.done():
+            result.cancel()
+            stream.close()
+            ctx.metrics.on_failed("abort")
+    if not result.done():  # pragma: no cover - the client is gone; nobody reads this
+        raise APIError("client disconnected", status=499)
+    try:
+        return result.result()
+    except RequestFailed as exc:
+        ctx.metrics.on_failed("error")
+        raise APIError(str(exc), status=exc.status) from None
+
+
+class TextDelta:
+    """Streamed text = final text, even when a stop string spans two steps.
+
+    The engine cuts a completed stop string from the text; a prefix of it may have been
+    produced a step earlier, so until the request finishes the last ``len(stop) - 1``
+    characters are held back.
+    """
+
+    def __init__(self, body: AnyRequest) -> None:
+        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        self.holdback = 0 if body.include_stop_str_in_output else max(
+            (len(s) - 1 for s in stops), default=0)
+        self.sent = 0
+
+    def next(self, out: RequestOutput) -> str:
+        """The text not yet streamed that is safe to stream now."""
+        text = out.outputs[0].text
+        limit = len(text) if out.finished else max(self.sent, len(text) - self.holdback)
+        delta = text[self.sent:limit]
+        self.sent = max(self.sent, limit)
+        return delta
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
+                                                            separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+class Chunks:
+    """Renders one request's stream events; subclasses give the endpoint's shape."""
+
+    def __init__(self, ctx: ServingContext, body: AnyRequest, request_id: str) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.id = request_id
+        self.created = now()
+        self.model = ctx.config.model_name
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def head(self) -> dict[str, Any] | None:
+        """An event before any text (chat's role delta), or None."""
+        return None
+
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
+        """A text event; ``final`` is the finished output on the last one."""
+        raise NotImplementedError
+
+    def usage(self, final: RequestOutput) -> dict[str, Any]:
+        """The ``include_usage`` event: no choices, the request's usage."""
+        raise NotImplementedError
+
+
+async def stream_events(ctx: ServingContext, stream: RequestStream,
+                        chunks: Chunks) -> AsyncIterator[str]:
+    """SSE body: head, one event per step with new text, the finish, usage, [DONE].
+
+    A failure mid-stream is sent as an ``{"error": …}`` event (the 200 status line is
+    already out), which the ``openai`` client raises as an APIError.
+    """
+    text_delta = TextDelta(chunks.body)
+    try:
+        head = chunks.head()
+        if head is not None:
+            yield sse(head)
+        final: RequestOutput | None = None
+        async for out in stream:
+            text = text_delta.next(out)
+            if out.finished:
+                final = out
+                yield sse(chunks.delta(text, out.outputs[0].finish_reason, out))
+            elif text:
+                yield sse(chunks.delta(text, None, None))
+        if chunks.include_usage and final is not None:
+            yield sse(chunks.usage(final))
+        yield sse("[DONE]")
+    except RequestFailed as exc:
+        ctx.metrics.on_failed("error")
+        yield sse(APIError(str(exc), status=exc.status).body())
+        yield sse("[DONE]")
+    except Exception as exc:
+        logger.exception("stream of %s failed", stream.request_id)
+        ctx.metrics.on_failed("error")
+        yield sse(internal_error(exc).body())
+        yield sse("[DONE]")
+    finally:
+        if not stream.finished:  # the client went away (cancelled) or we failed
+            stream.close()
+            ctx.metrics.on_failed("abort")
+
+
+__all__ = [
+    "Chunks",
+    "ServerConfig",
+    "ServingContext",
+    "collect",
+    "new_id",
+    "spec_metrics",
+    "start",
+    "stream_events",
+    "usage_of",
+]

@@ -1,0 +1,60 @@
+"""``draftwise serve`` wiring with click's CliRunner: engine and uvicorn stubbed out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from draftwise.cli.serve import serve
+from draftwise.errors import EngineConfigError
+from server_fakes import FakeEngine
+
+
+@pytest.fixture
+def stubs(monkeypatch) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def build_engine(model, speculative_config, dtype, **kwargs):
+        seen["build"] = (model, speculative_config, dtype, kwargs)
+        if speculative_config == "refuse":
+            raise EngineConfigError("speculative_config: 'bogus' is not a known key")
+        return FakeEngine()
+
+    def run_server(app, host, port, **kwargs):
+        seen["run"] = (app, host, port, kwargs)
+        kwargs["on_ready"](f"http://{host}:{port}")
+
+    monkeypatch.setattr("draftwise.cli.common.build_engine", build_engine)
+    monkeypatch.setattr("draftwise.server.runner.serve", run_server)
+    return seen
+
+
+def test_options_reach_engine_and_app(stubs):
+    result = CliRunner().invoke(serve, [
+        "--model", "/models/x.gguf", "--port", "9000", "--max-num-seqs", "4",
+        "--speculative-config", '{"method": "ngram"}', "--served-model-name", "a",
+        "--served-model-name", "b", "--api-key", "k", "--return-spec-metrics",
+        "--dtype", "float32", "--max-model-len", "512", "--shutdown-timeout", "3"])
+    assert result.exit_code == 0, result.output
+    assert stubs["build"] == ("/models/x.gguf", '{"method": "ngram"}', "float32",
+                              {"max_num_seqs": 4, "max_model_len": 512})
+    app, host, port, kwargs = stubs["run"]
+    assert (host, port, kwargs["shutdown_timeout"]) == ("127.0.0.1", 9000, 3.0)
+    config = app.state.serving.config
+    assert config.served_model_names == ("a", "b")
+    assert config.api_key == "k" and config.return_spec_metrics
+    assert "serving 'a' on http://127.0.0.1:9000" in result.output
+
+
+def test_default_served_name_is_the_model_argument(stubs):
+    result = CliRunner().invoke(serve, ["--model", "/models/x.gguf"])
+    assert result.exit_code == 0, result.output
+    assert stubs["run"][0].state.serving.config.served_model_names == ("/models/x.gguf",)
+
+
+def test_refusal_exits_2_before_serving(stubs):
+    result = CliRunner().invoke(serve, ["--speculative-config", "refuse"])
+    assert result.exit_code == 2
+    assert "bogus" in result.output
+    assert "run" not in stubs
