@@ -1,0 +1,209 @@
+"""GGUF checkpoints: metadata, dequantized tensors under HF names.
+
+gguf-py's reader memory-maps the file; tensors are dequantized one at a time (numpy,
+``gguf.quants.dequantize``) so peak memory stays near one fp32 tensor above the model.
+llama.cpp stores Q/K of llama-family models permuted for its adjacent-pair RoPE; that
+permutation is undone here (and only for those archs: qwen2/qwen3 use NEOX RoPE and are
+stored as HF has them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf.gguf_reader import ReaderField, ReaderTensor
+from gguf.quants import dequantize
+
+from draftwise.formats.errors import (
+    ModelFormatError,
+    TruncatedFileError,
+    UnexpectedTensorError,
+    UnsupportedTensorTypeError,
+)
+
+#: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
+PERMUTED_QK_ARCHS = frozenset({"llama"})
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_down.bias": "mlp.down_proj.bias",
+}
+
+#: GGUF tensors that carry no weights the HF layout has (handled elsewhere or unused)
+SIDE_TENSORS = frozenset({"rope_freqs.weight"})
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF tensor name for a GGUF one, or None when it has no HF counterpart."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:  # [out, in] or [out]
+    """Inverse of llama.cpp's ``permute``: adjacent RoPE pairs back to HF's halves."""
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+class _CheckedReader(GGUFReader):
+    """GGUFReader that names the tensor when the file is truncated or has an unknown type."""
+
+    def __init__(self, path: str) -> None:
+        self._checked_path = path
+        super().__init__(path)
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        size = len(self.data)
+        for field in fields:
+            _, name_data, _, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            try:
+                qtype = GGMLQuantizationType(int(raw_dtype[0]))
+            except ValueError:
+                raise UnsupportedTensorTypeError(
+                    self._checked_path, name, f"#{int(raw_dtype[0])} (unknown)"
+                ) from None
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n_bytes = int(np.prod(dims, dtype=np.int64)) * type_size // block
+            end = start_offs + int(offset[0]) + n_bytes
+            if end > size:
+                raise TruncatedFileError(self._checked_path, name, end, size)
+        super()._build_tensors(start_offs, fields)
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFTensorInfo:
+    """One tensor as stored: name, GGML type and PyTorch-order shape."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+
+
+class GGUFCheckpoint:
+    """An opened ``.gguf`` file: decoded metadata plus lazily dequantized tensors."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        self._reader = _open(self.path)
+        self.metadata: dict[str, Any] = {
+            key: field.contents() for key, field in self._reader.fields.items()
+        }
+        self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+
+    @property
+    def architecture(self) -> str:
+        """``general.architecture`` (e.g. ``llama``, ``qwen2``)."""
+        return str(self.metadata.get("general.architecture", "<missing>"))
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Stored tensor names, in file order."""
+        return list(self._tensors)
+
+    def info(self, name: str) -> GGUFTensorInfo:
+        """Type and PyTorch-order shape of a stored tensor."""
+        t = self._tensors[name]
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        return GGUFTensorInfo(name, t.tensor_type.name, shape)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
+        t = self._tensors[name]
+        try:
+            arr = dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise UnsupportedTensorTypeError(self.path, name, t.tensor_type.name) from None
+        shape = self.info(name).shape
+        return np.asarray(arr, dtype=np.float32).reshape(shape)
+
+    def rope_freq_factors(self) -> tuple[float, ...] | None:
+        """llama3.1-style RoPE frequency factors, when the file carries them."""
+        if "rope_freqs.weight" not in self._tensors:
+            return None
+        return tuple(float(x) for x in self.dequantize("rope_freqs.weight").reshape(-1))
+
+    def hf_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """HF name -> (GGUF name, shape) for every weight tensor; unknown names refused."""
+        out: dict[str, tuple[str, tuple[int, ...]]] = {}
+        unknown = []
+        for name in self._tensors:
+            target = hf_name(name)
+            if target is None:
+                if name not in SIDE_TENSORS:
+                    unknown.append(name)
+                continue
+            out[target] = (name, self.info(name).shape)
+        if unknown:
+            raise UnexpectedTensorError(self.path, unknown)
+        return out
+
+    def load_hf(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """Dequantize one tensor and undo llama.cpp's Q/K permutation where it applies."""
+        arr = self.dequantize(gguf_name)
+        if self.architecture in PERMUTED_QK_ARCHS:
+            kind = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else ""
+            if kind == "attn_q":
+                arr = unpermute_qk(arr, num_heads)
+            elif kind == "attn_k":
+                arr = unpermute_qk(arr, num_kv_heads)
+        if not arr.flags.writeable or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr).copy()
+        return torch.from_numpy(arr)
+
+    def iter_hf(self, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight as (HF name, fp32 tensor), one at a time."""
+        for target, (name, _) in self.hf_shapes().items():
+            yield target, self.load_hf(name, num_heads, num_kv_heads)
+
+
+def _open(path: str) -> GGUFReader:
+    """Open with typed errors: missing, empty, not GGUF, truncated header or tensor."""
+    if not os.path.isfile(path):
+        raise ModelFormatError(path, "no such GGUF file")
+    size = os.path.getsize(path)
+    try:
+        return _CheckedReader(path)
+    except ModelFormatError:
+        raise
+    except (ValueError, IndexError, OverflowError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise ModelFormatError(path, f"not a GGUF file (magic {magic!r})") from exc
+        raise ModelFormatError(
+            path, f"GGUF header or metadata is truncated or corrupt ({size:,} bytes): {exc}"
+        ) from exc

@@ -1,0 +1,274 @@
+"""Tokenizers from ``tokenizer.json`` or from GGUF metadata, plus streaming detokenization.
+
+A GGUF carries the vocabulary, merges and token types but not the pre-tokenizer: only
+its name (``tokenizer.ggml.pre``). The name is mapped to the split llama.cpp uses for it,
+which is also what the model's own HF ``tokenizer.json`` does (for SmolLM: digits one at a
+time, then GPT-2's byte-level regex). transformers' GGUF loader does not know ``smollm``
+and falls back to plain GPT-2 splitting, which differs on text like ``"a  5"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
+
+from draftwise.formats.errors import TokenizerError
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+#: llama.cpp pre-tokenizer names whose first pass isolates every digit (\p{N})
+_DIGIT_SPLIT_PRE = frozenset(
+    {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva-7b"}
+)
+_REGEX_PRE = {
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral"),
+        _LLAMA3_SPLIT,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
+    **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT),
+}
+
+# llama.cpp token types
+_CONTROL = 3
+_USER_DEFINED = 4
+
+
+def gguf_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    """The pre-tokenizer llama.cpp applies for ``tokenizer.ggml.pre`` (GPT-2's if unknown)."""
+    if pre in _DIGIT_SPLIT_PRE:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in _REGEX_PRE:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_REGEX_PRE[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+class Tokenizer:
+    """Text <-> ids for one model; a thin, typed face over a ``tokenizers`` backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        bos_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int | None = None,
+    ) -> None:
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.pad_token_id = pad_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary including added tokens."""
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; ``add_special_tokens`` adds what the model's post-processor adds (BOS...)."""
+        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text for ids; invalid UTF-8 at the edges decodes to U+FFFD."""
+        return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token string (its stored spelling), or None."""
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Stored spelling of a token id, or None."""
+        return self.backend.id_to_token(token_id)
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str,
+        tokenizer_config: Mapping[str, Any] | None = None,
+        eos_token_ids: Sequence[int] = (),
+    ) -> Tokenizer:
+        """Load ``tokenizer.json``; ``tokenizer_config.json`` supplies BOS/EOS names."""
+        try:
+            backend = Backend.from_file(path)
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception
+            raise TokenizerError(path, f"cannot load tokenizer.json: {exc}") from None
+        cfg = tokenizer_config or {}
+
+        def token_id(key: str) -> int | None:
+            tok = cfg.get(key)
+            if isinstance(tok, Mapping):
+                tok = tok.get("content")
+            return backend.token_to_id(tok) if isinstance(tok, str) else None
+
+        eos = tuple(eos_token_ids)
+        cfg_eos = token_id("eos_token")
+        if cfg_eos is not None and cfg_eos not in eos:
+            eos = (*eos, cfg_eos)
+        bos = token_id("bos_token")
+        add_bos, add_eos = cfg.get("add_bos_token"), cfg.get("add_eos_token")
+        if (add_bos or add_eos) and not _post_processor_adds(backend):
+            backend.post_processor = _template(
+                backend, bos if add_bos else None, eos[0] if add_eos and eos else None
+            )
+        return cls(backend, bos, eos, token_id("pad_token"))
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], path: str = "model.gguf") -> Tokenizer:
+        """Build the byte-level BPE a GGUF describes (``tokenizer.ggml.model == "gpt2"``)."""
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise TokenizerError(
+                path,
+                f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', the "
+                "byte-level BPE of Llama-3/Qwen/SmolLM); use the model's HF directory instead",
+            )
+        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+        types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        byte_chars = _byte_chars()
+        spelled = [
+            t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
+            for t in tokens
+        ]
+        vocab = {t: i for i, t in enumerate(spelled)}
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False)
+        backend = Backend(bpe)
+        backend.pre_tokenizer = gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+        backend.decoder = decoders.ByteLevel()
+        control = [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind_id in zip(tokens, types)
+            if kind_id == _CONTROL and set(t) <= alphabet
+        ]
+        backend.add_special_tokens(control)
+        user = [
+            AddedToken(t, special=False, normalized=False)
+            for t, kind_id in zip(tokens, types)
+            if kind_id == _USER_DEFINED and t in vocab
+        ]
+        if user:
+            backend.add_tokens(user)
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+        if add_bos or add_eos:
+            backend.post_processor = _template(
+                backend, bos if add_bos else None, eos if add_eos else None
+            )
+        eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
+        return cls(backend, bos, eos_ids, meta.get("tokenizer.ggml.padding_token_id"))
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _post_processor_adds(backend: Backend) -> bool:
+    """Whether encoding with special tokens already adds any."""
+    return len(backend.encode("a", add_special_tokens=True).ids) != len(
+        backend.encode("a", add_special_tokens=False).ids
+    )
+
+
+def _template(backend: Backend, bos: int | None, eos: int | None) -> processors.PostProcessor:
+    """A post-processor that prepends BOS and/or appends EOS."""
+    specials: list[tuple[str, int]] = []
+    single = "$A"
+    if bos is not None:
+        tok = str(backend.id_to_token(bos))
+        specials.append((tok, bos))
+        single = f"{tok} {single}"
+    if eos is not None:
+        tok = str(backend.id_to_token(eos))
+        specials.append((tok, eos))
+        single = f"{single} {tok}"
+    return processors.TemplateProcessing(single=single, special_tokens=specials)
+
+
+def find_tokenizer_file(directory: str) -> str | None:
+    """``tokenizer.json`` in an HF directory, if present."""
+    path = os.path.join(directory, "tokenizer.json")
+    return path if os.path.isfile(path) else None
+
+
+class IncrementalDetokenizer:
+    """Streams text for generated ids, holding back bytes of an unfinished UTF-8 character.
+
+    Each call decodes a short window (a few ids of context plus the new ones) and returns
+    only the text the new ids added, so multi-byte characters split across tokens come out
+    whole and SentencePiece-style leading spaces stay right.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        context: int = 5,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-context:]) if context else []
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def step(self, new_ids: Sequence[int]) -> str:
+        """Text added by ``new_ids`` ("" while a character is incomplete)."""
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            del self.ids[: self.read_offset]  # keep only the window the next call needs
+            self.prefix_offset, self.read_offset = 0, len(self.ids)
+            return full[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an unfinished character decodes to U+FFFD)."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :] if len(full) > len(prefix) else ""

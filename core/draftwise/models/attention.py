@@ -1,0 +1,185 @@
+"""Paged causal attention in plain torch, bitwise batch-invariant in bf16.
+
+Speculative decoding is only lossless in practice if a token's logits do not depend on
+what else is in the batch: a decode row alone, the same row with k draft tokens after
+it, and the row next to longer rows must give the same bits. Each step therefore:
+
+1. writes this step's K/V at ``slot_mapping``;
+2. gathers every row's context from its block table into a padded, kv-head-major
+   ``[kv_heads, B, N, head_dim]`` buffer, N rounded up to a multiple of ``CHUNK``;
+3. scores with one bf16 matmul, masks with -inf, and normalises in fp32 by hand: the
+   max is exact, ``exp`` is elementwise, and the denominator is summed per fixed
+   ``CHUNK`` of key positions and then across chunks with a sequential ``cumsum``, so
+   padding only ever adds exact zeros at the end (``torch.softmax``'s sum changes with
+   the row length);
+4. multiplies the bf16 probabilities with V one ``CHUNK`` at a time (a fixed reduction
+   length: oneDNN's blocking of a long K changes with K) and sums the chunks in fp32.
+
+Measured on oneDNN's bf16 GEMM: a row's result does not depend on M (for M >= 2; M == 1
+takes a GEMV path that rounds differently, so it is padded to 2), the batch size, or N.
+fp32 GEMM (MKL) depends on M, so fp32 models are accurate but not batch-invariant.
+SDPA is not used: its blocking depends on the query and key lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from draftwise.models.batch import ForwardBatch
+
+#: key positions per softmax-denominator chunk; every context is padded to a multiple
+CHUNK = 256
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-forward index tensors and masks, built once and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T]
+    block_ids: torch.Tensor  # [B * W] each row's block table, W * block_size >= ctx_len
+    num_rows: int
+    max_query_len: int
+    ctx_len: int  # padded context N, a multiple of CHUNK
+    chunk: int
+    #: row-major padded query layout: [B * M] indices into T (None: one row, no padding)
+    pad_index: torch.Tensor | None
+    #: back to the flat layout: [T] indices into B * M
+    unpad_index: torch.Tensor | None
+    #: sliding window (None: full causal) -> additive fp32 mask [1, B, M, 1, N]
+    masks: dict[int | None, torch.Tensor]
+
+    @classmethod
+    def build(
+        cls,
+        batch: ForwardBatch,
+        block_size: int,
+        windows: Iterable[int | None] = (None,),
+        chunk: int = CHUNK,
+    ) -> AttentionMetadata:
+        """Shapes come from the host lists, so building never syncs on the device."""
+        qlens = batch.query_lens_cpu
+        b, m = len(qlens), max(qlens)
+        n = -(-max(batch.seq_lens_cpu) // chunk) * chunk
+        width = -(-n // block_size)
+        tables = batch.block_tables
+        if tables.shape[1] >= width:
+            tables = tables[:, :width]
+        else:
+            tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]))
+        device = batch.input_ids.device
+        if b == 1:
+            pad_index = unpad_index = None
+            qpos = batch.positions.view(1, m)
+        else:
+            pad: list[int] = []
+            unpad: list[int] = []
+            start = 0
+            for row, q in enumerate(qlens):
+                pad.extend(range(start, start + q))
+                pad.extend([start + q - 1] * (m - q))  # pad with a real query: finite row
+                unpad.extend(range(row * m, row * m + q))
+                start += q
+            pad_index = torch.tensor(pad, dtype=torch.long, device=device)
+            unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
+            qpos = batch.positions.index_select(0, pad_index).view(b, m)
+        key_pos = torch.arange(n, device=device)
+        masks = {}
+        for window in set(windows):
+            allowed = key_pos[None, None, :] <= qpos[:, :, None]
+            if window is not None:
+                allowed &= key_pos[None, None, :] > qpos[:, :, None] - window
+            mask = torch.zeros((b, m, n), dtype=torch.float32, device=device)
+            masks[window] = mask.masked_fill_(~allowed, float("-inf")).view(1, b, m, 1, n)
+        return cls(
+            slot_mapping=batch.slot_mapping,
+            block_ids=tables.reshape(-1),
+            num_rows=b,
+            max_query_len=m,
+            ctx_len=n,
+            chunk=chunk,
+            pad_index=pad_index,
+            unpad_index=unpad_index,
+            masks=masks,
+        )
+
+
+def write_kv(
+    k: torch.Tensor,  # [T, kv_heads, head_dim]
+    v: torch.Tensor,  # [T, kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [T]
+) -> None:
+    """Store this step's keys and values in their slots."""
+    kv, d = k.shape[1], k.shape[2]
+    k_cache.view(-1, kv, d).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, kv, d).index_copy_(0, slot_mapping, v)
+
+
+def gather_context(
+    cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    meta: AttentionMetadata,
+) -> torch.Tensor:  # [kv_heads, B, N, head_dim]
+    """Every row's context in position order, padded to ``meta.ctx_len``, kv-head major.
+
+    Whole blocks are gathered (contiguous copies), then transposed once into the layout
+    the matmuls want: merged (kv, B) batch dims over contiguous ``[N, d]`` matrices, so
+    the matmul makes no hidden copy of its own.
+    """
+    _, _, kv, d = cache.shape
+    rows = cache.index_select(0, meta.block_ids).view(meta.num_rows, -1, kv, d)
+    return rows[:, : meta.ctx_len].permute(2, 0, 1, 3).contiguous()
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, heads, head_dim]
+    k: torch.Tensor,  # [T, kv_heads, head_dim]
+    v: torch.Tensor,  # [T, kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:  # [T, heads * head_dim]
+    """Causal attention of each row's queries over its cached context (GQA-aware)."""
+    _, h, d = q.shape
+    kv = k.shape[1]
+    rep = h // kv
+    b, m, n = meta.num_rows, meta.max_query_len, meta.ctx_len
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    keys = gather_context(k_cache, meta)
+    values = gather_context(v_cache, meta)
+    qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
+    # the query heads sharing a kv head, row-padded: [kv, B, M * rep, d]
+    qp = qp.view(b, m, kv, rep, d).permute(2, 0, 1, 3, 4).reshape(kv, b, m * rep, d)
+    scores = matmul_rows(qp, keys.transpose(-1, -2)).view(kv, b, m, rep, n)
+    probs = torch.add(meta.masks[window], scores, alpha=scale)  # fp32 [kv, B, M, rep, N]
+    probs.sub_(probs.amax(dim=-1, keepdim=True)).exp_()
+    chunks, c = n // meta.chunk, meta.chunk
+    denom = probs.view(kv, b, m, rep, chunks, c).sum(dim=-1).cumsum(dim=-1)[..., -1:]
+    p = torch.div(probs, denom).to(q.dtype).view(kv, b, m * rep, n)
+    if chunks == 1:
+        out = matmul_rows(p, values)  # [kv, B, M * rep, d]
+    else:
+        # one fixed-K matmul per chunk, summed in fp32 in position order
+        p = p.view(kv, b, m * rep, chunks, c).transpose(2, 3)  # [kv, B, chunks, M*rep, C]
+        partial = matmul_rows(p, values.reshape(kv, b, chunks, c, d))
+        out = partial.float().cumsum(dim=2)[:, :, -1].to(q.dtype)
+    out = out.view(kv, b, m, rep, d).permute(1, 2, 0, 3, 4).reshape(b * m, h * d)
+    return out if meta.unpad_index is None else out.index_select(0, meta.unpad_index)
+
+
+def matmul_rows(
+    a: torch.Tensor,  # [..., M, K]
+    b: torch.Tensor,  # [..., K, N]
+) -> torch.Tensor:  # [..., M, N]
+    """``a @ b`` never run with M == 1 in bf16/fp16: that path (a GEMV) rounds differently
+    from GEMM. fp32 is not batch-invariant anyway and keeps the faster GEMV."""
+    if a.shape[-2] != 1 or a.dtype == torch.float32:
+        return torch.matmul(a, b)
+    shape = list(a.shape)
+    shape[-2] = 2
+    return torch.matmul(a.expand(shape), b)[..., :1, :]

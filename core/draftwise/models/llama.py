@@ -1,0 +1,297 @@
+"""The llama family in one implementation: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+Written for CPU decode speed in eager torch: q/k/v and gate/up are fused into one
+weight each at load (two matmuls per layer instead of five), RoPE tables are built once,
+RoPE runs on q and k together, and the final norm and LM head only see the rows whose
+logits are wanted. The numerics follow transformers' op for op (RMSNorm in fp32 cast
+back before the weight, cos/sin in the model dtype) so the oracle tests stay tight.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftwise.models.attention import AttentionMetadata, paged_attention
+from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
+from draftwise.models.config import ModelConfig
+from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
+
+#: RoPE table rows built up front; more are built when a batch reaches past them
+_INITIAL_ROPE_POSITIONS = 4096
+
+
+def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def linear(
+    x: torch.Tensor,  # [T, in]
+    weight: torch.Tensor,  # [out, in]
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [T, out]
+    """``F.linear`` that never runs one bf16/fp16 row alone: M == 1 is a GEMV that rounds
+    differently from the GEMM every M >= 2 uses, which would make a decode row differ from
+    a verify row. fp32 keeps its fast GEMV: MKL's fp32 GEMM varies with M anyway.
+    """
+    if x.shape[0] != 1 or x.dtype == torch.float32:
+        return F.linear(x, weight, bias)
+    return F.linear(x.expand(2, x.shape[1]), weight, bias)[:1]
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., dim]
+    weight: torch.Tensor,  # [dim] or broadcastable to x
+    eps: float,
+) -> torch.Tensor:  # same shape and dtype as x
+    """transformers' RMSNorm: normalise in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    """Attention + SwiGLU MLP, pre-norm, with fused projections."""
+
+    def __init__(
+        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: str | torch.device
+    ) -> None:
+        super().__init__()
+        c = config
+        self.eps = c.rms_norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        self.q_size, self.kv_size, self.inter = c.q_size, c.kv_size, c.intermediate_size
+        self.scale = c.head_dim**-0.5
+        self.window = c.window_of(layer)
+
+        def p(*shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=device)
+
+        self.input_norm = p(c.hidden_size)
+        self.qkv_weight = p(c.q_size + 2 * c.kv_size, c.hidden_size)
+        self.qkv_bias = p(c.q_size + 2 * c.kv_size) if c.attention_bias else None
+        # q_norm and k_norm side by side, one row per head, so one norm covers both
+        heads = c.num_attention_heads + c.num_key_value_heads
+        self.qk_norm = p(heads, c.head_dim) if c.qk_norm else None
+        self.o_weight = p(c.hidden_size, c.q_size)
+        self.o_bias = p(c.hidden_size) if c.o_proj_bias else None
+        self.post_norm = p(c.hidden_size)
+        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size)
+        self.gate_up_bias = p(2 * c.intermediate_size) if c.mlp_bias else None
+        self.down_weight = p(c.hidden_size, c.intermediate_size)
+        self.down_bias = p(c.hidden_size) if c.mlp_bias else None
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        """One decoder layer over the flat token batch."""
+        t = h.shape[0]
+        x = rms_norm(h, self.input_norm, self.eps)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.eps)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
+        h = h + linear(attn, self.o_weight, self.o_bias)
+        x = rms_norm(h, self.post_norm, self.eps)
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
+        act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :]
+        return h + linear(act, self.down_weight, self.down_bias)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A llama-family decoder over paged KV; ``forward(batch, kv) -> ModelOutput``."""
+
+    # buffers (declared for type checkers; registered in __init__)
+    inv_freq: torch.Tensor  # [head_dim // 2] fp32
+    rope_cos: torch.Tensor  # [positions, head_dim]
+    rope_sin: torch.Tensor  # [positions, head_dim]
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.config = config
+
+        def p(*shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=device)
+
+        self.embed_weight = p(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+        )
+        self.norm_weight = p(config.hidden_size)
+        self.lm_head_weight = (
+            self.embed_weight
+            if config.tie_word_embeddings
+            else p(config.vocab_size, config.hidden_size)
+        )
+        inv_freq, self._rope_scaling = inv_frequencies(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
+        )
+        if config.rope_freq_factors is not None:
+            inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+        empty = torch.empty(0, config.head_dim, dtype=dtype, device=device)
+        self.register_buffer("rope_cos", empty, persistent=False)
+        self.register_buffer("rope_sin", empty.clone(), persistent=False)
+        self._windows = tuple({config.window_of(i) for i in range(config.num_hidden_layers)})
+        self.ensure_positions(min(_INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
+
+    # -- what the engine and drafters read ------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers (one KV cache entry each)."""
+        return self.config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads per layer, for cache allocation."""
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width, for cache allocation."""
+        return self.config.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight (and KV cache) dtype."""
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed_weight.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        """Token embeddings (shared with drafters)."""
+        return F.embedding(ids, self.embed_weight)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
+        """The norm applied before the LM head."""
+        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        """float32 logits of already-normed hidden states (shared with drafters)."""
+        return linear(hidden, self.lm_head_weight).float()
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, typed."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def ensure_positions(self, n: int) -> None:
+        """Grow the RoPE tables to cover positions ``< n`` (host-side check, no sync)."""
+        if n <= self.rope_cos.shape[0]:
+            return
+        size = max(n, 2 * self.rope_cos.shape[0])
+        cos, sin = rope_tables(self.inv_freq.cpu(), size, self._rope_scaling, self.dtype)
+        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
+
+    # -- the step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> ModelOutput:
+        """Write this step's K/V, attend, return logits at ``batch.logits_indices``."""
+        self.ensure_positions(batch.max_seq_len)
+        meta = AttentionMetadata.build(batch, kv.block_size, self._windows)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        h = self.embed(batch.input_ids)
+        wanted = set(batch.hidden_layers)
+        hidden: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv.k[i], kv.v[i], meta)
+            if i in wanted:
+                hidden[i] = h
+        rows = h.index_select(0, batch.logits_indices)
+        return ModelOutput(logits=self.lm_head(self.final_norm(rows)), hidden_states=hidden)
+
+    # -- weights --------------------------------------------------------------------------
+    def weight_slots(self) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the view of our (fused) parameter it is copied into."""
+        c = self.config
+        slots: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed_weight.data,
+            "model.norm.weight": self.norm_weight.data,
+        }
+        if not c.tie_word_embeddings:
+            slots["lm_head.weight"] = self.lm_head_weight.data
+        q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+        for i, layer in enumerate(self.decoder_layers()):
+            p = f"model.layers.{i}."
+            slots[p + "input_layernorm.weight"] = layer.input_norm.data
+            slots[p + "post_attention_layernorm.weight"] = layer.post_norm.data
+            for name, part in (
+                ("q", slice(0, q)),
+                ("k", slice(q, q + kv)),
+                ("v", slice(q + kv, None)),
+            ):
+                slots[f"{p}self_attn.{name}_proj.weight"] = layer.qkv_weight.data[part]
+                if layer.qkv_bias is not None:
+                    slots[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias.data[part]
+            slots[p + "self_attn.o_proj.weight"] = layer.o_weight.data
+            if layer.o_bias is not None:
+                slots[p + "self_attn.o_proj.bias"] = layer.o_bias.data
+            if layer.qk_norm is not None:
+                slots[p + "self_attn.q_norm.weight"] = layer.qk_norm.data[: c.num_attention_heads]
+                slots[p + "self_attn.k_norm.weight"] = layer.qk_norm.data[c.num_attention_heads :]
+            for name, part in (("gate", slice(0, inter)), ("up", slice(inter, None))):
+                slots[f"{p}mlp.{name}_proj.weight"] = layer.gate_up_weight.data[part]
+                if layer.gate_up_bias is not None:
+                    slots[f"{p}mlp.{name}_proj.bias"] = layer.gate_up_bias.data[part]
+            slots[p + "mlp.down_proj.weight"] = layer.down_weight.data
+            if layer.down_bias is not None:
+                slots[p + "mlp.down_proj.bias"] = layer.down_bias.data
+        return slots
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape the checkpoint must have (q/k norms: ``[head_dim]``)."""
+    c = config
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+        for name, width in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+            shapes[f"{p}self_attn.{name}_proj.weight"] = (width, c.hidden_size)
+            if c.attention_bias:
+                shapes[f"{p}self_attn.{name}_proj.bias"] = (width,)
+        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
+        if c.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (c.hidden_size,)
+        if c.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (c.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (c.head_dim,)
+        for name in ("gate", "up"):
+            shapes[f"{p}mlp.{name}_proj.weight"] = (c.intermediate_size, c.hidden_size)
+            if c.mlp_bias:
+                shapes[f"{p}mlp.{name}_proj.bias"] = (c.intermediate_size,)
+        shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+        if c.mlp_bias:
+            shapes[p + "mlp.down_proj.bias"] = (c.hidden_size,)
+    return shapes

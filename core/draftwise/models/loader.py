@@ -1,0 +1,251 @@
+"""``load_model``: a path (or nothing, for the default model) to a ready target.
+
+Order of work: detect the format, check the architecture from the checkpoint's own
+config, check every tensor name and shape against that config, then allocate the model
+once in the target dtype and stream weights into it (fused slices, dtype cast on copy).
+Nothing large is read before the checks pass.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwise.formats.chat import ChatTemplate, chat_template_from_dir
+from draftwise.formats.default_model import default_model_path
+from draftwise.formats.errors import (
+    MissingTensorError,
+    ModelFormatError,
+    TensorShapeError,
+    UnexpectedTensorError,
+    UnsupportedDtypeError,
+)
+from draftwise.formats.gguf import GGUFCheckpoint
+from draftwise.formats.safetensors_dir import SafetensorsCheckpoint, read_json
+from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file
+from draftwise.models.config import ModelConfig
+from draftwise.models.llama import LlamaForCausalLM, expected_shapes
+from draftwise.models.registry import check_gguf_metadata, check_hf_config, model_class
+
+#: called after each tensor: (tensors done, tensors total, HF name of the last one)
+ProgressFn = Callable[[int, int, str], None]
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+#: tensors some checkpoints carry that the model recomputes or does not need
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A target ready to run, with what the engine needs around it."""
+
+    model: LlamaForCausalLM
+    config: ModelConfig
+    #: None only for an HF directory without ``tokenizer.json`` (e.g. test checkpoints)
+    tokenizer: Tokenizer | None
+    chat_template: ChatTemplate | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    path: str
+    format: str  # "gguf" or "safetensors"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight and KV-cache dtype."""
+        return self.model.dtype
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Prompt ids for a conversation, through the model's own chat template."""
+        if self.chat_template is None or self.tokenizer is None:
+            raise ModelFormatError(self.path, "this model has no chat template or tokenizer")
+        return self.chat_template.encode(self.tokenizer, messages, add_generation_prompt)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """``auto`` is bfloat16: fast on AVX-512-BF16 CPUs and bitwise batch-invariant there."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16
+    if dtype not in _DTYPES:
+        raise UnsupportedDtypeError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(
+    path: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    progress: ProgressFn | None = None,
+) -> LoadedModel:
+    """Load a ``.gguf`` file or an HF safetensors directory; ``None`` is the default model.
+
+    :param path: a ``.gguf`` file, an HF directory (``config.json`` + ``*.safetensors``),
+        or a directory holding exactly one ``.gguf``; None loads the default model.
+    :param dtype: ``auto`` (bfloat16), ``bfloat16``, ``float32`` or ``float16``.
+    :param device: where weights live.
+    :param progress: called after each tensor is loaded.
+    :returns: the model with its config, tokenizer, chat template and stop ids.
+    """
+    path = default_model_path() if path is None else os.fspath(path)
+    target = resolve_dtype(dtype, device)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return _load_hf_dir(path, target, device, progress)
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if len(ggufs) != 1:
+            raise ModelFormatError(
+                path, "expected config.json + *.safetensors, or exactly one .gguf file"
+            )
+        path = os.path.join(path, ggufs[0])
+    if not os.path.exists(path):
+        raise ModelFormatError(path, "no such file or directory")
+    return _load_gguf(path, target, device, progress)
+
+
+def _load_gguf(
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+) -> LoadedModel:
+    ckpt = GGUFCheckpoint(path)
+    check_gguf_metadata(ckpt.metadata, path)
+    config = ModelConfig.from_gguf_metadata(
+        ckpt.metadata, ckpt.tensor_names, path, rope_freq_factors=ckpt.rope_freq_factors()
+    )
+    model_class(config, path)
+    available = ckpt.hf_shapes()
+    names = _check_tensors(path, config, available)
+    model = LlamaForCausalLM(config, dtype, device)
+    tensors = (
+        (
+            name,
+            ckpt.load_hf(
+                available[name][0], config.num_attention_heads, config.num_key_value_heads
+            ),
+        )
+        for name in names
+    )
+    _copy_weights(model, tensors, len(names), progress)
+    tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
+    tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
+    template = ckpt.metadata.get("tokenizer.chat_template")
+    specials = _special_strings(tokens, config.bos_token_id, tokenizer.eos_token_ids)
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=ChatTemplate(template, specials) if template else None,
+        eos_token_ids=tuple(dict.fromkeys((*config.eos_token_ids, *tokenizer.eos_token_ids))),
+        bos_token_id=config.bos_token_id,
+        path=path,
+        format="gguf",
+    )
+
+
+def _load_hf_dir(
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+) -> LoadedModel:
+    config_path = os.path.join(path, "config.json")
+    raw = read_json(config_path)
+    check_hf_config(raw, config_path)  # before any shard is opened
+    config = ModelConfig.from_hf_dict(raw, config_path)
+    model_class(config, config_path)
+    ckpt = SafetensorsCheckpoint(path)
+    names = _check_tensors(path, config, ckpt.hf_shapes())
+    model = LlamaForCausalLM(config, dtype, device)
+    _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
+
+    eos = list(config.eos_token_ids)
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        gen_eos = read_json(gen_path).get("eos_token_id")
+        eos += gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+    tok_cfg_path = os.path.join(path, "tokenizer_config.json")
+    tok_cfg = read_json(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
+    tok_file = find_tokenizer_file(path)
+    tokenizer = Tokenizer.from_file(tok_file, tok_cfg, eos) if tok_file else None
+    eos_ids = tuple(dict.fromkeys((*eos, *(tokenizer.eos_token_ids if tokenizer else ()))))
+    template = chat_template_from_dir(path)
+    specials = {
+        key: str(v.get("content") if isinstance(v, dict) else v)
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if (v := tok_cfg.get(key)) is not None
+    }
+    bos = (
+        config.bos_token_id
+        if config.bos_token_id is not None
+        else (tokenizer.bos_token_id if tokenizer else None)
+    )
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=ChatTemplate(template, specials) if template else None,
+        eos_token_ids=eos_ids,
+        bos_token_id=bos,
+        path=path,
+        format="safetensors",
+    )
+
+
+def _check_tensors(
+    path: str, config: ModelConfig, available: Mapping[str, tuple[str, tuple[int, ...]]]
+) -> list[str]:
+    """Names to load, after checking none is missing, mis-shaped or unexpected."""
+    expected = expected_shapes(config)
+    for name, shape in expected.items():
+        if name not in available:
+            raise MissingTensorError(path, name, shape)
+        source, got = available[name]
+        if tuple(got) != shape:
+            raise TensorShapeError(path, source, shape, tuple(got))
+    extra = [
+        n
+        for n in available
+        if n not in expected
+        and not n.endswith(_IGNORED_SUFFIXES)
+        and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    ]
+    if extra:
+        raise UnexpectedTensorError(path, extra)
+    return list(expected)
+
+
+def _copy_weights(
+    model: LlamaForCausalLM,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    total: int,
+    progress: ProgressFn | None,
+) -> None:
+    """Copy each tensor into its (fused) slot, casting to the model dtype on the way."""
+    slots = model.weight_slots()
+    with torch.no_grad():
+        for done, (name, tensor) in enumerate(tensors, start=1):
+            slots[name].copy_(tensor)
+            if progress is not None:
+                progress(done, total, name)
+
+
+def _special_strings(tokens: Sequence[str], bos: int | None, eos: Sequence[int]) -> dict[str, str]:
+    """``bos_token``/``eos_token`` strings templates may reference."""
+    out: dict[str, str] = {}
+    if bos is not None and bos < len(tokens):
+        out["bos_token"] = tokens[bos]
+    if eos and eos[0] < len(tokens):
+        out["eos_token"] = tokens[eos[0]]
+    return out

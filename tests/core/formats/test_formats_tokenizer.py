@@ -1,0 +1,168 @@
+"""Tokenizers from GGUF metadata and tokenizer.json, checked against transformers, plus
+the streaming detokenizer."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from draftwise.formats.default_model import DEFAULT_MODEL_FILE, default_model_path
+from draftwise.formats.errors import TokenizerError
+from draftwise.formats.gguf import GGUFCheckpoint
+from draftwise.formats.tokenizer import IncrementalDetokenizer, Tokenizer
+from tokenizers import pre_tokenizers
+
+#: varied text on which transformers' GGUF tokenizer and llama.cpp/HF's SmolLM split agree
+STRINGS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces and trailing   ",
+    "tabs\tand\nnewlines\n\n\nmany",
+    "unicode: café naïve résumé — “quotes” ‘single’",
+    "CJK: 你好，世界。日本語のテキスト",
+    "emoji: 👍🏽 🚀🔥 👨‍👩‍👧‍👦",
+    "code: def f(x):\n    return x**2 + 3  # comment\n",
+    "numbers 12345 and 3.14159, 1e-5, 2024-11-29",
+    "mixed   whitespace\t\t runs  \n  here",
+    "<|im_start|>user\nHi there<|im_end|>\n",
+    "Ünïcödé ẞ Σσς ﬁ and It's they're we've I'm you'll he'd !!!???...",
+]
+#: a whitespace run before a digit: the only place the two splits differ
+DIGIT_AFTER_SPACES = ["a  5", "x\t\t42", "total:   1,000", "[  3,  4]"]
+
+
+def hf_smollm_split(tok: object) -> object:
+    """transformers' GGUF tokenizer with SmolLM's real pre-tokenizer (tokenizer.json on the Hub)."""
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(  # type: ignore[attr-defined]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    return tok
+
+
+@pytest.fixture(scope="module")
+def default_tokenizers() -> tuple[Tokenizer, object]:
+    """(ours from the default GGUF, transformers' from the same file)."""
+    from transformers import AutoTokenizer
+
+    path = default_model_path()
+    ours = Tokenizer.from_gguf_metadata(GGUFCheckpoint(path).metadata, path)
+    theirs = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=DEFAULT_MODEL_FILE)
+    return ours, theirs
+
+
+@pytest.mark.default_model
+def test_default_ids_match_transformers(default_tokenizers) -> None:
+    ours, theirs = default_tokenizers
+    for s in STRINGS:
+        for special in (True, False):
+            assert ours.encode(s, special) == theirs.encode(s, add_special_tokens=special), s
+    assert ours.encode("<|im_start|>") == [1] and ours.eos_token_ids == (2,)
+    assert ours.bos_token_id == 1 and ours.vocab_size == 49152
+
+
+@pytest.mark.default_model
+def test_default_decode_round_trips(default_tokenizers) -> None:
+    ours, theirs = default_tokenizers
+    for s in STRINGS + DIGIT_AFTER_SPACES:
+        ids = ours.encode(s)
+        assert ours.decode(ids, skip_special_tokens=False) == s
+        assert ours.decode(ids, skip_special_tokens=False) == theirs.decode(ids)
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(
+            ids, skip_special_tokens=True
+        )
+    assert ours.decode([1, 9690, 2]) == "system"
+
+
+@pytest.mark.default_model
+def test_digits_split_like_llama_cpp_smollm(default_tokenizers) -> None:
+    """``smollm`` isolates every digit first (llama.cpp, and the model's tokenizer.json);
+    transformers' GGUF loader does not know the name and keeps GPT-2's split."""
+    ours, theirs = default_tokenizers
+    hub_like = hf_smollm_split(copy.deepcopy(theirs))
+    for s in STRINGS + DIGIT_AFTER_SPACES:
+        assert ours.encode(s) == hub_like.encode(s), s
+    assert ours.encode("a  5") == [81, 256, 37]  # 'a', 'ĠĠ', '5'
+    assert theirs.encode("a  5") == [81, 216, 216, 37]  # transformers-GGUF: 'a', 'Ġ', 'Ġ', '5'
+
+
+def test_tiny_gguf_tokenizer_matches_transformers(tiny_gguf) -> None:
+    from transformers import AutoTokenizer
+
+    t = tiny_gguf()
+    ours = Tokenizer.from_gguf_metadata(GGUFCheckpoint(t.path).metadata, str(t.path))
+    theirs = AutoTokenizer.from_pretrained(t.path.parent, gguf_file=t.path.name)
+    for s in STRINGS:
+        assert ours.encode(s) == theirs.encode(s), s
+        assert ours.decode(ours.encode(s), skip_special_tokens=False) == s
+    assert ours.encode("hello world") == theirs.encode("hello world")
+    assert len(ours.encode("hello world")) == 3  # merges applied: hello, Ġ, world
+
+
+def test_sentencepiece_gguf_is_refused() -> None:
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>"]}
+    with pytest.raises(TokenizerError, match="'llama' is not supported"):
+        Tokenizer.from_gguf_metadata(meta, "x.gguf")
+
+
+def test_tokenizer_json_with_bos_from_config(tiny_gguf, tmp_path: Path) -> None:
+    t = tiny_gguf()
+    built = Tokenizer.from_gguf_metadata(GGUFCheckpoint(t.path).metadata)
+    built.backend.save(str(tmp_path / "tokenizer.json"))
+    cfg = {
+        "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"},
+        "add_bos_token": True,
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"), cfg)
+    assert tok.bos_token_id == 1 and tok.eos_token_ids == (2,)
+    plain = tok.encode("hello", add_special_tokens=False)
+    assert tok.encode("hello") == [1, *plain]
+    with pytest.raises(TokenizerError):
+        Tokenizer.from_file(str(tmp_path / "tokenizer_config.json"))
+
+
+def stream(tok: Tokenizer, ids: list[int], **kw: object) -> list[str]:
+    detok = IncrementalDetokenizer(tok, **kw)  # type: ignore[arg-type]
+    pieces = [detok.step([i]) for i in ids]
+    pieces.append(detok.flush())
+    return pieces
+
+
+@pytest.mark.default_model
+def test_incremental_detokenizer(default_tokenizers) -> None:
+    ours, _ = default_tokenizers
+    for s in STRINGS:
+        ids = ours.encode(s)
+        pieces = stream(ours, ids)
+        assert "".join(pieces) == ours.decode(ids), s
+        assert not any("\ufffd" in p for p in pieces), s
+    rocket = ours.encode("🚀")
+    assert len(rocket) > 1  # one character, several byte tokens
+    pieces = stream(ours, rocket)
+    assert pieces[0] == "" and "".join(pieces) == "🚀"
+    # special tokens are skipped by default, kept on request
+    ids = ours.encode("<|im_start|>assistant\nHi<|im_end|>")
+    assert "".join(stream(ours, ids)) == "assistant\nHi"
+    assert "".join(stream(ours, ids, skip_special_tokens=False)) == ours.decode(ids, False)
+    # with prompt context, a continuation keeps its leading space
+    detok = IncrementalDetokenizer(ours, prompt_ids=ours.encode("Hello"))
+    assert detok.step(ours.encode(" world")) + detok.flush() == " world"
+
+
+def test_incremental_detokenizer_holds_split_characters(tiny_gguf) -> None:
+    t = tiny_gguf()
+    tok = Tokenizer.from_gguf_metadata(GGUFCheckpoint(t.path).metadata)
+    ids = tok.encode("añ🚀b")
+    pieces = stream(tok, ids)
+    assert "".join(pieces) == "añ🚀b"
+    assert not any("\ufffd" in p for p in pieces)
+    assert pieces.count("") >= 3  # the 4-byte rocket and 2-byte ñ were held back
+    cut = IncrementalDetokenizer(tok)
+    assert cut.step(tok.encode("🚀")[:2]) == ""
+    assert cut.flush() == "\ufffd"  # an unfinished character at the very end
