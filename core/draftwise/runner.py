@@ -1,4 +1,11 @@
-"""The target model plus its paged KV cache: turns scheduled rows into one forward."""
+"""The target model plus its paged KV cache: turns scheduled rows into one forward.
+
+Models with linear-attention layers (the GDN hybrid) also get a ``RecurrentStatePool``:
+one slot per running request, taken the first time the request is fed and zeroed
+whenever it is fed from position 0 (a fresh prompt or a recompute after preemption),
+plus ``max_spec_positions`` per-position copies for speculative verify. The engine
+calls :meth:`commit_state` after verify and :meth:`release` when a request leaves.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import torch
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput, build_forward_batch
 
 if TYPE_CHECKING:
+    from draftwise.cache.recurrent import RecurrentStatePool
     from draftwise.models.loader import LoadedModel
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -29,7 +37,14 @@ def model_dtype(loaded: LoadedModel) -> torch.dtype:
 class ModelRunner:
     """Owns the KV cache tensors (allocated once) and runs the target forward."""
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int = 1,
+        max_spec_positions: int = 0,
+    ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.block_size = block_size
@@ -43,6 +58,52 @@ class ModelRunner:
             dtype=model_dtype(loaded),
             device=self.device,
         )
+        self.states: RecurrentStatePool | None = None
+        layout = getattr(self.model, "recurrent_layout", None)
+        if layout is not None:
+            from draftwise.cache.recurrent import RecurrentStatePool
+
+            layers, shapes, dtypes = layout()
+            self.states = RecurrentStatePool(
+                max(1, max_num_seqs), shapes, layers, dtypes, max_spec_positions, self.device
+            )
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Whether rows carry recurrent state (then prefix caching cannot skip tokens)."""
+        return self.states is not None
+
+    def _state_slots(self, req_ids: list[str], start_positions: list[int]) -> list[int]:
+        """Each row's slot: taken on first sight, zeroed when the row restarts at 0."""
+        pool = self.states
+        if pool is None:
+            return []
+        slots: list[int] = []
+        for req_id, start in zip(req_ids, start_positions, strict=True):
+            if req_id not in pool:
+                if start != 0:
+                    raise ValueError(
+                        f"request {req_id!r} starts at position {start} with no recurrent state "
+                        "(prefix caching cannot be used with linear-attention models)"
+                    )
+                slots.append(pool.allocate(req_id))
+                continue
+            if start == 0:  # a recompute after preemption: start from zero state again
+                pool.free(req_id)
+                slots.append(pool.allocate(req_id))
+                continue
+            slots.append(pool.slot(req_id))
+        return slots
+
+    def commit_state(self, req_id: str, num_accepted: int, num_drafts: int) -> None:
+        """After verify: keep the recurrent state after the last accepted token."""
+        if self.states is not None and num_drafts > 0:
+            self.states.commit([req_id], [num_accepted], [num_drafts])
+
+    def release(self, req_id: str) -> None:
+        """The request finished, was aborted or preempted: free its state slot."""
+        if self.states is not None:
+            self.states.free(req_id)
 
     def build(
         self,
@@ -51,8 +112,14 @@ class ModelRunner:
         block_tables: list[list[int]],
         logits_rows: list[list[int]],
         hidden_layers: tuple[int, ...] = (),
+        req_ids: list[str] | None = None,
     ) -> ForwardBatch:
-        """Flatten per-row lists into a :class:`ForwardBatch`."""
+        """Flatten per-row lists into a :class:`ForwardBatch` (``req_ids``: hybrid models)."""
+        slots = None
+        if self.states is not None:
+            if req_ids is None:
+                raise ValueError("this model has recurrent state: build() needs the rows' req_ids")
+            slots = self._state_slots(req_ids, start_positions)
         return build_forward_batch(
             token_ids,
             start_positions,
@@ -61,9 +128,12 @@ class ModelRunner:
             logits_rows,
             device=self.device,
             hidden_layers=hidden_layers,
+            state_slots=slots,
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ModelOutput:
         """One target forward over the whole step."""
+        if self.states is not None:
+            return self.model(batch, self.kv, self.states)
         return self.model(batch, self.kv)

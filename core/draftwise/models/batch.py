@@ -65,6 +65,10 @@ class ForwardBatch:
     seq_lens_cpu: list[int] = field(default_factory=list)
     #: layers whose hidden states (output of that decoder layer, ``[T, hidden]``) to return
     hidden_layers: tuple[int, ...] = ()
+    #: models with recurrent layers: each row's slot in the RecurrentStatePool ([B] int64),
+    #: with its host copy; None for pure-attention models
+    state_slots: torch.Tensor | None = None
+    state_slots_cpu: list[int] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -98,11 +102,13 @@ def build_forward_batch(
     logits_rows: list[list[int]],
     device: str | torch.device = "cpu",
     hidden_layers: tuple[int, ...] = (),
+    state_slots: list[int] | None = None,
 ) -> ForwardBatch:
     """Build a batch from per-row python lists.
 
     ``token_ids[i]`` are row ``i``'s new tokens starting at position ``start_positions[i]``;
-    ``logits_rows[i]`` are offsets within that row whose logits are wanted.
+    ``logits_rows[i]`` are offsets within that row whose logits are wanted;
+    ``state_slots[i]`` is row ``i``'s recurrent-state slot (hybrid models only).
     """
     flat_ids: list[int] = []
     positions: list[int] = []
@@ -137,4 +143,6 @@ def build_forward_batch(
         query_lens_cpu=[len(t) for t in token_ids],
         seq_lens_cpu=seq_lens,
         hidden_layers=hidden_layers,
+        state_slots=None if state_slots is None else as_tensor(list(state_slots)),
+        state_slots_cpu=[] if state_slots is None else list(state_slots),
     )
