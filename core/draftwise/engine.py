@@ -154,6 +154,7 @@ class LLMEngine:
         if req is None:
             return False
         req.finished_time = time.monotonic()
+        self.runner.release(request_id)
         if self.spec is not None:
             self.spec.release(request_id)
         return True
@@ -175,6 +176,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
+            self.runner.release(victim.req_id)
             if self.spec is not None:
                 self.spec.release(victim.req_id)
         rows = sched.rows
@@ -203,7 +205,8 @@ class LLMEngine:
             n = row.num_new_tokens
             logits_rows.append(list(range(n - 1, n + nd)) if row.samples else [])
         hidden_layers = self.spec.hidden_layers if self.spec is not None else ()
-        batch = self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers)
+        req_ids = [row.request.req_id for row in rows]
+        batch = self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)
         output = self.runner.forward(batch)
         t3 = time.perf_counter()
 
@@ -211,7 +214,7 @@ class LLMEngine:
         results = self._verify(output.logits, sampling_rows)
         t4 = time.perf_counter()
 
-        outputs = self._commit(rows, sampling_rows, results, output.hidden_states)
+        outputs = self._commit(rows, sampling_rows, results, output.hidden_states, starts)
         t5 = time.perf_counter()
         tm = self.stats.timings
         tm.schedule += t1 - t0
@@ -262,10 +265,13 @@ class LLMEngine:
         sampling_rows: list[tuple[Any, np.ndarray | None]],
         results: Any,
         hidden_states: dict[int, torch.Tensor],
+        starts: list[int],
     ) -> list[RequestOutput]:
         """Append verified tokens, roll back rejected drafts, check stops, build outputs."""
         now = time.monotonic()
         outputs: list[RequestOutput] = []
+        if self.spec is not None and hidden_states:
+            self._feed_hidden(rows, sampling_rows, results, hidden_states, starts)
         for row in rows:
             if not row.samples:  # a prefill chunk that does not reach the end yet
                 self.scheduler.commit(row.request, row.num_new_tokens, 0)
@@ -295,14 +301,42 @@ class LLMEngine:
             if req.status.finished:  # tokens past a stop are dropped with all the blocks
                 req.finished_time = now
                 self.scheduler.finish(req, req.status)
+                self.runner.release(req.req_id)
                 if self.spec is not None:
                     self.spec.release(req.req_id)
             else:  # keep the K/V of accepted drafts, roll back the rest
                 self.scheduler.commit(req, row.num_new_tokens, n_acc)
+                self.runner.commit_state(req.req_id, n_acc, nd)  # recurrent state too
         if self.spec is not None and spec_ids:
             self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
             self.spec.observe_step(step_stats)
         return outputs
+
+    def _feed_hidden(
+        self,
+        rows: list[Any],
+        sampling_rows: list[tuple[Any, np.ndarray | None]],
+        results: Any,
+        hidden_states: dict[int, torch.Tensor],
+        starts: list[int],
+    ) -> None:
+        """Each row's hidden states at its committed positions (fed + accepted), in order."""
+        if self.spec is None:
+            return
+        drafts = {id(r): d for r, d in sampling_rows}
+        accepted = {
+            id(r): n for (r, _), n in zip(sampling_rows, results.num_accepted if results else [])
+        }
+        offset = 0
+        for row, start in zip(rows, starts):
+            kept = row.num_new_tokens + accepted.get(id(row), 0)
+            self.spec.add_hidden(
+                row.request.req_id,
+                start,
+                {i: h[offset : offset + kept] for i, h in hidden_states.items()},
+            )
+            draft = drafts.get(id(row))
+            offset += row.num_new_tokens + (0 if draft is None else len(draft))
 
     def _append_tokens(self, req: Request, toks: list[int]) -> None:
         """Append tokens one by one, stopping at EOS, stop ids, stop strings or length."""

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
-from draftwise.speculator import DraftInput, DraftRow, Proposer, ProposerContext, VerifyOutcome
+from draftwise.speculator import (
+    DraftInput,
+    DraftRow,
+    HiddenStateConsumer,
+    Proposer,
+    ProposerContext,
+    VerifyOutcome,
+)
 
 if TYPE_CHECKING:
     from draftwise.config import ResolvedSpeculativeConfig
@@ -126,6 +133,14 @@ class Speculation:
                 )
             )
 
+    def add_hidden(self, req_id: str, start: int, hidden_states: dict[int, torch.Tensor]) -> None:
+        """A row's target hidden states at its committed positions, to proposers that use them."""
+        for proposer in self.proposers:
+            if isinstance(proposer, HiddenStateConsumer):
+                layer = proposer.hidden_layers[-1]
+                if layer in hidden_states:
+                    proposer.add_hidden(req_id, start, hidden_states[layer])
+
     def observe_step(self, stats: SpecDecodingStats) -> None:
         """Fold one step's counts into the totals, the log window and any observers."""
         self.metrics.merge(stats)
@@ -164,7 +179,10 @@ def build_speculation(
         )
         reg = registry.get(member.method or "")
         hidden.update(reg.speculator.capabilities.target_hidden_layers)
-        proposers.append(registry.build_proposer(member, ctx))
+        proposer = registry.build_proposer(member, ctx)
+        if isinstance(proposer, HiddenStateConsumer):  # layers known once loaded (MTP)
+            hidden.update(proposer.hidden_layers)
+        proposers.append(proposer)
     return Speculation(config, proposers, loaded.config.vocab_size, tuple(sorted(hidden)))
 
 

@@ -186,6 +186,19 @@ class Proposer(Protocol):
         ...
 
 
+@runtime_checkable
+class HiddenStateConsumer(Protocol):
+    """A proposer that conditions on target hidden states (MTP): the engine hands it, for
+    every scheduled row, the hidden states of the positions committed that step."""
+
+    #: target layers it needs (output of that decoder layer, pre-final-norm)
+    hidden_layers: tuple[int, ...]
+
+    def add_hidden(self, req_id: str, start: int, hidden: torch.Tensor) -> None:
+        """Hidden states ``[n, hidden]`` of committed positions ``start .. start+n-1``."""
+        ...
+
+
 class Loader(Protocol):
     """Detects and loads a draft checkpoint, or refuses it by name."""
 

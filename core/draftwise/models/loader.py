@@ -29,7 +29,12 @@ from draftwise.formats.safetensors_dir import SafetensorsCheckpoint, read_json
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file
 from draftwise.models.config import ModelConfig
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
-from draftwise.models.registry import check_gguf_metadata, check_hf_config, model_class
+from draftwise.models.registry import (
+    HYBRID_ARCHITECTURES,
+    check_gguf_metadata,
+    check_hf_config,
+    model_class,
+)
 
 #: called after each tensor: (tensors done, tensors total, HF name of the last one)
 ProgressFn = Callable[[int, int, str], None]
@@ -162,13 +167,19 @@ def _load_hf_dir(
 ) -> LoadedModel:
     config_path = os.path.join(path, "config.json")
     raw = read_json(config_path)
-    check_hf_config(raw, config_path)  # before any shard is opened
-    config = ModelConfig.from_hf_dict(raw, config_path)
-    model_class(config, config_path)
-    ckpt = SafetensorsCheckpoint(path)
-    names = _check_tensors(path, config, ckpt.hf_shapes())
-    model = LlamaForCausalLM(config, dtype, device)
-    _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
+    arch = check_hf_config(raw, config_path)  # before any shard is opened
+    if arch in HYBRID_ARCHITECTURES:  # the GDN hybrid: models/qwen3_next.py
+        from draftwise.models.qwen3_next import load_hybrid
+
+        hybrid, _ = load_hybrid(path, dtype, device)
+        model, config = hybrid, hybrid.config  # type: ignore[assignment]
+    else:
+        config = ModelConfig.from_hf_dict(raw, config_path)
+        model_class(config, config_path)
+        ckpt = SafetensorsCheckpoint(path)
+        names = _check_tensors(path, config, ckpt.hf_shapes())
+        model = LlamaForCausalLM(config, dtype, device)
+        _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
 
     eos = list(config.eos_token_ids)
     gen_path = os.path.join(path, "generation_config.json")

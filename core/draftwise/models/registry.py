@@ -25,7 +25,12 @@ SUPPORTED_ARCHITECTURES: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType
 )
 
 _MOE = "mixture-of-experts models are not implemented"
-_GDN = "hybrid Gated-DeltaNet linear attention is not implemented yet"
+_GDN = "GGUF Gated-DeltaNet hybrids are not implemented yet (the safetensors checkpoint loads)"
+
+#: the GDN hybrid (models/qwen3_next.py; dense MLP only: MoE is refused below)
+HYBRID_ARCHITECTURES = frozenset(
+    {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"}
+)
 
 #: known architectures refused on purpose, with the reason
 REFUSED_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
@@ -40,9 +45,6 @@ REFUSED_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "Llama4ForConditionalGeneration": _MOE,
         "DeepseekV2ForCausalLM": _MOE + " (nor multi-head latent attention)",
         "DeepseekV3ForCausalLM": _MOE + " (nor multi-head latent attention)",
-        "Qwen3NextForCausalLM": _GDN,
-        "Qwen3_5ForCausalLM": _GDN,
-        "Qwen3_5ForConditionalGeneration": _GDN,
         "MistralForConditionalGeneration": "multimodal checkpoints are not supported",
         "Qwen2VLForConditionalGeneration": "multimodal checkpoints are not supported",
     }
@@ -65,7 +67,11 @@ REFUSED_GGUF_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
 
 def supported_names() -> list[str]:
     """HF architectures and GGUF ``general.architecture`` values that load."""
-    return [*SUPPORTED_ARCHITECTURES, *(f"gguf:{a}" for a in GGUF_ARCHITECTURES)]
+    return [
+        *SUPPORTED_ARCHITECTURES,
+        *sorted(HYBRID_ARCHITECTURES),
+        *(f"gguf:{a}" for a in GGUF_ARCHITECTURES),
+    ]
 
 
 def check_hf_config(config: Mapping[str, Any], path: str) -> str:
@@ -77,9 +83,10 @@ def check_hf_config(config: Mapping[str, Any], path: str) -> str:
         raise UnsupportedArchitectureError(
             path, arch, supported_names(), REFUSED_ARCHITECTURES[arch]
         )
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in SUPPORTED_ARCHITECTURES and arch not in HYBRID_ARCHITECTURES:
         raise UnsupportedArchitectureError(path, arch, supported_names())
-    if int(config.get("num_local_experts") or config.get("num_experts") or 0) > 0:
+    text = config.get("text_config") or config
+    if int(text.get("num_local_experts") or text.get("num_experts") or 0) > 0:
         raise UnsupportedArchitectureError(path, arch, supported_names(), _MOE)
     return arch
 

@@ -1,4 +1,4 @@
-"""draftwise-mtp: multi-token-prediction heads (Qwen3-Next/3.5 ``mtp.*``, DeepSeek nextn) as drafters."""
+"""draftwise-mtp: multi-token-prediction heads (Qwen3.5 ``mtp.*``, DeepSeek nextn) as drafters."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
     from draftwise_mtp.proposer import MtpProposer
 
     head = load_head(head_path(ctx.target, None), ctx.target, ctx.device)
-    k = MtpOptions().check_checkpoint(ctx.num_speculative_tokens or None, {"n_predict": head.num_layers})
+    k = MtpOptions().check_checkpoint(
+        ctx.num_speculative_tokens or None, {"n_predict": head.num_layers}
+    )
     return MtpProposer(head, ctx.target.model, k)
 
 
@@ -32,9 +34,7 @@ def register_speculators(register: RegisterSpeculator) -> None:
         Speculator(
             method="mtp",
             options=MtpOptions,
-            # wired by /tmp/gdn_engine.patch with the engine's add_hidden feed; until then
-            # the core reports "registered but not built" rather than drafting nothing
-            make_proposer=None,
+            make_proposer=make_proposer,
             aliases=ALIASES,
             refusals=REFUSALS,
             capabilities=CAPABILITIES,

@@ -1,0 +1,506 @@
+"""The Gated-DeltaNet hybrid target: Qwen3-Next, Qwen3.5 and Qwen3.6 (dense MLP only).
+
+Layers alternate Gated DeltaNet (``linear_attention``) and gated full attention
+(``full_attention``, usually every 4th). Full attention reuses the llama family's paged
+attention and RoPE (on the first ``partial_rotary_factor`` of each head), with a
+sigmoid output gate interleaved per head in ``q_proj`` and zero-centred q/k norms.
+Every non-gated RMSNorm is zero-centred, ``x̂ · (1 + w)``. The GDN layers keep their
+state in a :class:`~draftwise.cache.recurrent.RecurrentStatePool` slot per row
+(``batch.state_slots``): short rows (decode, verify) take the recurrence and write the
+state after each token into the pool's spec positions; long rows (prefill) take the
+chunked form. Qwen3-Next's fused, per-key-head grouped ``in_proj_qkvz``/``in_proj_ba``
+is unpacked at load into the Qwen3.5 split order, so there is one forward.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftwise.formats.errors import (
+    ConfigError,
+    MissingTensorError,
+    TensorShapeError,
+    UnexpectedTensorError,
+    UnsupportedArchitectureError,
+)
+from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+from draftwise.models.attention import AttentionMetadata, paged_attention
+from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
+from draftwise.models.config import ModelConfig
+from draftwise.models.gdn import GatedDeltaNet
+from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
+
+if TYPE_CHECKING:
+    from draftwise.cache.recurrent import RecurrentStatePool
+
+#: HF architecture -> whether its GDN projections are Qwen3-Next's fused grouped ones
+HYBRID_ARCHITECTURES: Mapping[str, bool] = {
+    "Qwen3NextForCausalLM": True,
+    "Qwen3_5ForCausalLM": False,
+    "Qwen3_5ForConditionalGeneration": False,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HybridConfig:
+    """The hybrid's shapes beyond the llama-family ``ModelConfig`` it also carries."""
+
+    base: ModelConfig
+    layer_types: tuple[str, ...]
+    rotary_dim: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    fused_projections: bool
+    mtp_num_hidden_layers: int = 0
+
+    @property
+    def key_dim(self) -> int:
+        """Width of q (and of k) over all key heads."""
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Width of v (and of z) over all value heads."""
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise conv: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any], path: str = "config.json") -> HybridConfig:
+        """Parse a Qwen3-Next / Qwen3.5 ``config.json``; MoE and odd ropes are refused by name."""
+        archs = d.get("architectures") or ["<missing>"]
+        arch = str(archs[0])
+        if arch not in HYBRID_ARCHITECTURES:
+            raise UnsupportedArchitectureError(path, arch, HYBRID_ARCHITECTURES)
+        t = dict(d.get("text_config") or d)
+        experts = int(t.get("num_experts") or 0)
+        n = int(t["num_hidden_layers"])
+        if experts > 0 and len(set(t.get("mlp_only_layers") or ())) < n:
+            raise UnsupportedArchitectureError(
+                path,
+                arch,
+                HYBRID_ARCHITECTURES,
+                f"mixture-of-experts layers (num_experts={experts}) are not implemented; "
+                "only dense-MLP hybrids load",
+            )
+        rope = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", t.get("rope_theta", 10000.0)))
+        partial = float(rope.pop("partial_rotary_factor", t.get("partial_rotary_factor", 1.0)))
+        for key in ("mrope_section", "mrope_interleaved"):  # text positions: plain RoPE
+            rope.pop(key, None)
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        types = tuple(
+            t.get("layer_types") or _interval_types(n, int(t.get("full_attention_interval", 4)))
+        )
+        heads = int(t["num_attention_heads"])
+        head_dim = int(t.get("head_dim") or t["hidden_size"] // heads)
+        eos = t.get("eos_token_id", d.get("eos_token_id"))
+        base = ModelConfig(
+            architecture=arch,
+            model_type=str(t.get("model_type", "")),
+            hidden_size=int(t["hidden_size"]),
+            num_hidden_layers=n,
+            num_attention_heads=heads,
+            num_key_value_heads=int(t.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            intermediate_size=int(t["intermediate_size"]),
+            vocab_size=int(t["vocab_size"]),
+            rope_theta=theta,
+            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(
+                t.get("tie_word_embeddings", d.get("tie_word_embeddings", False))
+            ),
+            max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
+            rope_scaling=None if kind == "default" else rope,
+            qk_norm=True,
+            hidden_act=str(t.get("hidden_act", "silu")),
+            layer_types=types,
+            bos_token_id=t.get("bos_token_id", d.get("bos_token_id")),
+            eos_token_ids=tuple(eos)
+            if isinstance(eos, list)
+            else (() if eos is None else (int(eos),)),
+            pad_token_id=t.get("pad_token_id"),
+        )
+        if base.hidden_act != "silu" or bool(t.get("attention_bias", False)):
+            raise ConfigError(path, "only silu and bias-free attention are implemented")
+        mtp = t.get("mtp_num_hidden_layers", t.get("num_nextn_predict_layers", 0))
+        return cls(
+            base=base,
+            layer_types=types,
+            rotary_dim=int(head_dim * partial),
+            num_k_heads=int(t["linear_num_key_heads"]),
+            num_v_heads=int(t["linear_num_value_heads"]),
+            head_k_dim=int(t["linear_key_head_dim"]),
+            head_v_dim=int(t["linear_value_head_dim"]),
+            conv_kernel=int(t.get("linear_conv_kernel_dim", 4)),
+            fused_projections=HYBRID_ARCHITECTURES[arch],
+            mtp_num_hidden_layers=int(mtp or 0),
+        )
+
+
+def _interval_types(n: int, interval: int) -> list[str]:
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+
+
+def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., d]
+    """Zero-centred RMSNorm, transformers' op order: ``(x̂_fp32 · (1 + w)).to(dtype)``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).type_as(x)
+
+
+class GatedAttention(nn.Module):
+    """Full attention with a per-head sigmoid output gate, q/k norm and partial RoPE."""
+
+    def __init__(self, c: HybridConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        b = c.base
+        self.heads, self.kv_heads, self.head_dim = (
+            b.num_attention_heads,
+            b.num_key_value_heads,
+            b.head_dim,
+        )
+        self.rotary_dim, self.eps, self.scale = c.rotary_dim, b.rms_norm_eps, b.head_dim**-0.5
+        kw: dict[str, Any] = {"dtype": dtype, "device": device}
+        self.q2 = 2 * b.q_size  # q and gate, interleaved per head
+        self.qkv_weight = _param(self.q2 + 2 * b.kv_size, b.hidden_size, **kw)
+        self.q_norm, self.k_norm = _param(b.head_dim, **kw), _param(b.head_dim, **kw)
+        self.o_weight = _param(b.hidden_size, b.q_size, **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden], normed
+        cos: torch.Tensor,  # [T, 1, rotary_dim]
+        sin: torch.Tensor,  # [T, 1, rotary_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        """Attend over the paged context, gate, project out."""
+        t, d, r = x.shape[0], self.head_dim, self.rotary_dim
+        qkv = F.linear(x, self.qkv_weight)
+        qg = qkv[:, : self.q2].view(t, self.heads, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:].reshape(t, -1)
+        k = qkv[:, self.q2 : self.q2 + self.kv_heads * d].view(t, self.kv_heads, d)
+        v = qkv[:, self.q2 + self.kv_heads * d :].view(t, self.kv_heads, d)
+        q, k = zc_rms_norm(q, self.q_norm, self.eps), zc_rms_norm(k, self.k_norm, self.eps)
+        q = torch.cat((apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]), dim=-1)
+        attn = paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
+        return F.linear(attn * torch.sigmoid(gate), self.o_weight)
+
+
+class HybridLayer(nn.Module):
+    """Pre-norm mixer (GDN or gated attention) + dense SwiGLU MLP, zero-centred norms."""
+
+    def __init__(
+        self, c: HybridConfig, layer: int, slot: int, dtype: torch.dtype, device: str | torch.device
+    ) -> None:
+        super().__init__()
+        b = c.base
+        kw: dict[str, Any] = {"dtype": dtype, "device": device}
+        self.eps, self.inter, self.slot = b.rms_norm_eps, b.intermediate_size, slot
+        self.linear = c.layer_types[layer] == "linear_attention"
+        self.mixer: nn.Module = (
+            GatedDeltaNet(c, slot, dtype, device)
+            if self.linear
+            else GatedAttention(c, dtype, device)
+        )
+        self.input_norm, self.post_norm = _param(b.hidden_size, **kw), _param(b.hidden_size, **kw)
+        self.gate_up_weight = _param(2 * b.intermediate_size, b.hidden_size, **kw)
+        self.down_weight = _param(b.hidden_size, b.intermediate_size, **kw)
+
+    def weight_slots(
+        self, p: str, h: HybridConfig
+    ) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]:
+        """HF names under prefix ``p`` -> (checkpoint shape, view of our parameter)."""
+        c = h.base
+        hid, inter = c.hidden_size, c.intermediate_size
+        slots: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {
+            p + "input_layernorm.weight": ((hid,), self.input_norm.data),
+            p + "post_attention_layernorm.weight": ((hid,), self.post_norm.data),
+            p + "mlp.gate_proj.weight": ((inter, hid), self.gate_up_weight.data[:inter]),
+            p + "mlp.up_proj.weight": ((inter, hid), self.gate_up_weight.data[inter:]),
+            p + "mlp.down_proj.weight": ((hid, inter), self.down_weight.data),
+        }
+        m = self.mixer
+        if isinstance(m, GatedAttention):
+            q2, kvs = m.q2, c.kv_size
+            slots[p + "self_attn.q_proj.weight"] = ((q2, hid), m.qkv_weight.data[:q2])
+            slots[p + "self_attn.k_proj.weight"] = ((kvs, hid), m.qkv_weight.data[q2 : q2 + kvs])
+            slots[p + "self_attn.v_proj.weight"] = ((kvs, hid), m.qkv_weight.data[q2 + kvs :])
+            slots[p + "self_attn.o_proj.weight"] = ((hid, c.q_size), m.o_weight.data)
+            slots[p + "self_attn.q_norm.weight"] = ((c.head_dim,), m.q_norm.data)
+            slots[p + "self_attn.k_norm.weight"] = ((c.head_dim,), m.k_norm.data)
+            return slots
+        if not isinstance(m, GatedDeltaNet):
+            raise TypeError(f"unknown mixer {type(m).__name__}")
+        p += "linear_attn."
+        cd, vd, hv = h.conv_dim, h.value_dim, h.num_v_heads
+        if h.fused_projections:
+            slots[p + "in_proj_qkvz.weight"] = ((cd + vd, hid), m.in_proj.data[: cd + vd])
+            slots[p + "in_proj_ba.weight"] = ((2 * hv, hid), m.in_proj.data[cd + vd :])
+        else:
+            slots[p + "in_proj_qkv.weight"] = ((cd, hid), m.in_proj.data[:cd])
+            slots[p + "in_proj_z.weight"] = ((vd, hid), m.in_proj.data[cd : cd + vd])
+            slots[p + "in_proj_b.weight"] = ((hv, hid), m.in_proj.data[cd + vd : cd + vd + hv])
+            slots[p + "in_proj_a.weight"] = ((hv, hid), m.in_proj.data[cd + vd + hv :])
+        slots[p + "conv1d.weight"] = ((cd, 1, h.conv_kernel), m.conv_weight.data.unsqueeze(1))
+        slots[p + "A_log"] = ((hv,), m.a_log.data)
+        slots[p + "dt_bias"] = ((hv,), m.dt_bias.data)
+        slots[p + "norm.weight"] = ((h.head_v_dim,), m.norm.data)
+        slots[p + "out_proj.weight"] = ((hid, vd), m.out_weight.data)
+        return slots
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: KVCache,
+        meta: AttentionMetadata,
+        batch: ForwardBatch,
+        states: RecurrentStatePool,
+    ) -> torch.Tensor:  # [T, hidden]
+        """One layer over the flat batch; ``slot`` is its KV layer or GDN-state layer."""
+        x = zc_rms_norm(h, self.input_norm, self.eps)
+        if self.linear:
+            h = h + self.mixer(x, batch, states)
+        else:
+            h = h + self.mixer(x, cos, sin, kv.k[self.slot], kv.v[self.slot], meta)
+        x = zc_rms_norm(h, self.post_norm, self.eps)
+        gate_up = F.linear(x, self.gate_up_weight)
+        return h + F.linear(
+            F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :], self.down_weight
+        )
+
+
+class Qwen3NextForCausalLM(nn.Module):
+    """The hybrid over paged KV + recurrent slots; ``forward(batch, kv, states)``."""
+
+    def __init__(
+        self,
+        hybrid: HybridConfig,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.hybrid, self.config = hybrid, hybrid.base
+        c = hybrid.base
+        kw: dict[str, Any] = {"dtype": dtype, "device": device}
+        self.linear_layers = [
+            i for i, t in enumerate(hybrid.layer_types) if t == "linear_attention"
+        ]
+        self.attention_layers = [
+            i for i, t in enumerate(hybrid.layer_types) if t != "linear_attention"
+        ]
+        slot_of = {i: n for n, i in enumerate(self.linear_layers)}
+        slot_of.update({i: n for n, i in enumerate(self.attention_layers)})
+        self.embed_weight = _param(c.vocab_size, c.hidden_size, **kw)
+        self.layers = nn.ModuleList(
+            HybridLayer(hybrid, i, slot_of[i], dtype, device) for i in range(c.num_hidden_layers)
+        )
+        self.norm_weight = _param(c.hidden_size, **kw)
+        self.lm_head_weight = (
+            self.embed_weight
+            if c.tie_word_embeddings
+            else _param(c.vocab_size, c.hidden_size, **kw)
+        )
+        inv_freq, self._rope_scaling = inv_frequencies(
+            hybrid.rotary_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings
+        )
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
+        self.ensure_positions(min(4096, c.max_position_embeddings))
+
+    # -- what the engine and drafters read (same surface as LlamaForCausalLM) -------------
+    @property
+    def num_layers(self) -> int:
+        """KV-cache layers: the full-attention layers only."""
+        return len(self.attention_layers)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads per attention layer."""
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width of the attention layers."""
+        return self.config.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight, KV and conv-state dtype (the SSM state is fp32)."""
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed_weight.device
+
+    def hybrid_layers(self) -> list[HybridLayer]:
+        """The layers, typed."""
+        return [layer for layer in self.layers if isinstance(layer, HybridLayer)]
+
+    def recurrent_layout(self) -> tuple[int, dict[str, tuple[int, ...]], dict[str, torch.dtype]]:
+        """(GDN layers, per-layer state shapes, dtypes) for a ``RecurrentStatePool``."""
+        h = self.hybrid
+        shapes = {
+            "conv": (h.conv_dim, h.conv_kernel - 1),
+            "ssm": (h.num_v_heads, h.head_k_dim, h.head_v_dim),
+        }
+        return len(self.linear_layers), shapes, {"conv": self.dtype, "ssm": torch.float32}
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        """Token embeddings (shared with the MTP head)."""
+        return F.embedding(ids, self.embed_weight)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
+        """The (zero-centred) norm before the LM head."""
+        return zc_rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] fp32
+        """float32 logits of normed hidden states (shared with the MTP head)."""
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    def ensure_positions(self, n: int) -> None:
+        """Grow the RoPE tables to cover positions ``< n``."""
+        if n <= self.rope_cos.shape[0]:
+            return
+        size = max(n, 2 * self.rope_cos.shape[0])
+        cos, sin = rope_tables(self.inv_freq.cpu(), size, self._rope_scaling, self.dtype)
+        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
+
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, kv: KVCache, states: RecurrentStatePool | None = None
+    ) -> ModelOutput:
+        """Write K/V and recurrent state for this step; logits at ``batch.logits_indices``."""
+        if states is None or len(batch.state_slots_cpu) != batch.num_rows:
+            raise ValueError(
+                "a hybrid forward needs a RecurrentStatePool and one state slot per row"
+            )
+        self.ensure_positions(batch.max_seq_len)
+        meta = AttentionMetadata.build(batch, kv.block_size)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        h = self.embed(batch.input_ids)
+        hidden: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv, meta, batch, states)
+            if i in batch.hidden_layers:
+                hidden[i] = h
+        rows = h.index_select(0, batch.logits_indices)
+        return ModelOutput(logits=self.lm_head(self.final_norm(rows)), hidden_states=hidden)
+
+    # -- weights --------------------------------------------------------------------------
+    def weight_slots(
+        self, prefix: str = "model."
+    ) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]:
+        """HF tensor name -> (checkpoint shape, the view of our fused parameter it fills).
+
+        Qwen3-Next's fused ``in_proj_qkvz``/``in_proj_ba`` map to the whole ``in_proj``
+        rows they cover and are reordered by :func:`unpack_fused` on the way in.
+        """
+        h, c = self.hybrid, self.config
+        slots: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {
+            prefix + "embed_tokens.weight": ((c.vocab_size, c.hidden_size), self.embed_weight.data),
+            prefix + "norm.weight": ((c.hidden_size,), self.norm_weight.data),
+        }
+        if not c.tie_word_embeddings:
+            slots["lm_head.weight"] = ((c.vocab_size, c.hidden_size), self.lm_head_weight.data)
+        for i, layer in enumerate(self.hybrid_layers()):
+            slots.update(layer.weight_slots(f"{prefix}layers.{i}.", h))
+        return slots
+
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], prefix: str = "model."
+    ) -> None:
+        """Copy each checkpoint tensor into its slot (cast on copy; fused ones reordered)."""
+        slots = self.weight_slots(prefix)
+        with torch.no_grad():
+            for name, tensor in tensors:
+                if name.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight")):
+                    tensor = unpack_fused(tensor, self.hybrid, name.endswith("ba.weight"))
+                slots[name][1].copy_(tensor)
+
+
+def unpack_fused(w: torch.Tensor, h: HybridConfig, is_ba: bool) -> torch.Tensor:  # [rows, hidden]
+    """Qwen3-Next's per-key-head groups ``[q_h k_h v_g z_g]`` / ``[b_g a_g]`` -> ``[q k v z]``
+    / ``[b a]``.
+
+    Group g holds the H_v/H_k value heads served by key head g, so value head ``g*r + j``
+    keeps its index: this is transformers' ``fix_query_key_value_ordering`` on weights.
+    """
+    r, hk, hid = h.num_v_heads // h.num_k_heads, h.num_k_heads, w.shape[-1]
+    if is_ba:
+        grouped = w.view(hk, 2 * r, hid)
+        return torch.cat((grouped[:, :r].reshape(-1, hid), grouped[:, r:].reshape(-1, hid)))
+    dk, rv = h.head_k_dim, r * h.head_v_dim
+    grouped = w.view(hk, 2 * dk + 2 * rv, hid)
+    parts = (
+        grouped[:, :dk],
+        grouped[:, dk : 2 * dk],
+        grouped[:, 2 * dk : 2 * dk + rv],
+        grouped[:, 2 * dk + rv :],
+    )
+    return torch.cat([part.reshape(-1, hid) for part in parts])
+
+
+def load_hybrid(
+    path: str, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+) -> tuple[Qwen3NextForCausalLM, SafetensorsCheckpoint]:
+    """Check the config and every tensor name/shape, then allocate once and stream weights.
+
+    ``mtp.*`` tensors (the MTP head, read by draftwise-mtp) and vision tensors are left alone.
+    """
+    ckpt = SafetensorsCheckpoint(path)
+    config_path = os.path.join(path, "config.json")
+    hybrid = HybridConfig.from_hf_dict(ckpt.config, config_path)
+    available = ckpt.hf_shapes()
+    prefix = (
+        "model.language_model."
+        if "model.language_model.embed_tokens.weight" in available
+        else "model."
+    )
+    model = Qwen3NextForCausalLM(hybrid, dtype, device)
+    slots = model.weight_slots(prefix)
+    for name, (shape, _) in slots.items():
+        if name not in available:
+            raise MissingTensorError(path, name, shape)
+        if tuple(available[name][1]) != shape:
+            raise TensorShapeError(path, available[name][0], shape, tuple(available[name][1]))
+    extra = [
+        n
+        for n in available
+        if n not in slots
+        and not n.startswith(_IGNORED_PREFIXES)
+        and not (n == "lm_head.weight" and hybrid.base.tie_word_embeddings)
+    ]
+    if extra:
+        raise UnexpectedTensorError(path, extra)
+    model.load_weights(ckpt.iter_tensors(list(slots)), prefix)
+    return model, ckpt
+
+
+#: checkpoint tensors the target does not own
+_IGNORED_PREFIXES = ("mtp.", "model.visual.", "model.vision_tower.")

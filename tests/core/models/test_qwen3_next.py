@@ -1,0 +1,195 @@
+"""The GDN hybrid (Qwen3.5 split projections, Qwen3-Next fused) against transformers.
+
+Oracle: the transformers classes themselves, on tiny random checkpoints they saved.
+Tolerances (fp32): logits within 2e-4 absolute of transformers over prefill (our and
+their chunked form) and token-by-token decode (paged KV + recurrent slots vs their
+DynamicCache). Speculative commit is checked bitwise where the math allows (see the test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftwise.cache.recurrent import RecurrentStatePool
+from draftwise.formats.errors import UnsupportedArchitectureError
+from draftwise.models.batch import KVCache, build_forward_batch
+from draftwise.models.qwen3_next import (
+    HybridConfig,
+    Qwen3NextForCausalLM,
+    load_hybrid,
+    unpack_fused,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+ATOL = 2e-4
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_hybrid", ROOT / "scripts" / "build_tiny_hybrid.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+def tiny(request, tmp_path_factory) -> tuple[str, Path]:
+    return request.param, _builder().build(tmp_path_factory.mktemp(request.param), request.param)
+
+
+class HybridRunner:
+    """Rows over scattered paged KV blocks and their own recurrent slots, one forward per step."""
+
+    def __init__(self, model: Qwen3NextForCausalLM, max_spec: int = 4, block_size: int = 4) -> None:
+        self.model, self.block_size = model, block_size
+        self.kv = KVCache.allocate(
+            model.num_layers, 64, block_size, model.num_kv_heads, model.head_dim, model.dtype
+        )
+        layers, shapes, dtypes = model.recurrent_layout()
+        self.pool = RecurrentStatePool(8, shapes, layers, dtypes, max_spec_positions=max_spec)
+        self.free = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
+        self.tables: dict[str, list[int]] = {}
+        self.lengths: dict[str, int] = {}
+
+    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Feed ``chunks[row]`` to each row; logits of every fed token."""
+        for r in chunks:
+            if r not in self.pool:
+                self.pool.allocate(r)
+        starts = [self.lengths.get(r, 0) for r in chunks]
+        tables = []
+        for r, s in zip(chunks, starts):
+            t = self.tables.setdefault(r, [])
+            while len(t) * self.block_size < s + len(chunks[r]):
+                t.append(self.free.pop())
+            tables.append(t)
+        batch = build_forward_batch(
+            list(chunks.values()),
+            starts,
+            tables,
+            self.block_size,
+            [list(range(len(c))) for c in chunks.values()],
+            state_slots=self.pool.slots(list(chunks)),
+        )
+        out = self.model(batch, self.kv, self.pool).logits
+        res, off = {}, 0
+        for r, s in zip(chunks, starts):
+            res[r] = out[off : off + len(chunks[r])]
+            self.lengths[r] = s + len(chunks[r])
+            off += len(chunks[r])
+        return res
+
+
+def hf_model(path: Path):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def test_config_refuses_moe_by_name(tiny) -> None:
+    kind, path = tiny
+    cfg = json.loads((path / "config.json").read_text())
+    hybrid = HybridConfig.from_hf_dict(cfg)
+    assert hybrid.rotary_dim == 4 and hybrid.layer_types[-1] == "full_attention"
+    assert hybrid.fused_projections == (kind == "qwen3_next") and hybrid.mtp_num_hidden_layers == 1
+    with pytest.raises(UnsupportedArchitectureError, match="mixture-of-experts.*num_experts=512"):
+        HybridConfig.from_hf_dict({**cfg, "num_experts": 512})
+
+
+def test_unpack_fused_matches_transformers_ordering(tmp_path) -> None:
+    import transformers
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    b = _builder()
+    config = transformers.Qwen3NextConfig(**b.TINY, num_experts=0)
+    layer = Qwen3NextGatedDeltaNet(config, 0)
+    hybrid = HybridConfig.from_hf_dict(
+        {**config.to_dict(), "architectures": ["Qwen3NextForCausalLM"]}
+    )
+    x = torch.randn(1, 3, config.hidden_size)
+    q, k, v, z, bb, a = layer.fix_query_key_value_ordering(
+        layer.in_proj_qkvz(x), layer.in_proj_ba(x)
+    )
+    qkvz = x @ unpack_fused(layer.in_proj_qkvz.weight.detach(), hybrid, False).T
+    ba = x @ unpack_fused(layer.in_proj_ba.weight.detach(), hybrid, True).T
+    kd, vd = hybrid.key_dim, hybrid.value_dim
+    ref = torch.cat([t.reshape(1, 3, -1) for t in (q, k, v, z)], -1)
+    torch.testing.assert_close(qkvz, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ba, torch.cat((bb, a), -1), atol=1e-6, rtol=0)
+    assert qkvz.shape[-1] == 2 * kd + 2 * vd
+
+
+def test_prefill_and_decode_match_transformers(tiny) -> None:
+    _, path = tiny
+    ours, _ = load_hybrid(str(path), torch.float32)
+    ref = hf_model(path)
+    prompt = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(0))
+    runner = HybridRunner(ours)
+    logits = runner.step({"a": prompt[0].tolist()})["a"]
+    out = ref(prompt, use_cache=True)
+    torch.testing.assert_close(logits, out.logits[0], atol=ATOL, rtol=0)
+    cache, tok = out.cache, int(out.logits[0, -1].argmax())
+    for _ in range(6):
+        mine = runner.step({"a": [tok]})["a"][0]
+        out = ref(torch.tensor([[tok]]), cache=cache, use_cache=True)
+        torch.testing.assert_close(mine, out.logits[0, -1], atol=ATOL, rtol=0)
+        cache, tok = out.cache, int(out.logits[0, -1].argmax())
+
+
+#: second step: a decode row, a verify-shaped row and a short chunk, in one forward
+SECOND = {"x": [7], "y": [7, 8, 9, 10], "z": list(range(30, 42))}
+
+
+def test_mixed_batch_rows_use_their_own_state(tiny) -> None:
+    _, path = tiny
+    model, _ = load_hybrid(str(path), torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    p1, p2, p3 = (torch.randint(0, 256, (n,), generator=gen).tolist() for n in (30, 5, 12))
+    alone = {}
+    for name, p in (("x", p1), ("y", p2), ("z", p3)):
+        r = HybridRunner(model)
+        first = r.step({name: p})[name]
+        alone[name] = (first, r.step({name: SECOND[name]})[name])
+    mixed = HybridRunner(model)
+    first = mixed.step({"x": p1, "y": p2, "z": p3})
+    second = mixed.step({"z": SECOND["z"], "x": SECOND["x"], "y": SECOND["y"]})
+    for name in "xyz":
+        torch.testing.assert_close(first[name], alone[name][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(second[name], alone[name][1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("accepted", [0, 1, 2, 3])
+def test_partial_accept_commits_the_state_of_the_accepted_prefix(
+    tiny, accepted: int, dtype
+) -> None:
+    """bf16 weights: bitwise (oneDNN's bf16 GEMM is row-invariant, the recurrence is per
+    token). fp32 weights: fp32 GEMM blocking depends on the row count, so 1e-5 abs + rel."""
+    _, path = tiny
+    model, _ = load_hybrid(str(path), dtype)
+    tol = {"atol": 0, "rtol": 0} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    verify = [11, 22, 33, 44]  # x_last + 3 drafts
+    spec = HybridRunner(model)
+    spec.step({"r": prompt})
+    spec.step({"r": verify})
+    spec.pool.commit(["r"], [accepted], [3])
+    plain = HybridRunner(model)
+    plain.step({"r": prompt})
+    plain.step({"r": verify[: accepted + 1]})
+    for name in ("conv", "ssm"):
+        for layer in range(spec.pool.num_layers):
+            got = spec.pool.state(name, layer)[spec.pool.slot("r")]
+            want = plain.pool.state(name, layer)[plain.pool.slot("r")]
+            # same per-token recurrence; only the projections see a different row count
+            torch.testing.assert_close(got, want, **tol)
+    # and the next token after the commit sees the same logits either way (KV truncated by
+    # the next write: position accepted+1 is overwritten)
+    spec.lengths["r"] = plain.lengths["r"]
+    torch.testing.assert_close(spec.step({"r": [5]})["r"], plain.step({"r": [5]})["r"], **tol)
