@@ -25,7 +25,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     seed: int = 0
-    #: torch intra-op threads; None keeps torch's default (all cores)
+    #: torch intra-op threads; None means one fewer than the cores (at least 1), as vLLM
     num_threads: int | None = None
     #: seconds between spec-decode log lines; None disables the periodic line
     log_stats_interval: float | None = None
