@@ -133,7 +133,7 @@ def test_index_pointing_at_missing_shard(sharded_dir: Path, tmp_path: Path) -> N
     [
         ("GPTNeoXForCausalLM", "unknown architecture"),
         ("MixtralForCausalLM", "mixture-of-experts"),
-        ("Qwen3NextForCausalLM", "Gated-DeltaNet"),
+        ("Qwen3_5MoeForCausalLM", "mixture-of-experts"),
     ],
 )
 def test_unsupported_architecture_before_reading_weights(
