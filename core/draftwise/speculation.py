@@ -148,6 +148,14 @@ class Speculation:
         for observer in self.observers:
             observer(stats)
 
+    def proposer_stats(self) -> list[dict[str, Any]]:
+        """What each proposer reports about itself (``stats()``, optional in the protocol)."""
+        out: list[dict[str, Any]] = []
+        for member, proposer in zip(self.config.drafters, self.proposers):
+            stats = getattr(proposer, "stats", None)
+            out.append({"method": member.method, **(stats() if callable(stats) else {})})
+        return out
+
     def release(self, req_id: str) -> None:
         """A request left the running set: every proposer drops its state."""
         for proposer in self.proposers:

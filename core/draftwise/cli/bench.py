@@ -67,6 +67,7 @@ def bench(
         report[label] = {
             "speculative_config": json.loads(spec) if spec else None,
             "dtype": str(next(engine.loaded.model.parameters()).dtype),
+            "threads": torch.get_num_threads(),
             "summary": summarize(results, wall),
             "per_prompt": to_json(results),
             "profile": engine_profile(engine),
@@ -90,6 +91,11 @@ def bench(
     if compare_hf:
         from draftwise.bench.hf import load_hf_model, run_hf
 
+        import os
+
+        # HF runs with torch's own default (every core): the peer as users run it
+        hf_threads = os.cpu_count() or 1
+        torch.set_num_threads(hf_threads)
         hf_model = load_hf_model(str(engine.loaded.path))
         hf_items = [(i.id, i.kind, prompt_ids(engine, i)) for i in items]
         eos = sorted(engine.eos_token_ids)
@@ -98,6 +104,7 @@ def bench(
         hf_res, _ = best_of(hf_runs)
         report["hf_transformers"] = {
             "dtype": "float32",
+            "threads": hf_threads,
             "summary": summarize(hf_res),
             "per_prompt": to_json(hf_res),
         }

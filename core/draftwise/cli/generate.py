@@ -11,7 +11,9 @@ import click
 @click.command("generate")
 @click.option("--model", default=None, help="Checkpoint: a .gguf file or an HF safetensors dir "
               "(default: the embedded SmolLM2-135M-Instruct).")
-@click.option("--prompt", required=True, help="The prompt text.")
+@click.option("--prompt", default=None, help="The prompt text.")
+@click.option("--prompt-token-ids", default=None,
+              help="Comma-separated prompt token ids instead of text (implies --no-chat).")
 @click.option("--chat/--no-chat", default=True, show_default=True,
               help="Wrap the prompt as a user turn with the model's chat template.")
 @click.option("--system", default=None, help="A system message (with --chat).")
@@ -28,7 +30,8 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids and metrics as JSON.")
 def generate(
     model: str | None,
-    prompt: str,
+    prompt: str | None,
+    prompt_token_ids: str | None,
     chat: bool,
     system: str | None,
     max_tokens: int,
@@ -45,13 +48,24 @@ def generate(
     from draftwise.cli.common import build_engine, fail
     from draftwise.sampling import SamplingParams
 
+    if (prompt is None) == (prompt_token_ids is None):
+        raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
+    ids: list[int] | None = None
+    if prompt_token_ids is not None:
+        try:
+            ids = [int(t) for t in prompt_token_ids.replace(" ", "").split(",") if t]
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--prompt-token-ids") from exc
+
     try:
         engine = build_engine(model, speculative_config, dtype, max_num_seqs=1)
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             seed=seed, max_tokens=max_tokens,
         )
-        if chat:
+        if ids is not None:
+            engine.add_request({"prompt_token_ids": ids}, params, request_id="cli")
+        elif chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
             ]
@@ -85,6 +99,7 @@ def generate(
             "prompt_token_ids": final.prompt_token_ids,
             "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
             "metrics": metrics,
+            "proposers": engine.spec.proposer_stats() if engine.spec is not None else None,
         }, indent=2))
     else:
         click.echo()

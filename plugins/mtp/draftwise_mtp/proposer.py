@@ -15,7 +15,7 @@ first) and how many delivered rows are more than a copy of their first column.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -118,6 +118,10 @@ class MtpProposer:
         self.last_witness = witness
         self.witness.add(witness)
         return Drafts.from_lists(drafts)
+
+    def stats(self) -> dict[str, object]:
+        """Both witnesses, for ``draftwise generate --json`` and bench reports."""
+        return {"witness": asdict(self.witness), "last_witness": asdict(self.last_witness)}
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         """Nothing to undo: scratch KV past ``kv_len`` is overwritten by the next propose."""
