@@ -26,6 +26,8 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Runs; best per prompt.")
 @click.option("--compare-hf", is_flag=True, help="Also run HF transformers in this process.")
 @click.option("--compare-off", is_flag=True, help="Also run our engine with speculation off.")
+@click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
+              help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,
@@ -37,6 +39,7 @@ def bench(
     repeat: int,
     compare_hf: bool,
     compare_off: bool,
+    hf_threads_opt: int | None,
     out_path: str,
 ) -> None:
     """Benchmark the engine on a JSONL workload and write a JSON report."""
@@ -91,10 +94,8 @@ def bench(
     if compare_hf:
         from draftwise.bench.hf import load_hf_model, run_hf
 
-        import os
-
-        # HF runs with torch's own default (every core): the peer as users run it
-        hf_threads = os.cpu_count() or 1
+        # like for like: HF gets as many threads as our engine had, unless told otherwise
+        hf_threads = hf_threads_opt or torch.get_num_threads()
         torch.set_num_threads(hf_threads)
         hf_model = load_hf_model(str(engine.loaded.path))
         hf_items = [(i.id, i.kind, prompt_ids(engine, i)) for i in items]
