@@ -77,7 +77,12 @@ def bench(
         }
         if engine.spec is not None:
             report[label]["spec_decode"] = engine.spec.metrics.summary()
-        click.echo(f"{label}: {report[label]['summary']['all']['tok_per_s']:.1f} tok/s", err=True)
+        total = report[label]["summary"]["all"]
+        click.echo(
+            f"{label}: {total['tok_per_s']:.1f} tok/s per request, "
+            f"{total['wall_tok_per_s']:.1f} tok/s throughput (concurrency {concurrency})",
+            err=True,
+        )
         return results, engine
 
     try:
