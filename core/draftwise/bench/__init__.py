@@ -19,12 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class WorkloadItem:
-    """One prompt of a workload: chat ``messages`` or a raw ``prompt``."""
+    """One prompt of a workload: chat ``messages``, a raw ``prompt`` or ``prompt_token_ids``."""
 
     id: str
     kind: str
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -53,14 +54,15 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{lineno}: not JSON: {exc.msg}") from exc
-        if "messages" not in obj and "prompt" not in obj:
-            raise ValueError(f"{path}:{lineno}: needs 'messages' or 'prompt'")
+        if not {"messages", "prompt", "prompt_token_ids"} & obj.keys():
+            raise ValueError(f"{path}:{lineno}: needs 'messages', 'prompt' or 'prompt_token_ids'")
         items.append(
             WorkloadItem(
                 id=str(obj.get("id", lineno)),
                 kind=str(obj.get("kind", "unknown")),
                 messages=obj.get("messages"),
                 prompt=obj.get("prompt"),
+                prompt_token_ids=obj.get("prompt_token_ids"),
             )
         )
     return items
@@ -68,10 +70,11 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
 
 def prompt_ids(engine: LLMEngine, item: WorkloadItem) -> list[int]:
     """Token ids of a workload item, through the chat template when it has messages."""
+    if item.prompt_token_ids is not None:
+        return [int(t) for t in item.prompt_token_ids]
     if item.messages is not None:
         return engine.apply_chat_template(item.messages)
-    assert item.prompt is not None
-    return engine.tokenize_prompt(item.prompt)[1]
+    return engine.tokenize_prompt(item.prompt or "")[1]
 
 
 def peak_rss_mib() -> float:

@@ -1,0 +1,48 @@
+"""``draftwise bench`` end to end on a tiny random llama (no peers): the JSON report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from tiny_checkpoints import save_tiny
+
+from draftwise.cli import cli
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny("llama", tmp_path_factory.mktemp("bench-llama"), seed=2)
+
+
+def test_bench_writes_report_with_spec_and_off(tiny: Path, tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    rows = [{"id": f"p{i}", "kind": "grounded" if i % 2 else "open",
+             "prompt_token_ids": [3 + i, 5, 7, 3 + i, 5, 7, 3 + i]} for i in range(3)]
+    workload.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.json"
+    spec = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_min":1,"prompt_lookup_max":3}'
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "6",
+        "--speculative-config", spec, "--compare-off", "--concurrency", "2", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["draftwise"]["summary"]["all"]["num_prompts"] == 3
+    assert report["draftwise"]["spec_decode"]["num_spec_tokens"] == 2
+    assert report["identical_to_spec_off"] == 3  # greedy: speculation is lossless
+    assert set(report["draftwise"]["summary"]) == {"all", "grounded", "open"}
+    assert report["ratios"]["spec_on_vs_off"]["all"] > 0
+
+
+def test_bench_refuses_bad_config_with_exit_2(tiny: Path, tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "prompt_token_ids": [1, 2, 3]}))
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny),
+        "--speculative-config", '{"method":"ngramm"}', "--out", str(tmp_path / "r.json"),
+    ])
+    assert result.exit_code == 2
+    assert "ngramm" in result.output
