@@ -7,6 +7,8 @@ per-request spec-decode metrics) here.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import asyncio
 import json
 import logging
@@ -241,7 +243,7 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-class Chunks:
+class Chunks(ABC):
     """Renders one request's stream events; subclasses give the endpoint's shape."""
 
     def __init__(self, ctx: ServingContext, body: AnyRequest, request_id: str) -> None:
@@ -256,13 +258,13 @@ class Chunks:
         """An event before any text (chat's role delta), or None."""
         return None
 
+    @abstractmethod
     def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
         """A text event; ``final`` is the finished output on the last one."""
-        raise NotImplementedError
 
+    @abstractmethod
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         """The ``include_usage`` event: no choices, the request's usage."""
-        raise NotImplementedError
 
 
 async def stream_events(ctx: ServingContext, stream: RequestStream,
