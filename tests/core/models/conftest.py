@@ -15,67 +15,8 @@ import pytest
 import torch
 from draftwise.models.batch import KVCache, build_forward_batch
 
-TINY = {
-    "hidden_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 256,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-
-ARCHS = {
-    "llama": ("LlamaConfig", {"rope_theta": 10000.0}),
-    "qwen2": ("Qwen2Config", {"rope_theta": 1000000.0}),
-    "qwen3": ("Qwen3Config", {"head_dim": 48, "rope_theta": 1000000.0}),
-    "mistral": ("MistralConfig", {"sliding_window": None, "rope_theta": 10000.0}),
-    "mistral_swa": ("MistralConfig", {"sliding_window": 6, "rope_theta": 10000.0}),
-    "llama_tied_scaled": (
-        "LlamaConfig",
-        {
-            "tie_word_embeddings": True,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-        },
-    ),
-}
-
-
-def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.08) -> None:
-    """Re-draw every parameter: matrices N(0, std), norms 1 + N(0, 0.1), biases N(0, 0.1)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(std * noise)
-
-
-def save_tiny(kind: str, directory: Path, seed: int = 0) -> Path:
-    """Save a randomly initialised tiny ``kind`` model with transformers."""
-    import transformers
-
-    cls_name, extra = ARCHS[kind]
-    config = getattr(transformers, cls_name)(**{**TINY, **extra})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    randomize_(model, seed)
-    if config.tie_word_embeddings:
-        model.tie_weights()
-    model.save_pretrained(directory, safe_serialization=True)
-    return directory
+# the checkpoints themselves are shared with the engine tests
+from tiny_checkpoints import ARCHS, TINY, randomize_, save_tiny  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
