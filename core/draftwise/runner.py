@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool
     from draftwise.models.loader import LoadedModel
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
 def kv_bytes_per_token(loaded: LoadedModel) -> int:
     """Bytes of K and V one token occupies across all layers."""
     model = loaded.model

@@ -44,6 +44,8 @@ class Speculation:
         self.config = config
         self.k = max_draft_len(config)
         self.proposers = proposers
+        #: checked once here, not per row per step (a runtime Protocol check is slow)
+        self._hidden_consumers = [p for p in proposers if isinstance(p, HiddenStateConsumer)]
         self.vocab_size = vocab_size
         self.hidden_layers = hidden_layers
         #: cumulative since start; per-step stats are merged in by observe_step
@@ -135,11 +137,10 @@ class Speculation:
 
     def add_hidden(self, req_id: str, start: int, hidden_states: dict[int, torch.Tensor]) -> None:
         """A row's target hidden states at its committed positions, to proposers that use them."""
-        for proposer in self.proposers:
-            if isinstance(proposer, HiddenStateConsumer):
-                layer = proposer.hidden_layers[-1]
-                if layer in hidden_states:
-                    proposer.add_hidden(req_id, start, hidden_states[layer])
+        for proposer in self._hidden_consumers:
+            layer = proposer.hidden_layers[-1]
+            if layer in hidden_states:
+                proposer.add_hidden(req_id, start, hidden_states[layer])
 
     def observe_step(self, stats: SpecDecodingStats) -> None:
         """Fold one step's counts into the totals, the log window and any observers."""
