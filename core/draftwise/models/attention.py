@@ -19,12 +19,20 @@ Measured on oneDNN's bf16 GEMM: a row's result does not depend on M (for M >= 2;
 takes a GEMV path that rounds differently, so it is padded to 2), the batch size, or N.
 fp32 GEMM (MKL) depends on M, so fp32 models are accurate but not batch-invariant.
 SDPA is not used: its blocking depends on the query and key lengths.
+
+On CPU with bf16 caches a hand-written C kernel (``core/csrc/paged_attention.c``, built
+at install when a compiler is present) does the same job without the gather and the
+padding, batch-invariant by construction; this torch path is its readable reference and
+runs everywhere else. ``DRAFTWISE_ATTENTION=torch|native`` forces one (``native`` where
+the kernel cannot run is an error, not a silent fallback).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -32,6 +40,37 @@ from draftwise.models.batch import ForwardBatch
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
+
+#: ``auto`` (native where it can run), ``native`` or ``torch``
+BACKEND_ENV = "DRAFTWISE_ATTENTION"
+
+
+def _load_kernels() -> ModuleType | None:
+    try:
+        from draftwise import _cpu_kernels
+    except ImportError:
+        return None
+    return _cpu_kernels
+
+
+_kernels = _load_kernels()
+
+
+def choose_backend(dtype: torch.dtype, head_dim: int, device: torch.device | str) -> str:
+    """``native`` (the C kernel) or ``torch`` for a model's KV dtype and head size."""
+    wanted = os.environ.get(BACKEND_ENV, "auto")
+    if wanted not in ("auto", "native", "torch"):
+        raise ValueError(f"{BACKEND_ENV}={wanted!r}: use auto, native or torch")
+    why_not = None
+    if _kernels is None:
+        why_not = "the C kernels were not built (no compiler at install time)"
+    elif torch.device(device).type != "cpu" or dtype != torch.bfloat16:
+        why_not = f"it runs bf16 on CPU only (this model: {dtype} on {device})"
+    elif head_dim % 16 or head_dim > 512:
+        why_not = f"head_dim {head_dim} is not a multiple of 16 up to 512"
+    if wanted == "native" and why_not is not None:
+        raise RuntimeError(f"{BACKEND_ENV}=native, but the native attention cannot run: {why_not}")
+    return "torch" if wanted == "torch" or why_not is not None else "native"
 
 
 @dataclass(slots=True)
@@ -50,6 +89,11 @@ class AttentionMetadata:
     unpad_index: torch.Tensor | None
     #: sliding window (None: full causal) -> additive fp32 mask [1, B, M, 1, N]
     masks: dict[int | None, torch.Tensor]
+    #: ``native``: the C kernel reads these instead of the padded layout above
+    backend: str = "torch"
+    query_start_loc: torch.Tensor | None = None  # [B + 1] int64
+    seq_lens: torch.Tensor | None = None  # [B] int64
+    block_tables: torch.Tensor | None = None  # [B, W] int64, contiguous
 
     @classmethod
     def build(
@@ -58,8 +102,25 @@ class AttentionMetadata:
         block_size: int,
         windows: Iterable[int | None] = (None,),
         chunk: int = CHUNK,
+        backend: str = "torch",
     ) -> AttentionMetadata:
         """Shapes come from the host lists, so building never syncs on the device."""
+        if backend == "native":
+            return cls(
+                slot_mapping=batch.slot_mapping,
+                block_ids=batch.block_tables,
+                num_rows=batch.num_rows,
+                max_query_len=max(batch.query_lens_cpu),
+                ctx_len=max(batch.seq_lens_cpu),
+                chunk=chunk,
+                pad_index=None,
+                unpad_index=None,
+                masks={},
+                backend="native",
+                query_start_loc=batch.query_start_loc.contiguous(),
+                seq_lens=batch.seq_lens.contiguous(),
+                block_tables=batch.block_tables.contiguous(),
+            )
         qlens = batch.query_lens_cpu
         b, m = len(qlens), max(qlens)
         n = -(-max(batch.seq_lens_cpu) // chunk) * chunk
@@ -150,6 +211,8 @@ def paged_attention(
     rep = h // kv
     b, m, n = meta.num_rows, meta.max_query_len, meta.ctx_len
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.backend == "native":
+        return _native_attention(q, k_cache, v_cache, meta, scale, window)
     keys = gather_context(k_cache, meta)
     values = gather_context(v_cache, meta)
     qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
@@ -170,6 +233,42 @@ def paged_attention(
         out = partial.float().cumsum(dim=2)[:, :, -1].to(q.dtype)
     out = out.view(kv, b, m, rep, d).permute(1, 2, 0, 3, 4).reshape(b * m, h * d)
     return out if meta.unpad_index is None else out.index_select(0, meta.unpad_index)
+
+
+def _native_attention(
+    q: torch.Tensor,  # [T, heads, head_dim] bf16
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim] bf16, this step written
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:  # [T, heads * head_dim]
+    """The C kernel over the paged cache in place (no gather, no padding)."""
+    assert _kernels is not None and meta.block_tables is not None
+    assert meta.query_start_loc is not None and meta.seq_lens is not None
+    t, h, d = q.shape
+    q = q.contiguous()
+    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    tables = meta.block_tables
+    _kernels.paged_attention(
+        q.data_ptr(),
+        out.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        meta.query_start_loc.data_ptr(),
+        meta.seq_lens.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        meta.num_rows,
+        h,
+        k_cache.shape[2],
+        d,
+        k_cache.shape[1],
+        window or 0,
+        0,
+        scale,
+    )
+    return out.view(t, h * d)
 
 
 def matmul_rows(

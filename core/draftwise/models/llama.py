@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftwise.models.attention import AttentionMetadata, paged_attention
+from draftwise.models.attention import AttentionMetadata, choose_backend, paged_attention
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
+from draftwise.models.linear import linear, pack_weight
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 #: RoPE table rows built up front; more are built when a batch reaches past them
@@ -26,20 +27,6 @@ _INITIAL_ROPE_POSITIONS = 4096
 
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
-def linear(
-    x: torch.Tensor,  # [T, in]
-    weight: torch.Tensor,  # [out, in]
-    bias: torch.Tensor | None = None,  # [out]
-) -> torch.Tensor:  # [T, out]
-    """``F.linear`` that never runs one bf16/fp16 row alone: M == 1 is a GEMV that rounds
-    differently from the GEMM every M >= 2 uses, which would make a decode row differ from
-    a verify row. fp32 keeps its fast GEMV: MKL's fp32 GEMM varies with M anyway.
-    """
-    if x.shape[0] != 1 or x.dtype == torch.float32:
-        return F.linear(x, weight, bias)
-    return F.linear(x.expand(2, x.shape[1]), weight, bias)[:1]
 
 
 def rms_norm(
@@ -55,6 +42,9 @@ def rms_norm(
 
 class DecoderLayer(nn.Module):
     """Attention + SwiGLU MLP, pre-norm, with fused projections."""
+
+    #: the projection weights :meth:`pack_weights` reorders
+    _LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
     def __init__(
         self, config: ModelConfig, layer: int, dtype: torch.dtype, device: str | torch.device
@@ -87,6 +77,19 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = p(2 * c.intermediate_size) if c.mlp_bias else None
         self.down_weight = p(c.hidden_size, c.intermediate_size)
         self.down_bias = p(c.hidden_size) if c.mlp_bias else None
+
+    def pack_weights(self) -> None:
+        """Swap the four projection weights for oneDNN-packed copies (after loading).
+
+        The dense parameters are dropped, not kept beside the packed ones, so packing
+        costs no memory; :meth:`LlamaForCausalLM.weight_slots` is unusable afterwards.
+        """
+        for name in self._LINEARS:
+            weight = getattr(self, name)
+            packed = pack_weight(weight)
+            if packed is not weight:
+                del self._parameters[name]
+                setattr(self, name, packed)
 
     def forward(
         self,
@@ -155,6 +158,11 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", empty, persistent=False)
         self.register_buffer("rope_sin", empty.clone(), persistent=False)
         self._windows = tuple({config.window_of(i) for i in range(config.num_hidden_layers)})
+        #: ``native`` (the C kernel) or ``torch``; see ``models.attention``
+        self.attention_backend = choose_backend(dtype, config.head_dim, device)
+        #: the LM head packed by :meth:`pack_weights` (None: use ``lm_head_weight``)
+        self._lm_head_packed: torch.Tensor | None = None
+        self.packed = False
         self.ensure_positions(min(_INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
 
     # -- what the engine and drafters read ------------------------------------------------
@@ -193,7 +201,19 @@ class LlamaForCausalLM(nn.Module):
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         """float32 logits of already-normed hidden states (shared with drafters)."""
-        return linear(hidden, self.lm_head_weight).float()
+        head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        return linear(hidden, head).float()
+
+    def pack_weights(self) -> None:
+        """Reorder every projection and the LM head for oneDNN (see ``models.linear``).
+
+        Called once after the weights are loaded. A tied LM head gets its own packed copy
+        (the embedding lookup needs the dense table).
+        """
+        for layer in self.decoder_layers():
+            layer.pack_weights()
+        self._lm_head_packed = pack_weight(self.lm_head_weight)
+        self.packed = True
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""
@@ -212,7 +232,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> ModelOutput:
         """Write this step's K/V, attend, return logits at ``batch.logits_indices``."""
         self.ensure_positions(batch.max_seq_len)
-        meta = AttentionMetadata.build(batch, kv.block_size, self._windows)
+        meta = AttentionMetadata.build(
+            batch, kv.block_size, self._windows, backend=self.attention_backend
+        )
         cos = self.rope_cos[batch.positions].unsqueeze(1)
         sin = self.rope_sin[batch.positions].unsqueeze(1)
         h = self.embed(batch.input_ids)
@@ -228,6 +250,8 @@ class LlamaForCausalLM(nn.Module):
     # -- weights --------------------------------------------------------------------------
     def weight_slots(self) -> dict[str, torch.Tensor]:
         """HF tensor name -> the view of our (fused) parameter it is copied into."""
+        if self.packed:
+            raise RuntimeError("weights are packed for inference; weight_slots() is load-time only")
         c = self.config
         slots: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed_weight.data,

@@ -243,13 +243,14 @@ def _copy_weights(
     total: int,
     progress: ProgressFn | None,
 ) -> None:
-    """Copy each tensor into its (fused) slot, casting to the model dtype on the way."""
+    """Copy each tensor into its (fused) slot, casting to the model dtype, then pack."""
     slots = model.weight_slots()
     with torch.no_grad():
         for done, (name, tensor) in enumerate(tensors, start=1):
             slots[name].copy_(tensor)
             if progress is not None:
                 progress(done, total, name)
+    model.pack_weights()  # oneDNN layout for decode speed; weight_slots() is done with
 
 
 def _special_strings(tokens: Sequence[str], bos: int | None, eos: Sequence[int]) -> dict[str, str]:

@@ -9,12 +9,15 @@ fp32 GEMM rounds differently for different row counts.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
+from draftwise.models import attention
 from draftwise.models.attention import CHUNK, AttentionMetadata, paged_attention
 from draftwise.models.batch import build_forward_batch
-from draftwise.models.llama import linear
+from draftwise.models.linear import can_pack, is_packed, linear, pack_weight
 from draftwise.models.loader import load_model
 
 
@@ -31,7 +34,31 @@ def test_linear_rows_do_not_depend_on_row_count() -> None:
     assert torch.equal(linear(x[:1], w), F.linear(x[:2], w)[:1])
 
 
-def _attention_case(heads: int, kv_heads: int, rows: dict[str, tuple[int, int]], cache) -> dict:
+@pytest.mark.skipif(not can_pack(torch.empty(2, 2, dtype=torch.bfloat16)), reason="no oneDNN bf16")
+def test_packed_linear_is_bitwise_the_dense_one_at_every_row_count() -> None:
+    """Packing is a layout change only: same bits as F.linear, rows independent of M."""
+    torch.manual_seed(0)
+    for k, n in ((1536, 576), (576, 960), (576, 49152)):
+        w = (torch.randn(n, k) * 0.05).bfloat16()
+        b = torch.randn(n).bfloat16()
+        packed = pack_weight(w)
+        assert is_packed(packed)
+        x = torch.randn(40, k).bfloat16()
+        full = linear(x, packed, b)
+        assert torch.equal(full, F.linear(x, w, b))
+        for m in (1, 2, 5, 17):
+            for start in (0, 3, 20):
+                assert torch.equal(linear(x[start : start + m], packed, b), full[start : start + m])
+
+
+def _attention_case(
+    heads: int,
+    kv_heads: int,
+    rows: dict[str, tuple[int, int]],
+    cache,
+    backend: str = "torch",
+    window: int | None = None,
+) -> dict:
     """Run one attention step; ``rows[name] = (context_before, new_tokens)``."""
     d = 64
     k_cache, v_cache, table_of, q_all, k_all, v_all = cache
@@ -48,8 +75,8 @@ def _attention_case(heads: int, kv_heads: int, rows: dict[str, tuple[int, int]],
     q = q_all[owner, pos].view(-1, heads, d)
     k = k_all[owner, pos].view(-1, kv_heads, d)
     v = v_all[owner, pos].view(-1, kv_heads, d)
-    meta = AttentionMetadata.build(batch, k_cache.shape[1])
-    out = paged_attention(q, k, v, k_cache, v_cache, meta, d**-0.5)
+    meta = AttentionMetadata.build(batch, k_cache.shape[1], (window,), backend=backend)
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, d**-0.5, window)
     result, start = {}, 0
     for r in names:
         result[r] = out[start : start + rows[r][1]]
@@ -57,8 +84,22 @@ def _attention_case(heads: int, kv_heads: int, rows: dict[str, tuple[int, int]],
     return result
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4)])
-def test_paged_attention_is_batch_invariant(heads: int, kv_heads: int) -> None:
+BACKENDS = [
+    "torch",
+    pytest.param(
+        "native",
+        marks=pytest.mark.skipif(attention._kernels is None, reason="C kernels not built"),
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "window"), [(9, 3, None), (4, 4, None), (8, 2, 300)]
+)
+def test_paged_attention_is_batch_invariant(
+    heads: int, kv_heads: int, window: int | None, backend: str
+) -> None:
     """Alone vs verify row vs batched with shorter and much longer rows, across CHUNKs."""
     torch.manual_seed(0)
     d, bs, max_len = 64, 16, 2200
@@ -73,21 +114,79 @@ def test_paged_attention_is_batch_invariant(heads: int, kv_heads: int) -> None:
     k_all = torch.randn(3, max_len, kv_heads * d).bfloat16()
     v_all = torch.randn(3, max_len, kv_heads * d).bfloat16()
     cache = (k_cache, v_cache, table_of, q_all, k_all, v_all)
-    _attention_case(heads, kv_heads, {"a": (0, max_len), "b": (0, 40), "c": (0, max_len)}, cache)
+    def case(rows: dict[str, tuple[int, int]]) -> dict:
+        return _attention_case(heads, kv_heads, rows, cache, backend, window)
+
+    case({"a": (0, max_len), "b": (0, 40), "c": (0, max_len)})
     for p in (4, CHUNK - 1, CHUNK, 700, 1023, 1300):
         k = 4
-        alone = [
-            _attention_case(heads, kv_heads, {"a": (p + j, 1)}, cache)["a"] for j in range(k + 1)
-        ]
-        alone = torch.cat(alone)
-        verify = _attention_case(heads, kv_heads, {"a": (p, k + 1)}, cache)["a"]
+        alone = torch.cat([case({"a": (p + j, 1)})["a"] for j in range(k + 1)])
+        verify = case({"a": (p, k + 1)})["a"]
         assert torch.equal(verify, alone), p
-        mixed = _attention_case(
-            heads, kv_heads, {"b": (20, 9), "a": (p, k + 1), "c": (2100, 3)}, cache
-        )["a"]
+        mixed = case({"b": (20, 9), "a": (p, k + 1), "c": (2100, 3)})["a"]
         assert torch.equal(mixed, alone), p
-        single = _attention_case(heads, kv_heads, {"c": (2000, 1), "a": (p, 1)}, cache)["a"]
+        single = case({"c": (2000, 1), "a": (p, 1)})["a"]
         assert torch.equal(single, alone[:1]), p
+        # a prefill chunk that ends where the verify row ends computes the same bits
+        chunk = case({"a": (p - 3 if p > 3 else 0, k + 1 + (3 if p > 3 else 0))})["a"]
+        assert torch.equal(chunk[-(k + 1) :], alone), p
+
+
+@pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "window"),
+    [(9, 3, 64, None), (4, 4, 128, None), (8, 2, 64, 100), (6, 1, 16, None)],
+)
+def test_native_attention_matches_the_torch_reference(
+    heads: int, kv_heads: int, d: int, window: int | None
+) -> None:
+    """Same math, different rounding points: equal within bf16 resolution, row by row."""
+    torch.manual_seed(1)
+    bs = 16
+    rows = [(0, 37), (300, 5), (519, 1), (64, 16)]
+    tables = [list(range(1 + i * 40, 1 + (i + 1) * 40)) for i in range(len(rows))]
+    batch = build_forward_batch(
+        [[0] * q for _, q in rows], [c for c, _ in rows], tables, bs,
+        [list(range(q)) for _, q in rows],
+    )
+    t = sum(q for _, q in rows)
+    k_cache = torch.randn(1 + 40 * len(rows), bs, kv_heads, d).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    q, k, v = (torch.randn(t, n, d).bfloat16() for n in (heads, kv_heads, kv_heads))
+    outs = {}
+    for backend in ("torch", "native"):
+        meta = AttentionMetadata.build(batch, bs, (window,), backend=backend)
+        outs[backend] = paged_attention(
+            q, k, v, k_cache.clone(), v_cache.clone(), meta, d**-0.5, window
+        ).float()
+    err = (outs["native"] - outs["torch"]).abs()
+    assert err.max() <= 2 ** -6 * outs["torch"].abs().max(), err.max()
+    assert err.mean() < 1e-3
+
+
+def test_c_kernels_are_built_where_a_compiler_exists() -> None:
+    """The native tests above skip without the kernels; this makes a broken build fail."""
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler: the torch attention path is the one in use")
+    assert attention._kernels is not None, "draftwise._cpu_kernels did not build (pip -v shows why)"
+
+
+def test_attention_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``native`` where it cannot run is an error naming why, never a quiet fallback."""
+    monkeypatch.setenv(attention.BACKEND_ENV, "torch")
+    assert attention.choose_backend(torch.bfloat16, 64, "cpu") == "torch"
+    monkeypatch.setenv(attention.BACKEND_ENV, "native")
+    with pytest.raises(RuntimeError, match="bf16 on CPU only"):
+        attention.choose_backend(torch.float32, 64, "cpu")
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        attention.choose_backend(torch.bfloat16, 72, "cpu")
+    monkeypatch.setenv(attention.BACKEND_ENV, "fast")
+    with pytest.raises(ValueError, match="auto, native or torch"):
+        attention.choose_backend(torch.bfloat16, 64, "cpu")
+    monkeypatch.setenv(attention.BACKEND_ENV, "auto")
+    expected = "torch" if attention._kernels is None else "native"
+    assert attention.choose_backend(torch.bfloat16, 64, "cpu") == expected
+    assert attention.choose_backend(torch.float32, 64, "cpu") == "torch"
 
 
 def _scenarios(model, paged_runner, prefix_len: int, seed: int = 0):

@@ -1,0 +1,326 @@
+/*
+ * Paged causal attention over a bf16 KV cache, for CPU decode and verify.
+ *
+ * Why hand-written: the torch path (models/attention.py) gathers each row's context,
+ * pads it and runs ~25 small ops per layer; for a decode or verify row that is ~180 us a
+ * layer, most of a 135M model's non-GEMM time. This kernel reads the paged cache in place.
+ *
+ * Batch invariance by construction: every (token, head) result is computed by the same
+ * instruction sequence whatever else is in the batch. Reductions have a fixed order that
+ * depends only on that token's own context: dots run over head_dim sequentially per key
+ * lane, the softmax denominator sums 16 key lanes in key order then a fixed tree, and
+ * P @ V accumulates keys in order. No -ffast-math (no reassociation). All arithmetic is
+ * on explicit 16-lane vectors (no auto-vectorised loops with scalar tails), so letting
+ * the compiler fuse multiply-adds (-ffp-contract=fast) changes nothing between calls.
+ *
+ * Numerics follow transformers' eager bf16 attention: scores rounded to bf16 (a bf16
+ * matmul's output), softmax in fp32, probabilities rounded to bf16, P @ V accumulated
+ * in fp32 (one rounding at the end, where the torch path rounds per 256-key chunk).
+ *
+ * Layouts (all contiguous): q, out [T, H, D]; caches [num_blocks, block_size, KV, D];
+ * query_start_loc [B + 1], seq_lens [B], block_tables [B, W] int64. Row r's query
+ * tokens are the last (qsl[r+1] - qsl[r]) of its seq_lens[r] positions.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+typedef float v16f __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t v16i __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint32_t v16u __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, NaN kept quiet: torch's float -> bfloat16 conversion. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fc0;
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline v16f v16_round_bf16(v16f x) {
+    v16u bits = (v16u)x;
+    v16u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    v16u nan = (v16u)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */
+    return (v16f)((rounded & ~nan) | (0x7fc00000u & nan));
+}
+
+static inline v16f v16_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6
+ * polynomial, ~2 ulp. Elementwise, so a lane's result never depends on its neighbours. */
+static inline v16f v16_exp_nonpos(v16f x) {
+    const v16f lo = v16_splat(-87.0f);
+    v16i below = x < lo;
+    x = (v16f)((below & (v16i)lo) | (~below & (v16i)x));
+    const v16f magic = v16_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */
+    v16f n = (x * v16_splat(1.44269504088896341f) + magic) - magic;
+    v16f r = x - n * v16_splat(0.693359375f);
+    r = r - n * v16_splat(-2.12194440e-4f);
+    v16f p = v16_splat(1.9875691500e-4f);
+    p = p * r + v16_splat(1.3981999507e-3f);
+    p = p * r + v16_splat(8.3334519073e-3f);
+    p = p * r + v16_splat(4.1665795894e-2f);
+    p = p * r + v16_splat(1.6666665459e-1f);
+    p = p * r + v16_splat(5.0000001201e-1f);
+    p = p * (r * r) + r + v16_splat(1.0f);
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16f)e;
+}
+
+/* Fixed pairwise tree over the 16 lanes. */
+static inline float v16_sum(v16f x) {
+    float a[LANES];
+    memcpy(a, &x, sizeof a);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) a[i] = a[i] + a[i + w];
+    return a[0];
+}
+
+typedef struct {
+    const uint16_t *q, *kc, *vc;
+    uint16_t *out;
+    const int64_t *qsl, *seq, *bt;
+    int64_t width, rows, heads, kv_heads, dim, block_size, window;
+    float scale;
+} Args;
+
+/* Scratch for one (row, kv head), sized for the longest row and query. */
+typedef struct {
+    float *kt; /* [dim, npad] keys transposed to fp32 */
+    float *vf; /* [npad, dim] values in fp32 */
+    float *qf; /* [nq, dim] the queries in fp32 */
+    float *s;  /* [nq, npad] scores, then bf16-rounded probabilities */
+    float *o;  /* [nq, dim] fp32 output accumulators */
+} Scratch;
+
+/* One row, one kv head: every query token x every query head sharing that kv head. The
+ * loops run keys-outer so a tile of keys (or values) is reused by all queries while it is
+ * in L1; each (query, head) still sums its keys in the same order as when alone. */
+static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w) {
+    const int64_t d = a->dim, kvh = a->kv_heads, h = a->heads, rep = h / kvh, bs = a->block_size;
+    const int64_t q0 = a->qsl[row], qlen = a->qsl[row + 1] - q0, ctx = a->seq[row];
+    if (qlen <= 0) return;
+    const int64_t first_pos = ctx - qlen, nq = qlen * rep, dv = d / LANES;
+    /* keys any query of this row can see */
+    int64_t lo_all = 0;
+    if (a->window > 0 && first_pos - a->window + 1 > 0) lo_all = first_pos - a->window + 1;
+    const int64_t nkeys = ctx - lo_all;
+    const int64_t npad = (nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
+    const int64_t *table = a->bt + row * a->width;
+    float *kt = w->kt, *vf = w->vf, *s = w->s, *qf = w->qf, *o = w->o;
+    for (int64_t j = 0; j < nkeys; j++) {
+        const int64_t pos = lo_all + j;
+        const int64_t slot = (table[pos / bs] * bs + pos % bs) * kvh + g;
+        const uint16_t *kp = a->kc + slot * d, *vp = a->vc + slot * d;
+        float *vr = vf + j * d;
+        for (int64_t c = 0; c < d; c++) vr[c] = bf16_to_f32(vp[c]);
+        for (int64_t c = 0; c < d; c++) kt[c * npad + j] = bf16_to_f32(kp[c]);
+    }
+    for (int64_t c = 0; c < d; c++)
+        for (int64_t j = nkeys; j < npad; j++) kt[c * npad + j] = 0.0f;
+    /* query-head qi = i * rep + hh sees keys j0[qi] .. j0[qi] + n[qi] - 1 (relative to lo_all) */
+    int64_t max_blocks = 0;
+    for (int64_t qi = 0; qi < nq; qi++) {
+        const int64_t t = q0 + qi / rep, head = g * rep + qi % rep;
+        const uint16_t *qp = a->q + (t * h + head) * d;
+        for (int64_t c = 0; c < d; c++) qf[qi * d + c] = bf16_to_f32(qp[c]);
+        const int64_t pos = first_pos + qi / rep;
+        const int64_t lo = (a->window > 0 && pos - a->window + 1 > 0) ? pos - a->window + 1 : 0;
+        const int64_t nb = (pos - lo + 1 + LANES - 1) / LANES;
+        max_blocks = nb > max_blocks ? nb : max_blocks;
+    }
+#define QRANGE(qi, J0, N)                                                                       \
+    const int64_t pos_ = first_pos + (qi) / rep;                                                \
+    const int64_t lo_ = (a->window > 0 && pos_ - a->window + 1 > 0) ? pos_ - a->window + 1 : 0; \
+    const int64_t J0 = lo_ - lo_all, N = pos_ - lo_ + 1
+
+    /* scores: four blocks of 16 keys per pass, all query-heads per tile */
+    for (int64_t b = 0; b < max_blocks; b += 4) {
+        for (int64_t qi = 0; qi < nq; qi++) {
+            QRANGE(qi, j0, n);
+            const int64_t nb = (n + LANES - 1) / LANES;
+            if (b >= nb) continue;
+            v16f acc0 = v16_splat(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            const float *base = kt + j0 + b * LANES, *qv = qf + qi * d;
+            for (int64_t c = 0; c < d; c++, base += npad) {
+                const v16f qc = v16_splat(qv[c]);
+                v16f k0, k1, k2, k3;
+                memcpy(&k0, base, sizeof k0);
+                memcpy(&k1, base + LANES, sizeof k1);
+                memcpy(&k2, base + 2 * LANES, sizeof k2);
+                memcpy(&k3, base + 3 * LANES, sizeof k3);
+                acc0 = acc0 + qc * k0, acc1 = acc1 + qc * k1;
+                acc2 = acc2 + qc * k2, acc3 = acc3 + qc * k3;
+            }
+            const v16f accs[4] = {acc0, acc1, acc2, acc3};
+            for (int u = 0; u < 4 && b + u < nb; u++) {
+                v16f x = v16_round_bf16(accs[u]) * v16_splat(a->scale);
+                memcpy(s + qi * npad + (b + u) * LANES, &x, sizeof x);
+            }
+        }
+    }
+    /* softmax per query-head: exact max, exp, 16-lane denominator, bf16 probabilities */
+    for (int64_t qi = 0; qi < nq; qi++) {
+        QRANGE(qi, j0, n);
+        (void)j0;
+        float *sq = s + qi * npad;
+        const int64_t nb = (n + LANES - 1) / LANES;
+        for (int64_t j = n; j < nb * LANES; j++) sq[j] = -INFINITY;
+        v16f vm = v16_splat(-INFINITY); /* max is exact: any order gives the same */
+        for (int64_t b = 0; b < nb; b++) {
+            v16f x;
+            memcpy(&x, sq + b * LANES, sizeof x);
+            v16i gt = x > vm;
+            vm = (v16f)((gt & (v16i)x) | (~gt & (v16i)vm));
+        }
+        float mm[LANES], m = -INFINITY;
+        memcpy(mm, &vm, sizeof mm);
+        for (int l = 0; l < LANES; l++) m = mm[l] > m ? mm[l] : m;
+        v16f den = v16_splat(0.0f);
+        for (int64_t b = 0; b < nb; b++) {
+            v16f x;
+            memcpy(&x, sq + b * LANES, sizeof x);
+            v16f e = v16_exp_nonpos(x - v16_splat(m));
+            v16f keep = (v16f)((v16i)(x > v16_splat(-INFINITY)) & (v16i)e);
+            memcpy(sq + b * LANES, &keep, sizeof keep);
+            den = den + keep;
+        }
+        const v16f denom = v16_splat(v16_sum(den));
+        for (int64_t b = 0; b < nb; b++) {
+            v16f e;
+            memcpy(&e, sq + b * LANES, sizeof e);
+            e = v16_round_bf16(e / denom);
+            memcpy(sq + b * LANES, &e, sizeof e);
+        }
+    }
+    /* P @ V: keys in order for every output dim, in tiles of 64 keys shared by all
+     * query-heads; 64 dims (4 vectors) of accumulators at a time */
+    memset(o, 0, sizeof(float) * (size_t)(nq * d));
+    const int64_t tile = 64, max_keys = max_blocks * LANES;
+    for (int64_t jt = 0; jt < max_keys; jt += tile) {
+        for (int64_t qi = 0; qi < nq; qi++) {
+            QRANGE(qi, j0, n);
+            const int64_t jend = jt + tile < n ? jt + tile : n;
+            if (jt >= jend) continue;
+            const float *sq = s + qi * npad;
+            for (int64_t v0 = 0; v0 < dv; v0 += 4) {
+                const int64_t nv = dv - v0 < 4 ? dv - v0 : 4;
+                float *oq = o + qi * d + v0 * LANES;
+                v16f o0, o1 = v16_splat(0.0f), o2 = o1, o3 = o1;
+                memcpy(&o0, oq, sizeof o0);
+                if (nv > 1) memcpy(&o1, oq + LANES, sizeof o1);
+                if (nv > 2) memcpy(&o2, oq + 2 * LANES, sizeof o2);
+                if (nv > 3) memcpy(&o3, oq + 3 * LANES, sizeof o3);
+                const float *vr = vf + (j0 + jt) * d + v0 * LANES;
+                for (int64_t j = jt; j < jend; j++, vr += d) {
+                    const v16f wj = v16_splat(sq[j]);
+                    v16f x;
+                    memcpy(&x, vr, sizeof x);
+                    o0 = o0 + wj * x;
+                    if (nv > 1) memcpy(&x, vr + LANES, sizeof x), o1 = o1 + wj * x;
+                    if (nv > 2) memcpy(&x, vr + 2 * LANES, sizeof x), o2 = o2 + wj * x;
+                    if (nv > 3) memcpy(&x, vr + 3 * LANES, sizeof x), o3 = o3 + wj * x;
+                }
+                memcpy(oq, &o0, sizeof o0);
+                if (nv > 1) memcpy(oq + LANES, &o1, sizeof o1);
+                if (nv > 2) memcpy(oq + 2 * LANES, &o2, sizeof o2);
+                if (nv > 3) memcpy(oq + 3 * LANES, &o3, sizeof o3);
+            }
+        }
+    }
+#undef QRANGE
+    for (int64_t qi = 0; qi < nq; qi++) {
+        const int64_t t = q0 + qi / rep, head = g * rep + qi % rep;
+        uint16_t *op = a->out + (t * h + head) * d;
+        for (int64_t c = 0; c < d; c++) op[c] = f32_to_bf16(o[qi * d + c]);
+    }
+}
+
+static int run(const Args *a) {
+    int64_t max_keys = 0, max_q = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        if (a->seq[r] > max_keys) max_keys = a->seq[r];
+        if (a->qsl[r + 1] - a->qsl[r] > max_q) max_q = a->qsl[r + 1] - a->qsl[r];
+    }
+    const int64_t npad = (max_keys + LANES - 1) / LANES * LANES + 4 * LANES;
+    const int64_t nq = max_q * (a->heads / a->kv_heads), d = a->dim;
+    /* kt is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
+    Scratch w = {
+        .kt = malloc(sizeof(float) * (size_t)((d + 1) * npad)),
+        .vf = malloc(sizeof(float) * (size_t)(npad * d)),
+        .qf = malloc(sizeof(float) * (size_t)(nq * d)),
+        .s = malloc(sizeof(float) * (size_t)(nq * npad)),
+        .o = malloc(sizeof(float) * (size_t)(nq * d)),
+    };
+    int rc = 0;
+    if (!w.kt || !w.vf || !w.qf || !w.s || !w.o) {
+        rc = -1;
+    } else {
+        for (int64_t r = 0; r < a->rows; r++)
+            for (int64_t g = 0; g < a->kv_heads; g++) attend_group(a, r, g, &w);
+    }
+    free(w.kt), free(w.vf), free(w.qf), free(w.s), free(w.o);
+    return rc;
+}
+
+static PyObject *paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "paged_attention takes 16 arguments");
+        return NULL;
+    }
+    Args a;
+    void *ptrs[7];
+    for (int i = 0; i < 7; i++) {
+        ptrs[i] = PyLong_AsVoidPtr(args[i]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    a.q = ptrs[0], a.out = ptrs[1], a.kc = ptrs[2], a.vc = ptrs[3];
+    a.qsl = ptrs[4], a.seq = ptrs[5], a.bt = ptrs[6];
+    int64_t ints[8];
+    for (int i = 0; i < 8; i++) {
+        ints[i] = PyLong_AsLongLong(args[7 + i]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    a.width = ints[0], a.rows = ints[1], a.heads = ints[2], a.kv_heads = ints[3];
+    a.dim = ints[4], a.block_size = ints[5], a.window = ints[6];
+    if (ints[7] != 0) { /* reserved */
+        PyErr_SetString(PyExc_ValueError, "reserved argument must be 0");
+        return NULL;
+    }
+    a.scale = (float)PyFloat_AsDouble(args[15]);
+    if (PyErr_Occurred()) return NULL;
+    if (a.dim % LANES != 0 || a.dim > 512 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
+        PyErr_SetString(PyExc_ValueError, "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = run(&a);
+    Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"paged_attention", (PyCFunction)(void (*)(void))paged_attention, METH_FASTCALL,
+     "paged_attention(q, out, k_cache, v_cache, query_start_loc, seq_lens, block_tables, "
+     "width, rows, heads, kv_heads, head_dim, block_size, window, 0, scale): data pointers, "
+     "then sizes; see the file header for layouts."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels",
+                                    "Hand-written CPU kernels (see core/csrc).", -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

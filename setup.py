@@ -1,0 +1,26 @@
+"""Builds the optional C kernels; everything else about the package is in pyproject.toml.
+
+The kernels are plain C (no torch headers), so building needs only a C compiler and the
+Python headers. ``-march=native``: the wheel is built where it runs (``pip install .``);
+set ``DRAFTWISE_PORTABLE_BUILD=1`` to build for any x86-64 instead.
+"""
+
+import os
+import platform
+
+from setuptools import Extension, setup
+
+flags = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11"]
+if os.environ.get("DRAFTWISE_PORTABLE_BUILD") != "1" and platform.machine() in ("x86_64", "AMD64"):
+    flags.append("-march=native")
+
+setup(
+    ext_modules=[
+        Extension(
+            "draftwise._cpu_kernels",
+            sources=["core/csrc/paged_attention.c"],
+            extra_compile_args=flags,
+            optional=True,  # no compiler: the torch attention path runs instead
+        )
+    ]
+)
