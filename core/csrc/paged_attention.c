@@ -21,72 +21,9 @@
  * query_start_loc [B + 1], seq_lens [B], block_tables [B, W] int64. Row r's query
  * tokens are the last (qsl[r+1] - qsl[r]) of its seq_lens[r] positions.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
-#include <stdint.h>
+#include "kernels.h"
+
 #include <stdlib.h>
-#include <string.h>
-
-#define LANES 16
-typedef float v16f __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t v16i __attribute__((vector_size(LANES * sizeof(int32_t))));
-typedef uint32_t v16u __attribute__((vector_size(LANES * sizeof(uint32_t))));
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, NaN kept quiet: torch's float -> bfloat16 conversion. */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fc0;
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-static inline v16f v16_round_bf16(v16f x) {
-    v16u bits = (v16u)x;
-    v16u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    v16u nan = (v16u)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */
-    return (v16f)((rounded & ~nan) | (0x7fc00000u & nan));
-}
-
-static inline v16f v16_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-/* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6
- * polynomial, ~2 ulp. Elementwise, so a lane's result never depends on its neighbours. */
-static inline v16f v16_exp_nonpos(v16f x) {
-    const v16f lo = v16_splat(-87.0f);
-    v16i below = x < lo;
-    x = (v16f)((below & (v16i)lo) | (~below & (v16i)x));
-    const v16f magic = v16_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */
-    v16f n = (x * v16_splat(1.44269504088896341f) + magic) - magic;
-    v16f r = x - n * v16_splat(0.693359375f);
-    r = r - n * v16_splat(-2.12194440e-4f);
-    v16f p = v16_splat(1.9875691500e-4f);
-    p = p * r + v16_splat(1.3981999507e-3f);
-    p = p * r + v16_splat(8.3334519073e-3f);
-    p = p * r + v16_splat(4.1665795894e-2f);
-    p = p * r + v16_splat(1.6666665459e-1f);
-    p = p * r + v16_splat(5.0000001201e-1f);
-    p = p * (r * r) + r + v16_splat(1.0f);
-    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return p * (v16f)e;
-}
-
-/* Fixed pairwise tree over the 16 lanes. */
-static inline float v16_sum(v16f x) {
-    float a[LANES];
-    memcpy(a, &x, sizeof a);
-    for (int w = LANES / 2; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) a[i] = a[i] + a[i + w];
-    return a[0];
-}
 
 typedef struct {
     const uint16_t *q, *kc, *vc;
@@ -275,7 +212,7 @@ static int run(const Args *a) {
     return rc;
 }
 
-static PyObject *paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 16) {
         PyErr_SetString(PyExc_TypeError, "paged_attention takes 16 arguments");
@@ -312,15 +249,3 @@ static PyObject *paged_attention(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
-    {"paged_attention", (PyCFunction)(void (*)(void))paged_attention, METH_FASTCALL,
-     "paged_attention(q, out, k_cache, v_cache, query_start_loc, seq_lens, block_tables, "
-     "width, rows, heads, kv_heads, head_dim, block_size, window, 0, scale): data pointers, "
-     "then sizes; see the file header for layouts."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels",
-                                    "Hand-written CPU kernels (see core/csrc).", -1, methods};
-
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

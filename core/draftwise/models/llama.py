@@ -18,6 +18,7 @@ from torch import nn
 from draftwise.models.attention import AttentionMetadata, choose_backend, paged_attention
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
+from draftwise.models.fused import apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import linear, pack_weight
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
@@ -27,17 +28,6 @@ _INITIAL_ROPE_POSITIONS = 4096
 
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
-def rms_norm(
-    x: torch.Tensor,  # [..., dim]
-    weight: torch.Tensor,  # [dim] or broadcastable to x
-    eps: float,
-) -> torch.Tensor:  # same shape and dtype as x
-    """transformers' RMSNorm: normalise in fp32, cast back, then scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -60,6 +50,8 @@ class DecoderLayer(nn.Module):
         self.q_size, self.kv_size, self.inter = c.q_size, c.kv_size, c.intermediate_size
         self.scale = c.head_dim**-0.5
         self.window = c.window_of(layer)
+        #: run the small ops as C kernels (set by the model with its attention backend)
+        self.native = False
 
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
@@ -102,19 +94,19 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """One decoder layer over the flat token batch."""
         t = h.shape[0]
-        x = rms_norm(h, self.input_norm, self.eps)
+        native = self.native
+        x = rms_norm(h, self.input_norm, self.eps, native)
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, self.eps)
-        qk = apply_rope(qk, cos, sin)
+        qk = apply_rope_(qk, cos, sin) if native else apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
         h = h + linear(attn, self.o_weight, self.o_bias)
-        x = rms_norm(h, self.post_norm, self.eps)
-        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
-        act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :]
+        x = rms_norm(h, self.post_norm, self.eps, native)
+        act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
         return h + linear(act, self.down_weight, self.down_bias)
 
 
@@ -160,6 +152,8 @@ class LlamaForCausalLM(nn.Module):
         self._windows = tuple({config.window_of(i) for i in range(config.num_hidden_layers)})
         #: ``native`` (the C kernel) or ``torch``; see ``models.attention``
         self.attention_backend = choose_backend(dtype, config.head_dim, device)
+        for layer in self.decoder_layers():
+            layer.native = self.attention_backend == "native"
         #: the LM head packed by :meth:`pack_weights` (None: use ``lm_head_weight``)
         self._lm_head_packed: torch.Tensor | None = None
         self.packed = False
@@ -197,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
         """The norm applied before the LM head."""
-        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+        native = self.attention_backend == "native"
+        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps, native)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         """float32 logits of already-normed hidden states (shared with drafters)."""

@@ -1,0 +1,120 @@
+/*
+ * The per-token elementwise pieces of a llama decoder layer, in bf16.
+ *
+ * Why hand-written: each is 3-8 torch ops on a few KB (a decode step's [T, 576]), so
+ * torch's per-op overhead is the whole cost (~12-18 us a call here); one C call is ~1 us.
+ * They reproduce transformers' rounding points (every bf16 op rounds its result), so
+ * rope is bitwise the torch path, and rms_norm and silu differ only where fp32 sums or
+ * exp round differently before the bf16 rounding. Rows are independent: batch-invariant.
+ */
+#include "kernels.h"
+
+/* transformers' RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps)); out = bf16(w * y). */
+static void rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows,
+                          int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        uint16_t *orow = out + r * dim;
+        v16f acc = v16_splat(0.0f);
+        int64_t c = 0;
+        for (; c + LANES <= dim; c += LANES) {
+            v16f v = v16_load_bf16(xr + c);
+            acc = acc + v * v;
+        }
+        float ss = v16_sum(acc);
+        for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const v16f vinv = v16_splat(inv);
+        for (c = 0; c + LANES <= dim; c += LANES) {
+            v16f y = v16_round_bf16(v16_load_bf16(xr + c) * vinv);
+            v16_store_bf16(orow + c, v16_load_bf16(w + c) * y);
+        }
+        for (; c < dim; c++) {
+            float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[c]) * inv));
+            orow[c] = f32_to_bf16(bf16_to_f32(w[c]) * y);
+        }
+    }
+}
+
+PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[3];
+    int64_t n[3];
+    if (dw_parse(args, nargs, 6, 3, p, n, "rms_norm") < 0) return NULL;
+    uint32_t bits = (uint32_t)n[2];
+    float eps;
+    memcpy(&eps, &bits, sizeof eps);
+    Py_BEGIN_ALLOW_THREADS rms_norm_rows(p[0], p[1], p[2], n[0], n[1], eps);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* out = bf16(bf16(silu(gate)) * up), gate_up = [gate | up] per row. silu(x) uses
+ * exp(-|x|) so the exponent never overflows: x / (1 + e) for x >= 0, x e / (1 + e) else. */
+static void silu_mul_rows(const uint16_t *gu, uint16_t *out, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *g = gu + r * 2 * inter, *u = g + inter;
+        uint16_t *o = out + r * inter;
+        int64_t c = 0;
+        for (; c + LANES <= inter; c += LANES) {
+            v16f x = v16_load_bf16(g + c);
+            v16i neg = x < v16_splat(0.0f);
+            v16f ax = (v16f)((v16i)x & ~(v16i)v16_splat(-0.0f)); /* |x| */
+            v16f e = v16_exp_nonpos(-ax);
+            e = (v16f)((v16i)e & ~(ax > v16_splat(87.0f))); /* exp underflows to 0 */
+            v16f num = (v16f)((neg & (v16i)(x * e)) | (~neg & (v16i)x));
+            v16f s = v16_round_bf16(num / (v16_splat(1.0f) + e));
+            v16_store_bf16(o + c, s * v16_load_bf16(u + c));
+        }
+        for (; c < inter; c++) {
+            float x = bf16_to_f32(g[c]);
+            float e = expf(-fabsf(x));
+            float s = bf16_to_f32(f32_to_bf16((x < 0 ? x * e : x) / (1.0f + e)));
+            o[c] = f32_to_bf16(s * bf16_to_f32(u[c]));
+        }
+    }
+}
+
+PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[2];
+    int64_t n[2];
+    if (dw_parse(args, nargs, 4, 2, p, n, "silu_mul") < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS silu_mul_rows(p[0], p[1], n[0], n[1]);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* In place: x = bf16(bf16(x * cos) + bf16(swap_halves(x) * sin_signed)), the tables
+ * [positions, head_dim] indexed by each token's position (pos NULL: row t is token t's);
+ * x rows may be strided (the q|k part of a fused qkv output). */
+static void rope_rows(uint16_t *x, const uint16_t *cos, const uint16_t *sin, const int64_t *pos,
+                      int64_t tokens, int64_t heads, int64_t d, int64_t stride) {
+    const int64_t half = d / 2;
+    float buf[1024];
+    for (int64_t t = 0; t < tokens; t++) {
+        const int64_t row = pos ? pos[t] : t;
+        const uint16_t *ct = cos + row * d, *st = sin + row * d;
+        for (int64_t h = 0; h < heads; h++) {
+            uint16_t *xh = x + t * stride + h * d;
+            for (int64_t c = 0; c < d; c++) buf[c] = bf16_to_f32(xh[c]);
+            for (int64_t c = 0; c < d; c++) {
+                const float sw = buf[c < half ? c + half : c - half];
+                const float a = bf16_to_f32(f32_to_bf16(buf[c] * bf16_to_f32(ct[c])));
+                const float b = bf16_to_f32(f32_to_bf16(sw * bf16_to_f32(st[c])));
+                xh[c] = f32_to_bf16(a + b);
+            }
+        }
+    }
+}
+
+PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[4];
+    int64_t n[4];
+    if (dw_parse(args, nargs, 8, 4, p, n, "rope") < 0) return NULL;
+    if (n[2] > 1024 || n[2] % 2) {
+        PyErr_SetString(PyExc_ValueError, "rope: head_dim must be even and <= 1024");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS rope_rows(p[0], p[1], p[2], p[3], n[0], n[1], n[2], n[3]);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}

@@ -1,0 +1,23 @@
+/* draftwise._cpu_kernels: hand-written CPU kernels, built at install when a C compiler
+ * exists (setup.py). Each has a torch reference in draftwise.models and tests that pin
+ * the two together. */
+#include "kernels.h"
+
+static PyMethodDef methods[] = {
+    {"paged_attention", (PyCFunction)(void (*)(void))dw_paged_attention, METH_FASTCALL,
+     "paged_attention(q, out, k_cache, v_cache, query_start_loc, seq_lens, block_tables, "
+     "width, rows, heads, kv_heads, head_dim, block_size, window, 0, scale)"},
+    {"rms_norm", (PyCFunction)(void (*)(void))dw_rms_norm, METH_FASTCALL,
+     "rms_norm(x, weight, out, rows, dim, eps_bits): bf16, transformers' rounding"},
+    {"silu_mul", (PyCFunction)(void (*)(void))dw_silu_mul, METH_FASTCALL,
+     "silu_mul(gate_up, out, rows, inter): out = silu(gate) * up, bf16"},
+    {"rope", (PyCFunction)(void (*)(void))dw_rope, METH_FASTCALL,
+     "rope(x, cos, sin_signed, positions, tokens, heads, head_dim, x_row_stride): in place"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cpu_kernels", "Hand-written CPU kernels (see core/csrc).", -1,
+    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,88 @@
+/* Shared helpers for the CPU kernels: 16-lane float vectors (GCC/Clang vector extensions,
+ * so the same source builds for AVX-512, AVX2 or NEON) and bf16 <-> fp32 conversions
+ * that round exactly like torch's. */
+#ifndef DRAFTWISE_VEC_H
+#define DRAFTWISE_VEC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+typedef float v16f __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t v16i __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint32_t v16u __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, NaN kept quiet: torch's float -> bfloat16 conversion. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fc0;
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline v16f v16_round_bf16(v16f x) {
+    v16u bits = (v16u)x;
+    v16u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    v16u nan = (v16u)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */
+    return (v16f)((rounded & ~nan) | (0x7fc00000u & nan));
+}
+
+static inline v16f v16_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6
+ * polynomial, ~2 ulp. Elementwise, so a lane's result never depends on its neighbours. */
+static inline v16f v16_exp_nonpos(v16f x) {
+    const v16f lo = v16_splat(-87.0f);
+    v16i below = x < lo;
+    x = (v16f)((below & (v16i)lo) | (~below & (v16i)x));
+    const v16f magic = v16_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */
+    v16f n = (x * v16_splat(1.44269504088896341f) + magic) - magic;
+    v16f r = x - n * v16_splat(0.693359375f);
+    r = r - n * v16_splat(-2.12194440e-4f);
+    v16f p = v16_splat(1.9875691500e-4f);
+    p = p * r + v16_splat(1.3981999507e-3f);
+    p = p * r + v16_splat(8.3334519073e-3f);
+    p = p * r + v16_splat(4.1665795894e-2f);
+    p = p * r + v16_splat(1.6666665459e-1f);
+    p = p * r + v16_splat(5.0000001201e-1f);
+    p = p * (r * r) + r + v16_splat(1.0f);
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16f)e;
+}
+
+/* Fixed pairwise tree over the 16 lanes. */
+static inline float v16_sum(v16f x) {
+    float a[LANES];
+    memcpy(a, &x, sizeof a);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) a[i] = a[i] + a[i + w];
+    return a[0];
+}
+
+/* Load 16 bf16 values as fp32 (exact). */
+static inline v16f v16_load_bf16(const uint16_t *p) {
+    uint16_t tmp[LANES];
+    memcpy(tmp, p, sizeof tmp);
+    v16u bits;
+    for (int l = 0; l < LANES; l++) bits[l] = (uint32_t)tmp[l] << 16;
+    return (v16f)bits;
+}
+
+/* Store 16 fp32 values as bf16, rounded to nearest even. */
+static inline void v16_store_bf16(uint16_t *p, v16f x) {
+    v16u bits = (v16u)v16_round_bf16(x);
+    uint16_t tmp[LANES];
+    for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)(bits[l] >> 16);
+    memcpy(p, tmp, sizeof tmp);
+}
+
+#endif

@@ -1,0 +1,77 @@
+"""The decoder layer's small per-token ops: one C call each where the kernels are built.
+
+At decode sizes (a few tokens of width 576) every torch op costs its dispatch overhead,
+not its arithmetic: RMSNorm is 8 ops (~14 us), RoPE 5, SiLU-and-multiply 3. The C
+versions (``core/csrc/elementwise.c``) keep transformers' bf16 rounding points and run
+in ~1 us. Each function here is also the torch reference for its kernel, chosen per call
+by ``native`` (the model decides once, with its attention backend).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+import torch.nn.functional as F
+
+from draftwise.models.attention import _kernels
+
+BF16 = torch.bfloat16
+
+
+def _f32_bits(x: float) -> int:
+    return int(struct.unpack("<I", struct.pack("<f", x))[0])
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., dim]
+    weight: torch.Tensor,  # [dim] or broadcastable to x
+    eps: float,
+    native: bool = False,
+) -> torch.Tensor:  # same shape and dtype as x
+    """transformers' RMSNorm: normalise in fp32, cast back, then scale."""
+    if native and weight.dim() == 1 and x.is_contiguous() and x.dtype == weight.dtype == BF16:
+        assert _kernels is not None
+        out = torch.empty_like(x)
+        dim = x.shape[-1]
+        _kernels.rms_norm(
+            x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, _f32_bits(eps)
+        )
+        return out
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor, native: bool = False) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """``silu(gate) * up`` for a fused ``[gate | up]`` projection output."""
+    inter = gate_up.shape[-1] // 2
+    if native and gate_up.is_contiguous() and gate_up.dtype == BF16:
+        assert _kernels is not None
+        out = torch.empty((gate_up.shape[0], inter), dtype=gate_up.dtype)
+        _kernels.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter)
+        return out
+    return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+
+
+def apply_rope_(
+    x: torch.Tensor,  # [T, heads, head_dim], rows may be strided views of a wider tensor
+    cos: torch.Tensor,  # [T, 1, head_dim] each token's row of the cos table
+    sin: torch.Tensor,  # [T, 1, head_dim] sign-folded sin (see models.rope)
+) -> torch.Tensor:  # x, rotated in place
+    """RoPE in place with the C kernel (bitwise ``models.rope.apply_rope``)."""
+    assert _kernels is not None
+    t, h, d = x.shape
+    assert x.stride(2) == 1 and x.stride(1) == d
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == x.dtype == sin.dtype
+    _kernels.rope(
+        x.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        0,
+        t,
+        h,
+        d,
+        x.stride(0),
+    )
+    return x
