@@ -5,8 +5,9 @@
 
 static PyMethodDef methods[] = {
     {"paged_attention", (PyCFunction)(void (*)(void))dw_paged_attention, METH_FASTCALL,
-     "paged_attention(q, out, k_cache, v_cache, query_start_loc, seq_lens, block_tables, "
-     "width, rows, heads, kv_heads, head_dim, block_size, window, 0, scale)"},
+     "paged_attention(q, k, v, out, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, "
+     "block_tables, q_stride, k_stride, v_stride, tokens, width, rows, heads, kv_heads, "
+     "head_dim, block_size, window, scale_bits)"},
     {"rms_norm", (PyCFunction)(void (*)(void))dw_rms_norm, METH_FASTCALL,
      "rms_norm(x, weight, out, rows, dim, eps_bits): bf16, transformers' rounding"},
     {"silu_mul", (PyCFunction)(void (*)(void))dw_silu_mul, METH_FASTCALL,

@@ -17,19 +17,22 @@
  * matmul's output), softmax in fp32, probabilities rounded to bf16, P @ V accumulated
  * in fp32 (one rounding at the end, where the torch path rounds per 256-key chunk).
  *
- * Layouts (all contiguous): q, out [T, H, D]; caches [num_blocks, block_size, KV, D];
- * query_start_loc [B + 1], seq_lens [B], block_tables [B, W] int64. Row r's query
- * tokens are the last (qsl[r+1] - qsl[r]) of its seq_lens[r] positions.
+ * Layouts: q [T, H, D], k and v [T, KV, D] (token rows may be strided: views into the fused
+ * qkv output), out [T, H, D]; caches [num_blocks, block_size, KV, D]; slot_mapping [T],
+ * query_start_loc [B + 1], seq_lens [B], block_tables [B, W] int64. The kernel first
+ * writes k and v at their slots; row r's query tokens are then the last
+ * (qsl[r+1] - qsl[r]) of its seq_lens[r] positions.
  */
 #include "kernels.h"
 
 #include <stdlib.h>
 
 typedef struct {
-    const uint16_t *q, *kc, *vc;
-    uint16_t *out;
-    const int64_t *qsl, *seq, *bt;
-    int64_t width, rows, heads, kv_heads, dim, block_size, window;
+    const uint16_t *q, *k, *v; /* this step's [T, heads|kv_heads, dim], rows strided */
+    uint16_t *out, *kc, *vc;
+    const int64_t *slots, *qsl, *seq, *bt;
+    int64_t q_stride, k_stride, v_stride; /* elements between consecutive tokens */
+    int64_t tokens, width, rows, heads, kv_heads, dim, block_size, window;
     float scale;
 } Args;
 
@@ -71,7 +74,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     int64_t max_blocks = 0;
     for (int64_t qi = 0; qi < nq; qi++) {
         const int64_t t = q0 + qi / rep, head = g * rep + qi % rep;
-        const uint16_t *qp = a->q + (t * h + head) * d;
+        const uint16_t *qp = a->q + t * a->q_stride + head * d;
         for (int64_t c = 0; c < d; c++) qf[qi * d + c] = bf16_to_f32(qp[c]);
         const int64_t pos = first_pos + qi / rep;
         const int64_t lo = (a->window > 0 && pos - a->window + 1 > 0) ? pos - a->window + 1 : 0;
@@ -185,7 +188,32 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     }
 }
 
+/* This step's keys and values into their cache slots (before any row reads them). */
+static void write_kv(const Args *a) {
+    const size_t row = sizeof(uint16_t) * (size_t)(a->kv_heads * a->dim);
+    for (int64_t t = 0; t < a->tokens; t++) {
+        const int64_t slot = a->slots[t];
+        memcpy(a->kc + slot * a->kv_heads * a->dim, a->k + t * a->k_stride, row);
+        memcpy(a->vc + slot * a->kv_heads * a->dim, a->v + t * a->v_stride, row);
+    }
+}
+
+/* One scratch buffer per thread, grown as needed and kept: a fresh malloc per call of a
+ * few hundred KB is returned to the OS on free and page-faults back in on every layer. */
+static float *scratch_floats(size_t n) {
+    static _Thread_local float *buf = NULL;
+    static _Thread_local size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        cap = n + n / 2;
+        buf = malloc(sizeof(float) * cap);
+        if (!buf) cap = 0;
+    }
+    return buf;
+}
+
 static int run(const Args *a) {
+    write_kv(a);
     int64_t max_keys = 0, max_q = 0;
     for (int64_t r = 0; r < a->rows; r++) {
         if (a->seq[r] > max_keys) max_keys = a->seq[r];
@@ -194,53 +222,36 @@ static int run(const Args *a) {
     const int64_t npad = (max_keys + LANES - 1) / LANES * LANES + 4 * LANES;
     const int64_t nq = max_q * (a->heads / a->kv_heads), d = a->dim;
     /* kt is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
-    Scratch w = {
-        .kt = malloc(sizeof(float) * (size_t)((d + 1) * npad)),
-        .vf = malloc(sizeof(float) * (size_t)(npad * d)),
-        .qf = malloc(sizeof(float) * (size_t)(nq * d)),
-        .s = malloc(sizeof(float) * (size_t)(nq * npad)),
-        .o = malloc(sizeof(float) * (size_t)(nq * d)),
-    };
-    int rc = 0;
-    if (!w.kt || !w.vf || !w.qf || !w.s || !w.o) {
-        rc = -1;
-    } else {
-        for (int64_t r = 0; r < a->rows; r++)
-            for (int64_t g = 0; g < a->kv_heads; g++) attend_group(a, r, g, &w);
-    }
-    free(w.kt), free(w.vf), free(w.qf), free(w.s), free(w.o);
-    return rc;
+    const size_t need = (size_t)((d + 1) * npad + npad * d + 2 * nq * d + nq * npad);
+    float *buf = scratch_floats(need);
+    if (!buf) return -1;
+    Scratch w = {.kt = buf};
+    w.vf = w.kt + (d + 1) * npad;
+    w.qf = w.vf + npad * d;
+    w.o = w.qf + nq * d;
+    w.s = w.o + nq * d;
+    for (int64_t r = 0; r < a->rows; r++)
+        for (int64_t g = 0; g < a->kv_heads; g++) attend_group(a, r, g, &w);
+    return 0;
 }
 
 PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "paged_attention takes 16 arguments");
-        return NULL;
-    }
-    Args a;
-    void *ptrs[7];
-    for (int i = 0; i < 7; i++) {
-        ptrs[i] = PyLong_AsVoidPtr(args[i]);
-        if (PyErr_Occurred()) return NULL;
-    }
-    a.q = ptrs[0], a.out = ptrs[1], a.kc = ptrs[2], a.vc = ptrs[3];
-    a.qsl = ptrs[4], a.seq = ptrs[5], a.bt = ptrs[6];
-    int64_t ints[8];
-    for (int i = 0; i < 8; i++) {
-        ints[i] = PyLong_AsLongLong(args[7 + i]);
-        if (PyErr_Occurred()) return NULL;
-    }
-    a.width = ints[0], a.rows = ints[1], a.heads = ints[2], a.kv_heads = ints[3];
-    a.dim = ints[4], a.block_size = ints[5], a.window = ints[6];
-    if (ints[7] != 0) { /* reserved */
-        PyErr_SetString(PyExc_ValueError, "reserved argument must be 0");
-        return NULL;
-    }
-    a.scale = (float)PyFloat_AsDouble(args[15]);
-    if (PyErr_Occurred()) return NULL;
+    void *p[10];
+    int64_t n[12];
+    if (dw_parse(args, nargs, 22, 10, p, n, "paged_attention") < 0) return NULL;
+    Args a = {
+        .q = p[0], .k = p[1], .v = p[2], .out = p[3], .kc = p[4], .vc = p[5],
+        .slots = p[6], .qsl = p[7], .seq = p[8], .bt = p[9],
+        .q_stride = n[0], .k_stride = n[1], .v_stride = n[2], .tokens = n[3], .width = n[4],
+        .rows = n[5], .heads = n[6], .kv_heads = n[7], .dim = n[8], .block_size = n[9],
+        .window = n[10],
+    };
+    uint32_t bits = (uint32_t)n[11];
+    memcpy(&a.scale, &bits, sizeof a.scale);
     if (a.dim % LANES != 0 || a.dim > 512 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
-        PyErr_SetString(PyExc_ValueError, "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
+        PyErr_SetString(PyExc_ValueError,
+                        "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
         return NULL;
     }
     int rc;
@@ -248,4 +259,3 @@ PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
-

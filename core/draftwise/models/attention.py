@@ -30,6 +30,7 @@ the kernel cannot run is an error, not a silent fallback).
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -107,7 +108,7 @@ class AttentionMetadata:
         """Shapes come from the host lists, so building never syncs on the device."""
         if backend == "native":
             return cls(
-                slot_mapping=batch.slot_mapping,
+                slot_mapping=batch.slot_mapping.contiguous(),
                 block_ids=batch.block_tables,
                 num_rows=batch.num_rows,
                 max_query_len=max(batch.query_lens_cpu),
@@ -210,9 +211,9 @@ def paged_attention(
     kv = k.shape[1]
     rep = h // kv
     b, m, n = meta.num_rows, meta.max_query_len, meta.ctx_len
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.backend == "native":
-        return _native_attention(q, k_cache, v_cache, meta, scale, window)
+        return _native_attention(q, k, v, k_cache, v_cache, meta, scale, window)
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     keys = gather_context(k_cache, meta)
     values = gather_context(v_cache, meta)
     qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
@@ -235,29 +236,46 @@ def paged_attention(
     return out if meta.unpad_index is None else out.index_select(0, meta.unpad_index)
 
 
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` [T, heads, d] with contiguous heads (a view into qkv is fine), and its row stride."""
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.dtype != torch.bfloat16:
+        x = x.contiguous().to(torch.bfloat16)
+    return x, x.stride(0)
+
+
 def _native_attention(
     q: torch.Tensor,  # [T, heads, head_dim] bf16
-    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim] bf16, this step written
+    k: torch.Tensor,  # [T, kv_heads, head_dim]
+    v: torch.Tensor,  # [T, kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim] bf16, contiguous
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
     window: int | None,
 ) -> torch.Tensor:  # [T, heads * head_dim]
-    """The C kernel over the paged cache in place (no gather, no padding)."""
+    """The C kernel: writes this step's K/V, then attends over the paged cache in place."""
     assert _kernels is not None and meta.block_tables is not None
     assert meta.query_start_loc is not None and meta.seq_lens is not None
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
     t, h, d = q.shape
-    q = q.contiguous()
-    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
+    out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     tables = meta.block_tables
     _kernels.paged_attention(
         q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
         out.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        meta.slot_mapping.data_ptr(),
         meta.query_start_loc.data_ptr(),
         meta.seq_lens.data_ptr(),
         tables.data_ptr(),
+        qs,
+        ks,
+        vs,
+        t,
         tables.shape[1],
         meta.num_rows,
         h,
@@ -265,10 +283,13 @@ def _native_attention(
         d,
         k_cache.shape[1],
         window or 0,
-        0,
-        scale,
+        _SCALE_BITS.setdefault(scale, struct.unpack("<I", struct.pack("<f", scale))[0]),
     )
-    return out.view(t, h * d)
+    return out
+
+
+#: float32 bit patterns of the attention scales seen (one per model)
+_SCALE_BITS: dict[float, int] = {}
 
 
 def matmul_rows(
