@@ -134,6 +134,7 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
         num_spec_tokens=k,
+        k_for_batch=spec_config.k_for_batch if spec_config and spec_config.k_schedule else None,
         enable_chunked_prefill=args.enable_chunked_prefill,
     )
     speculation = (

@@ -11,6 +11,7 @@ recently admitted running request is preempted (its blocks freed, recomputed lat
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         num_spec_tokens: int = 0,
+        k_for_batch: Callable[[int], int] | None = None,
         enable_chunked_prefill: bool = True,
     ) -> None:
         self.kv = kv
@@ -68,6 +70,9 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_spec_tokens
+        #: ``num_speculative_tokens_per_batch_size``: draft slots per row for a step whose
+        #: batch holds n running requests (None: always ``num_spec_tokens``)
+        self.k_for_batch = k_for_batch
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -104,13 +109,19 @@ class Scheduler:
 
     # -- the step -------------------------------------------------------------------------
 
-    def _draft_slots(self, req: Request, budget_left: int) -> int:
+    def step_k(self) -> int:
+        """This step's k: the schedule's entry for the running batch size, or the fixed k."""
+        if self.k_for_batch is None or self.num_spec_tokens == 0:
+            return self.num_spec_tokens
+        return max(0, min(self.num_spec_tokens, self.k_for_batch(len(self.running))))
+
+    def _draft_slots(self, req: Request, budget_left: int, k: int) -> int:
         """How many draft tokens this decode row may get: k, cut by budget and lengths."""
-        if self.num_spec_tokens == 0:
+        if k == 0:
             return 0
         remaining_output = req.params.max_tokens - req.num_output_tokens
         room = self.max_model_len - req.num_tokens
-        return max(0, min(self.num_spec_tokens, budget_left, remaining_output - 1, room - 1))
+        return max(0, min(k, budget_left, remaining_output - 1, room - 1))
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         """Free the victim's blocks; it is recomputed from scratch when readmitted."""
@@ -127,12 +138,13 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
+        k = self.step_k()
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            drafts = self._draft_slots(req, budget - 1) if req.is_decoding else 0
+            drafts = self._draft_slots(req, budget - 1, k) if req.is_decoding else 0
             while not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new + drafts):
                 victim = self.running[-1]
                 self._preempt(victim, out)

@@ -59,6 +59,29 @@ def test_ngram_greedy_identical_batched(
     assert [o.outputs[0].token_ids for o in outs] == spec_off
 
 
+def test_k_schedule_by_batch_size_stays_identical(
+    conversations: list[list[dict[str, str]]], spec_off: list[list[int]]
+) -> None:
+    """num_speculative_tokens_per_batch_size: 1 draft slot per row while 3+ requests run,
+    4 once the batch drains to 2; same tokens as speculation off."""
+    config = {**ngram(4), "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 1]]}
+    lengths = [12] * 6 + [MAX_TOKENS] * 2  # six finish early: the last two run as a pair
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
+    llm = LLM(speculative_config=config, max_num_seqs=8)
+    outs = llm.chat(conversations, params)
+    assert [o.outputs[0].token_ids for o in outs] == [t[:n] for t, n in zip(spec_off, lengths)]
+    per_pos = llm.engine.spec.metrics.num_draft_tokens_per_pos
+    assert per_pos[0] > per_pos[1] > 0  # drafts were cut to one token while 3+ ran...
+    assert per_pos[3] > 0  # ...and the pair drafted four
+    off = LLM(
+        speculative_config={**ngram(4), "num_speculative_tokens_per_batch_size": [[1, 8, 0]]},
+        max_num_seqs=8,
+    )
+    outs = off.chat(conversations, params)
+    assert [o.outputs[0].token_ids for o in outs] == [t[:n] for t, n in zip(spec_off, lengths)]
+    assert off.engine.spec.metrics.num_drafts == 0  # k = 0 at every batch size
+
+
 def test_generate_command_streams_text() -> None:
     result = CliRunner().invoke(
         cli, ["generate", "--prompt", "Explain speculative decoding in one paragraph.",

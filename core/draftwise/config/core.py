@@ -51,6 +51,9 @@ class SpeculativeConfig(BaseModel):
     enforce_eager: bool | None = None
     quantization: str | None = None
     draft_tensor_parallel_size: int | None = Field(None, ge=1)
+    #: vLLM's dynamic schedule: ``[[first, last, k], ...]``, batch sizes inclusive;
+    #: checked by :func:`k_schedule` (JSON gives lists, Python callers may pass tuples)
+    num_speculative_tokens_per_batch_size: Any = None
 
 
 #: the core's own refusals, as data (checked like a method's)
@@ -159,6 +162,57 @@ def validate_core(values: dict[str, Any]) -> SpeculativeConfig:
             reason="tensor parallelism is not implemented", instead="drop it, or set 1",
         )
     return core
+
+
+KSchedule = tuple[tuple[int, int, int], ...]
+
+
+def k_schedule(value: Any, k: int | None) -> KSchedule:
+    """``num_speculative_tokens_per_batch_size`` checked: disjoint ranges, ``0 <= K <= k``.
+
+    Batch sizes no range covers draft the full ``k``; K = 0 turns speculation off for
+    that batch size. Returns the entries sorted by their first batch size.
+    """
+    key = "num_speculative_tokens_per_batch_size"
+    if value is None:
+        return ()
+
+    def bad(reason: str) -> InvalidValueError:
+        return InvalidValueError(
+            f"{key}={show(value)} is invalid: {reason}. Expected a list of "
+            "[first_batch_size, last_batch_size, k] entries, e.g. [[1, 4, 4], [5, 256, 0]].",
+            key=key, value=value, reason=reason,
+        )
+
+    if not isinstance(value, list | tuple) or not value:
+        raise bad("not a non-empty list")
+    entries: list[tuple[int, int, int]] = []
+    for entry in value:
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) != 3
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry)
+        ):
+            raise bad(f"entry {show(entry)} is not three integers")
+        first, last, kk = entry
+        if first < 1 or last < first:
+            raise bad(f"entry {show(entry)} needs 1 <= first <= last")
+        if kk < 0:
+            raise bad(f"entry {show(entry)} has a negative k")
+        if k is not None and kk > k:
+            raise RefusedValueError(
+                f"{key}={show(value)} is refused: entry {show(entry)} asks for {kk} draft "
+                f"tokens, more than num_speculative_tokens={k} (the most any step verifies). "
+                f"Instead: use k <= {k} in every entry, or raise num_speculative_tokens.",
+                key=key, value=value, reason="k above num_speculative_tokens",
+                instead=f"use k <= {k}",
+            )
+        entries.append((first, last, kk))
+    entries.sort()
+    for (_, last, _), nxt in zip(entries, entries[1:]):
+        if nxt[0] <= last:
+            raise bad(f"ranges overlap at batch size {nxt[0]}")
+    return tuple(entries)
 
 
 def check_structure(spec: Speculator, core: SpeculativeConfig, notices: list[str]) -> None:

@@ -17,8 +17,10 @@ from pydantic import BaseModel
 
 from draftwise.config.core import (
     CORE_REFUSALS,
+    KSchedule,
     check_structure,
     check_unused_field,
+    k_schedule,
     refusal_for,
     validate_core,
     validate_options,
@@ -83,6 +85,15 @@ class ResolvedSpeculativeConfig:
     chain: tuple[ResolvedSpeculativeConfig, ...] = ()
     #: the distribution that provides the method, e.g. "draftwise-ngram 0.1.0"
     provider: str | None = None
+    #: ``num_speculative_tokens_per_batch_size``: (first, last, k) by batch size, sorted
+    k_schedule: KSchedule = ()
+
+    def k_for_batch(self, batch_size: int) -> int:
+        """Draft tokens per row for a step of ``batch_size`` requests (the schedule, or k)."""
+        for first, last, k in self.k_schedule:
+            if first <= batch_size <= last:
+                return k
+        return max((m.num_speculative_tokens or 0) for m in self.drafters)
 
     @property
     def drafters(self) -> tuple[ResolvedSpeculativeConfig, ...]:
@@ -104,6 +115,8 @@ class ResolvedSpeculativeConfig:
             out["max_model_len"] = self.max_model_len
         if self.enforce_eager:
             out["enforce_eager"] = True
+        if self.k_schedule:
+            out["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.k_schedule]
         if self.options is not None:
             out.update(self.options.model_dump(mode="json"))
         if self.chain:
@@ -157,7 +170,7 @@ def _resolve(
     check_unknown_keys(data, registry)
     if chain is not None:
         return _resolve_chain(data, chain, registry)
-    return _resolve_single(data, registry)
+    return _resolve_single(data, registry, in_chain)
 
 
 def _parse_namespace(ns: Any, in_chain: bool) -> list[Any] | None:
@@ -241,12 +254,17 @@ def _resolve_chain(
             raise exc.within(where) from exc
         resolved.append(cfg)
     ks = [m.num_speculative_tokens for m in resolved]
+    schedule = k_schedule(
+        core.num_speculative_tokens_per_batch_size,
+        None if None in ks else max(k for k in ks if k is not None),
+    )
     notices = tuple(
         f"{NAMESPACE}.drafter_chain[{i}]: {n}" for i, m in enumerate(resolved) for n in m.notices
     )
     return ResolvedSpeculativeConfig(
         method=None,
         num_speculative_tokens=None if None in ks else max(k for k in ks if k is not None),
+        k_schedule=schedule,
         draft_sample_method=core.draft_sample_method,
         rejection_sample_method=core.rejection_sample_method,
         max_model_len=core.max_model_len,
@@ -257,7 +275,7 @@ def _resolve_chain(
 
 
 def _resolve_single(
-    data: dict[str, Any], registry: SpeculatorRegistry
+    data: dict[str, Any], registry: SpeculatorRegistry, in_chain: bool = False
 ) -> ResolvedSpeculativeConfig:
     resolution = resolve_method(data, registry)
     spec, dist = resolution.registration
@@ -292,10 +310,14 @@ def _resolve_single(
         )
     if core.enforce_eager:
         notices.append("enforce_eager has no effect: draftwise captures no graphs")
+    # a chain checks the schedule once, against its largest k
+    schedule = core.num_speculative_tokens_per_batch_size
+    ks = k_schedule(schedule, None if in_chain else core.num_speculative_tokens)
     return ResolvedSpeculativeConfig(
         method=spec.method,
         model=core.model,
         num_speculative_tokens=core.num_speculative_tokens,
+        k_schedule=ks,
         draft_sample_method=core.draft_sample_method,
         rejection_sample_method=core.rejection_sample_method,
         max_model_len=core.max_model_len,

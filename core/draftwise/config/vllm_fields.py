@@ -132,9 +132,7 @@ VLLM_FIELDS: tuple[VllmField, ...] = (
               "drop it; draftwise runs on one device"),
     VllmField(
         "num_speculative_tokens_per_batch_size", 491, "list[tuple[int, int, int]] | None",
-        None, _U,
-        "dynamic speculation schedules by batch size are not implemented",
-        "set a fixed num_speculative_tokens",
+        None, _C,
     ),
     VllmField("draft_model_config", 499, "ModelConfig", None, _I, _INTERNAL,
               "drop it; draftwise reads the draft's own config.json from 'model'"),
@@ -197,8 +195,8 @@ VLLM_ONLY_METHODS: dict[str, tuple[str, str]] = {
 #: keys older vLLM versions accepted and 0.32 no longer declares: key -> hint
 REMOVED_KEYS: dict[str, str] = {
     "disable_by_batch_size": (
-        "vLLM removed it (PR #35060; unused since V0); its successor "
-        "num_speculative_tokens_per_batch_size is not implemented here either"
+        "vLLM removed it (PR #35060; unused since V0); its successor is "
+        "num_speculative_tokens_per_batch_size, e.g. [[1, 4, 4], [5, 256, 0]]"
     ),
     "speculative_token_tree": "vLLM 0.32 no longer has it (EAGLE tree attention)",
     "speculative_disable_mqa_scorer": "a vLLM V0 key, gone since V1",

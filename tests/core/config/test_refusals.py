@@ -29,8 +29,8 @@ FIVE = (
 )
 NGRAM_KEYS = (
     "draft_sample_method, draft_tensor_parallel_size, draftwise, enforce_eager, max_model_len, "
-    "method, model, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, quantization, "
-    "rejection_sample_method"
+    "method, model, num_speculative_tokens, num_speculative_tokens_per_batch_size, "
+    "prompt_lookup_max, prompt_lookup_min, quantization, rejection_sample_method"
 )
 
 
@@ -81,7 +81,7 @@ def test_key_vllm_removed_says_so(installed_registry) -> None:
     err = refuse({**NGRAM, "disable_by_batch_size": 4}, installed_registry, UnknownKeyError)
     assert str(err).startswith(
         "unknown key 'disable_by_batch_size': vLLM removed it (PR #35060; unused since V0); "
-        "its successor num_speculative_tokens_per_batch_size is not implemented here either."
+        "its successor is num_speculative_tokens_per_batch_size, e.g. [[1, 4, 4], [5, 256, 0]]."
     )
 
 
@@ -381,3 +381,42 @@ def test_long_line_snippet_is_windowed(installed_registry) -> None:
 def test_json_that_is_refused(installed_registry, text: str, message: str) -> None:
     err = refuse(text, installed_registry, InvalidJSONError)
     assert message in str(err)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "error", "fragment"),
+    [
+        ([[1, 4, 5]], RefusedValueError, "more than num_speculative_tokens=4"),
+        ([[1, 4, 4], [4, 8, 2]], InvalidValueError, "ranges overlap at batch size 4"),
+        ([[0, 4, 4]], InvalidValueError, "needs 1 <= first <= last"),
+        ([[3, 2, 1]], InvalidValueError, "needs 1 <= first <= last"),
+        ([[1, 4]], InvalidValueError, "is not three integers"),
+        ([[1, 4, True]], InvalidValueError, "is not three integers"),
+        ([[1, 4, -1]], InvalidValueError, "negative k"),
+        ([], InvalidValueError, "not a non-empty list"),
+        ("1-4:4", InvalidValueError, "not a non-empty list"),
+    ],
+)
+def test_k_schedule_is_checked_entry_by_entry(
+    installed_registry, schedule, error, fragment
+) -> None:
+    cfg = {**NGRAM, "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule}
+    err = refuse(cfg, installed_registry, error)
+    assert fragment in str(err)
+    assert err.key == "num_speculative_tokens_per_batch_size"
+
+
+def test_k_schedule_resolves_and_round_trips(installed_registry) -> None:
+    from draftwise.config import parse_speculative_config
+
+    cfg = {
+        **NGRAM,
+        "num_speculative_tokens": 4,
+        "num_speculative_tokens_per_batch_size": [(5, 256, 0), [1, 4, 3]],  # tuples are fine
+    }
+    resolved = parse_speculative_config(cfg, installed_registry)
+    assert resolved.k_schedule == ((1, 4, 3), (5, 256, 0))
+    # uncovered batch sizes draft the full k
+    assert [resolved.k_for_batch(b) for b in (1, 4, 5, 256, 257)] == [3, 3, 0, 0, 4]
+    again = parse_speculative_config(resolved.to_json(), installed_registry)
+    assert again == resolved

@@ -49,7 +49,7 @@ SET_VALUES: dict[str, Any] = {
     "parallel_drafting": True,
     "target_model_config": {"model": "x"},
     "target_parallel_config": {},
-    "num_speculative_tokens_per_batch_size": [[1, 8, 4]],
+    "num_speculative_tokens_per_batch_size": [[1, 8, 2]],
     "draft_model_config": {},
     "draft_parallel_config": {},
     "suffix_decoding_max_tree_depth": 12,
