@@ -36,6 +36,13 @@ typedef struct {
     float scale;
 } Args;
 
+/* key positions the K/V walk requests ahead of the one it converts */
+#define PREFETCH 24
+
+static inline void prefetch_row(const uint16_t *p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
+}
+
 /* Scratch for one (row, kv head), sized for the longest row and query. */
 typedef struct {
     float *kt; /* [dim, npad] keys transposed to fp32 */
@@ -60,10 +67,24 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t npad = (nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
     const int64_t *table = a->bt + row * a->width;
     float *kt = w->kt, *vf = w->vf, *s = w->s, *qf = w->qf, *o = w->o;
+    /* The cache is cold here (the layer's weights streamed through since it was last
+     * read), and a dependent row-by-row walk over it stalls on every miss: request the
+     * rows PREFETCH positions ahead so many misses are in flight at once. */
+    const int64_t row_bytes = d * (int64_t)sizeof(uint16_t);
+    for (int64_t j = 0; j < nkeys && j < PREFETCH; j++) {
+        const int64_t pos = lo_all + j;
+        const int64_t slot = (table[pos / bs] * bs + pos % bs) * kvh + g;
+        prefetch_row(a->kc + slot * d, row_bytes), prefetch_row(a->vc + slot * d, row_bytes);
+    }
     for (int64_t j = 0; j < nkeys; j++) {
         const int64_t pos = lo_all + j;
         const int64_t slot = (table[pos / bs] * bs + pos % bs) * kvh + g;
         const uint16_t *kp = a->kc + slot * d, *vp = a->vc + slot * d;
+        if (j + PREFETCH < nkeys) {
+            const int64_t ahead = pos + PREFETCH;
+            const int64_t s2 = (table[ahead / bs] * bs + ahead % bs) * kvh + g;
+            prefetch_row(a->kc + s2 * d, row_bytes), prefetch_row(a->vc + s2 * d, row_bytes);
+        }
         float *vr = vf + j * d;
         for (int64_t c = 0; c < d; c++) vr[c] = bf16_to_f32(vp[c]);
         for (int64_t c = 0; c < d; c++) kt[c * npad + j] = bf16_to_f32(kp[c]);
