@@ -104,9 +104,15 @@ class AttentionMetadata:
         windows: Iterable[int | None] = (None,),
         chunk: int = CHUNK,
         backend: str = "torch",
+        num_blocks: int | None = None,
     ) -> AttentionMetadata:
-        """Shapes come from the host lists, so building never syncs on the device."""
+        """Shapes come from the host lists, so building never syncs on the device.
+
+        ``native`` reads the cache through raw pointers, so the batch is bounds-checked
+        here first (once per forward): a malformed batch is a ``ValueError``, not a crash.
+        """
         if backend == "native":
+            _check_native_bounds(batch, block_size, num_blocks)
             return cls(
                 slot_mapping=batch.slot_mapping.contiguous(),
                 block_ids=batch.block_tables,
@@ -166,6 +172,24 @@ class AttentionMetadata:
             unpad_index=unpad_index,
             masks=masks,
         )
+
+
+def _check_native_bounds(batch: ForwardBatch, block_size: int, num_blocks: int | None) -> None:
+    """Every index the C kernel will follow lands inside the cache (see ``build``)."""
+    qlens, seqs = batch.query_lens_cpu, batch.seq_lens_cpu
+    if len(qlens) != len(seqs) or sum(qlens) != batch.input_ids.shape[0]:
+        raise ValueError("ForwardBatch: query lengths do not add up to the tokens fed")
+    if any(q < 1 or q > s for q, s in zip(qlens, seqs)):
+        raise ValueError("ForwardBatch: every row needs 1 <= query_len <= seq_len")
+    if max(seqs) > batch.block_tables.shape[1] * block_size:
+        raise ValueError("ForwardBatch: a row's context runs past its block table")
+    if num_blocks is not None and batch.block_tables.numel():
+        lo, hi = int(batch.block_tables.min()), int(batch.block_tables.max())
+        slots_lo, slots_hi = int(batch.slot_mapping.min()), int(batch.slot_mapping.max())
+        if lo < 0 or hi >= num_blocks or slots_lo < 0 or slots_hi >= num_blocks * block_size:
+            raise ValueError(
+                f"ForwardBatch: block ids or slots outside the cache ({num_blocks} blocks)"
+            )
 
 
 def write_kv(

@@ -228,7 +228,11 @@ class LlamaForCausalLM(nn.Module):
         """Write this step's K/V, attend, return logits at ``batch.logits_indices``."""
         self.ensure_positions(batch.max_seq_len)
         meta = AttentionMetadata.build(
-            batch, kv.block_size, self._windows, backend=self.attention_backend
+            batch,
+            kv.block_size,
+            self._windows,
+            backend=self.attention_backend,
+            num_blocks=kv.num_blocks,
         )
         cos = self.rope_cos[batch.positions].unsqueeze(1)
         sin = self.rope_sin[batch.positions].unsqueeze(1)

@@ -256,3 +256,24 @@ def test_default_model_bf16_bitwise(paged_runner) -> None:
     model = load_model(None, dtype="bfloat16").model
     for prefix_len in (37, 300):
         _assert_invariant(_scenarios(model, paged_runner, prefix_len, seed=prefix_len))
+
+
+@pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
+def test_native_attention_refuses_out_of_bounds_batches() -> None:
+    """The C kernel follows raw pointers: a malformed batch is a ValueError, never a crash."""
+    bs = 16
+
+    def batch(tables: list[list[int]], ctx: int):
+        return build_forward_batch([[0]], [ctx], tables, bs, [[0]])
+
+    AttentionMetadata.build(batch([[1, 2]], 20), bs, backend="native", num_blocks=8)  # fine
+    b = batch([[1, 2]], 20)
+    b.seq_lens_cpu = [40]  # claims more context than its two blocks hold
+    with pytest.raises(ValueError, match="past its block table"):
+        AttentionMetadata.build(b, bs, backend="native", num_blocks=8)
+    with pytest.raises(ValueError, match="outside the cache"):
+        AttentionMetadata.build(batch([[1, 9]], 20), bs, backend="native", num_blocks=8)
+    b = batch([[1, 2]], 20)
+    b.query_lens_cpu = [2]
+    with pytest.raises(ValueError, match="do not add up"):
+        AttentionMetadata.build(b, bs, backend="native", num_blocks=8)
