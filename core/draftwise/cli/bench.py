@@ -28,6 +28,8 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--compare-off", is_flag=True, help="Also run our engine with speculation off.")
 @click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
               help="torch threads for the HF peer (default: the same as our engine's).")
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
+              help="torch intra-op threads (default: cores - 1, at least 1).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,
@@ -40,6 +42,7 @@ def bench(
     compare_hf: bool,
     compare_off: bool,
     hf_threads_opt: int | None,
+    num_threads: int | None,
     out_path: str,
 ) -> None:
     """Benchmark the engine on a JSONL workload and write a JSON report."""
@@ -63,7 +66,9 @@ def bench(
     }
 
     def measure(spec: str | None, label: str) -> tuple[list[Any], Any]:
-        engine = build_engine(model, spec, dtype, max_num_seqs=max(concurrency, 1))
+        engine = build_engine(
+            model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
+        )
         warm_up(engine, items)
         runs = [run_engine(engine, items, max_tokens, concurrency) for _ in range(repeat)]
         results, wall = best_of(runs)

@@ -28,6 +28,8 @@ import click
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids and metrics as JSON.")
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
+              help="torch intra-op threads (default: cores - 1, at least 1).")
 def generate(
     model: str | None,
     prompt: str | None,
@@ -43,6 +45,7 @@ def generate(
     speculative_config: str | None,
     dtype: str,
     as_json: bool,
+    num_threads: int | None,
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import build_engine, fail
@@ -58,7 +61,9 @@ def generate(
             raise click.BadParameter(str(exc), param_hint="--prompt-token-ids") from exc
 
     try:
-        engine = build_engine(model, speculative_config, dtype, max_num_seqs=1)
+        engine = build_engine(
+            model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
+        )
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             seed=seed, max_tokens=max_tokens,

@@ -35,6 +35,8 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="Requests batched together per step.")
 @click.option("--max-model-len", default=None, type=click.IntRange(2),
               help="Context length (default: the model's, capped at 8192).")
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
+              help="torch intra-op threads (default: cores - 1, at least 1).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,
@@ -62,12 +64,13 @@ def serve(
     return_spec_metrics: bool,
     shutdown_timeout: float,
     log_level: str,
+    num_threads: int | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import build_engine, fail
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_threads": num_threads}
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:
