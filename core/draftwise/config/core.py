@@ -8,6 +8,7 @@ keys; ``speculative.py`` strings them together.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -209,7 +210,7 @@ def k_schedule(value: Any, k: int | None) -> KSchedule:
             )
         entries.append((first, last, kk))
     entries.sort()
-    for (_, last, _), nxt in zip(entries, entries[1:]):
+    for (_, last, _), nxt in pairwise(entries):
         if nxt[0] <= last:
             raise bad(f"ranges overlap at batch size {nxt[0]}")
     return tuple(entries)

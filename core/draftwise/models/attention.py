@@ -30,14 +30,13 @@ the kernel cannot run is an error, not a silent fallback).
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 
 from draftwise.models.batch import ForwardBatch
+from draftwise.models.kernels import KERNELS, f32_bits
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
@@ -46,15 +45,8 @@ CHUNK = 256
 BACKEND_ENV = "DRAFTWISE_ATTENTION"
 
 
-def _load_kernels() -> ModuleType | None:
-    try:
-        from draftwise import _cpu_kernels
-    except ImportError:
-        return None
-    return _cpu_kernels
-
-
-_kernels = _load_kernels()
+#: the C kernels, or None (tests read it here)
+_kernels = KERNELS
 
 
 def choose_backend(dtype: torch.dtype, head_dim: int, device: torch.device | str) -> str:
@@ -307,13 +299,9 @@ def _native_attention(
         d,
         k_cache.shape[1],
         window or 0,
-        _SCALE_BITS.setdefault(scale, struct.unpack("<I", struct.pack("<f", scale))[0]),
+        f32_bits(scale),
     )
     return out
-
-
-#: float32 bit patterns of the attention scales seen (one per model)
-_SCALE_BITS: dict[float, int] = {}
 
 
 def matmul_rows(

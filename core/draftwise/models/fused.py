@@ -9,18 +9,13 @@ by ``native`` (the model decides once, with its attention backend).
 
 from __future__ import annotations
 
-import struct
-
 import torch
 import torch.nn.functional as F
 
-from draftwise.models.attention import _kernels
+from draftwise.models.kernels import KERNELS as _kernels
+from draftwise.models.kernels import f32_bits
 
 BF16 = torch.bfloat16
-
-
-def _f32_bits(x: float) -> int:
-    return int(struct.unpack("<I", struct.pack("<f", x))[0])
 
 
 def rms_norm(
@@ -35,7 +30,7 @@ def rms_norm(
         out = torch.empty_like(x)
         dim = x.shape[-1]
         _kernels.rms_norm(
-            x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, _f32_bits(eps)
+            x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, f32_bits(eps)
         )
         return out
     xf = x.float()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftwise.models.llama import rms_norm
+from draftwise.models.fused import rms_norm
 
 if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from draftwise.models.attention import AttentionMetadata
 from draftwise.models.batch import KVCache, build_forward_batch
-from draftwise.models.llama import rms_norm
+from draftwise.models.fused import rms_norm
 from draftwise.speculator import DraftInput, Drafts, VerifyOutcome
 from draftwise_mtp.loader import MtpHead
 
