@@ -20,7 +20,6 @@ import os
 import time
 
 import torch
-
 from draftwise.models.loader import load_model
 from draftwise.runner import ModelRunner
 
