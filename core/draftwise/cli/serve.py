@@ -70,7 +70,9 @@ def serve(
     from draftwise.cli.common import build_engine, fail
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_threads": num_threads}
+    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    if num_threads is not None:
+        kwargs["num_threads"] = num_threads
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:

@@ -47,6 +47,12 @@ def test_options_reach_engine_and_app(stubs):
     assert "serving 'a' on http://127.0.0.1:9000" in result.output
 
 
+def test_threads_reach_the_engine(stubs):
+    result = CliRunner().invoke(serve, ["--threads", "2"])
+    assert result.exit_code == 0, result.output
+    assert stubs["build"][3] == {"max_num_seqs": 32, "num_threads": 2}
+
+
 def test_default_served_name_is_the_model_argument(stubs):
     result = CliRunner().invoke(serve, ["--model", "/models/x.gguf"])
     assert result.exit_code == 0, result.output
