@@ -76,6 +76,9 @@ def bench(
             "speculative_config": json.loads(spec) if spec else None,
             "dtype": str(next(engine.loaded.model.parameters()).dtype),
             "threads": torch.get_num_threads(),
+            # which fast paths ran (models.attention / models.linear): numbers depend on them
+            "attention_backend": getattr(engine.loaded.model, "attention_backend", "torch"),
+            "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
             "summary": summarize(results, wall),
             "per_prompt": to_json(results),
             "profile": engine_profile(engine),

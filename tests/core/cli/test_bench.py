@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from tiny_checkpoints import save_tiny
 
 from draftwise.cli import cli
+from draftwise.models.attention import choose_backend
+from draftwise.models.linear import can_pack
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,9 @@ def test_bench_writes_report_with_spec_and_off(tiny: Path, tmp_path: Path) -> No
     assert report["identical_to_spec_off"] == 3  # greedy: speculation is lossless
     assert set(report["draftwise"]["summary"]) == {"all", "grounded", "open"}
     assert report["ratios"]["spec_on_vs_off"]["all"] > 0
+    # the report says which fast paths produced the numbers (bf16 default on CPU)
+    assert report["draftwise"]["packed_weights"] is can_pack(torch.empty(2, 2, dtype=torch.bfloat16))
+    assert report["draftwise"]["attention_backend"] == choose_backend(torch.bfloat16, 32, "cpu")
 
 
 def test_bench_refuses_bad_config_with_exit_2(tiny: Path, tmp_path: Path) -> None:
