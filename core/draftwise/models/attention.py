@@ -254,8 +254,10 @@ def paged_attention(
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` [T, heads, d] with contiguous heads (a view into qkv is fine), and its row stride."""
-    if x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.dtype != torch.bfloat16:
-        x = x.contiguous().to(torch.bfloat16)
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"the native attention takes bf16 q/k/v, got {x.dtype}")
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        x = x.contiguous()
     return x, x.stride(0)
 
 
@@ -272,8 +274,14 @@ def _native_attention(
     """The C kernel: writes this step's K/V, then attends over the paged cache in place."""
     assert _kernels is not None and meta.block_tables is not None
     assert meta.query_start_loc is not None and meta.seq_lens is not None
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
     t, h, d = q.shape
+    if not (
+        k_cache.is_contiguous() and v_cache.is_contiguous()
+        and k_cache.shape == v_cache.shape
+        and k_cache.dtype == v_cache.dtype == torch.bfloat16
+        and tuple(k_cache.shape[2:]) == (k.shape[1], d) == (v.shape[1], v.shape[2])
+    ):
+        raise ValueError("native attention: K/V caches must be contiguous bf16 [*, *, kv, d]")
     (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     tables = meta.block_tables
