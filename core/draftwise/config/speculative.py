@@ -254,16 +254,14 @@ def _resolve_chain(
             raise exc.within(where) from exc
         resolved.append(cfg)
     ks = [m.num_speculative_tokens for m in resolved]
-    schedule = k_schedule(
-        core.num_speculative_tokens_per_batch_size,
-        None if None in ks else max(k for k in ks if k is not None),
-    )
+    chain_k = None if None in ks else max(k for k in ks if k is not None)
+    schedule = k_schedule(core.num_speculative_tokens_per_batch_size, chain_k)
     notices = tuple(
         f"{NAMESPACE}.drafter_chain[{i}]: {n}" for i, m in enumerate(resolved) for n in m.notices
     )
     return ResolvedSpeculativeConfig(
         method=None,
-        num_speculative_tokens=None if None in ks else max(k for k in ks if k is not None),
+        num_speculative_tokens=chain_k,
         k_schedule=schedule,
         draft_sample_method=core.draft_sample_method,
         rejection_sample_method=core.rejection_sample_method,
