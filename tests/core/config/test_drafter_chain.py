@@ -235,3 +235,18 @@ def test_chain_top_level_settings_round_trip(installed_registry) -> None:
         1024,
         True,
     )
+
+
+def test_k_schedule_at_the_top_is_checked_against_the_largest_member_k(installed_registry) -> None:
+    members = (
+        {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
+    )
+    cfg = parse(chain(*members, num_speculative_tokens_per_batch_size=[[1, 1, 4]]),
+                installed_registry)
+    assert cfg.k_schedule == ((1, 1, 4),)
+    assert [cfg.k_for_batch(b) for b in (1, 2)] == [4, 4]  # uncovered: the chain's k
+    err = refuse(chain(*members, num_speculative_tokens_per_batch_size=[[1, 1, 5]]),
+                 installed_registry)
+    assert isinstance(err, RefusedValueError)
+    assert "more than num_speculative_tokens=4" in str(err)
