@@ -36,6 +36,33 @@ static void rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, i
     }
 }
 
+/* The residual add before a norm: delta = bf16(h + delta) in place (the new residual
+ * stream), then out = rms_norm(delta). One pass instead of torch's add + norm. */
+static void add_rms_norm_rows(const uint16_t *h, uint16_t *delta, const uint16_t *w, uint16_t *out,
+                              int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *hr = h + r * dim;
+        uint16_t *dr = delta + r * dim;
+        int64_t c = 0;
+        for (; c + LANES <= dim; c += LANES)
+            v16_store_bf16(dr + c, v16_load_bf16(hr + c) + v16_load_bf16(dr + c));
+        for (; c < dim; c++) dr[c] = f32_to_bf16(bf16_to_f32(hr[c]) + bf16_to_f32(dr[c]));
+    }
+    rms_norm_rows(delta, w, out, rows, dim, eps);
+}
+
+PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[4];
+    int64_t n[3];
+    if (dw_parse(args, nargs, 7, 4, p, n, "add_rms_norm") < 0) return NULL;
+    uint32_t bits = (uint32_t)n[2];
+    float eps;
+    memcpy(&eps, &bits, sizeof eps);
+    Py_BEGIN_ALLOW_THREADS add_rms_norm_rows(p[0], p[1], p[2], p[3], n[0], n[1], eps);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[3];

@@ -10,6 +10,9 @@ static PyMethodDef methods[] = {
      "head_dim, block_size, window, scale_bits)"},
     {"rms_norm", (PyCFunction)(void (*)(void))dw_rms_norm, METH_FASTCALL,
      "rms_norm(x, weight, out, rows, dim, eps_bits): bf16, transformers' rounding"},
+    {"add_rms_norm", (PyCFunction)(void (*)(void))dw_add_rms_norm, METH_FASTCALL,
+     "add_rms_norm(h, delta, weight, out, rows, dim, eps_bits): delta = h + delta in place, "
+     "out = rms_norm(delta)"},
     {"silu_mul", (PyCFunction)(void (*)(void))dw_silu_mul, METH_FASTCALL,
      "silu_mul(gate_up, out, rows, inter): out = silu(gate) * up, bf16"},
     {"rope", (PyCFunction)(void (*)(void))dw_rope, METH_FASTCALL,

@@ -38,6 +38,34 @@ def rms_norm(
     return weight * xf.to(x.dtype)
 
 
+def add_rms_norm(
+    h: torch.Tensor,  # [T, dim] the residual stream
+    delta: torch.Tensor,  # [T, dim] what the sublayer adds (a fresh tensor the caller owns)
+    weight: torch.Tensor,  # [dim]
+    eps: float,
+    native: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (h + delta, rms_norm(h + delta))
+    """Residual add then RMSNorm; the C path writes the sum into ``delta``'s storage."""
+    if (
+        native
+        and h.is_contiguous()
+        and delta.is_contiguous()
+        and h.shape == delta.shape
+        and h.dtype == delta.dtype == weight.dtype == BF16
+        and weight.dim() == 1
+    ):
+        assert _kernels is not None
+        out = torch.empty_like(delta)
+        dim = h.shape[-1]
+        _kernels.add_rms_norm(
+            h.data_ptr(), delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
+            h.numel() // dim, dim, f32_bits(eps),
+        )
+        return delta, out
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
 def silu_mul(gate_up: torch.Tensor, native: bool = False) -> torch.Tensor:  # [T, 2I] -> [T, I]
     """``silu(gate) * up`` for a fused ``[gate | up]`` projection output."""
     inter = gate_up.shape[-1] // 2

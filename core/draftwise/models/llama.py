@@ -18,7 +18,7 @@ from torch import nn
 from draftwise.models.attention import AttentionMetadata, choose_backend, paged_attention
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
-from draftwise.models.fused import apply_rope_, rms_norm, silu_mul
+from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import linear, pack_weight
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
@@ -104,8 +104,8 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
-        h = h + linear(attn, self.o_weight, self.o_bias)
-        x = rms_norm(h, self.post_norm, self.eps, native)
+        h, x = add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
+                            self.eps, native)
         act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
         return h + linear(act, self.down_weight, self.down_bias)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from draftwise.models import attention
-from draftwise.models.fused import apply_rope_, rms_norm, silu_mul
+from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 pytestmark = pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
@@ -54,3 +54,15 @@ def test_rope_is_bitwise_the_torch_path() -> None:
     out = apply_rope_(view, cos, sin)
     assert torch.equal(out, ref)
     assert torch.equal(qkv[:, heads * d :], tail)  # the rest of the row is untouched
+
+
+def test_add_rms_norm_is_the_residual_add_then_the_norm() -> None:
+    torch.manual_seed(0)
+    h = (torch.randn(7, 576) * 3).bfloat16()
+    delta = torch.randn(7, 576).bfloat16()
+    w = (torch.rand(576) + 0.5).bfloat16()
+    new_h, x = add_rms_norm(h, delta.clone(), w, 1e-5, native=True)
+    ref_h, ref_x = add_rms_norm(h, delta.clone(), w, 1e-5)
+    assert torch.equal(new_h, ref_h)  # the bf16 residual add is exact to torch's
+    assert _ulps_apart(x, ref_x).max() <= 1
+    assert torch.equal(x, rms_norm(new_h, w, 1e-5, native=True))
