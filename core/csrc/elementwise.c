@@ -56,9 +56,7 @@ PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t narg
     void *p[4];
     int64_t n[3];
     if (dw_parse(args, nargs, 7, 4, p, n, "add_rms_norm") < 0) return NULL;
-    uint32_t bits = (uint32_t)n[2];
-    float eps;
-    memcpy(&eps, &bits, sizeof eps);
+    const float eps = dw_f32_from_bits(n[2]);
     Py_BEGIN_ALLOW_THREADS add_rms_norm_rows(p[0], p[1], p[2], p[3], n[0], n[1], eps);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
@@ -68,9 +66,7 @@ PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *p[3];
     int64_t n[3];
     if (dw_parse(args, nargs, 6, 3, p, n, "rms_norm") < 0) return NULL;
-    uint32_t bits = (uint32_t)n[2];
-    float eps;
-    memcpy(&eps, &bits, sizeof eps);
+    const float eps = dw_f32_from_bits(n[2]);
     Py_BEGIN_ALLOW_THREADS rms_norm_rows(p[0], p[1], p[2], n[0], n[1], eps);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }

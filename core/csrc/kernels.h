@@ -34,4 +34,12 @@ static inline int dw_parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t e
     return 0;
 }
 
+/* A float that crossed from Python as its float32 bit pattern (models.kernels.f32_bits). */
+static inline float dw_f32_from_bits(int64_t bits) {
+    uint32_t b = (uint32_t)bits;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
 #endif

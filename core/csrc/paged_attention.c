@@ -43,6 +43,17 @@ static inline void prefetch_row(const uint16_t *p, int64_t bytes) {
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
 }
 
+/* The first key position a query at ``pos`` sees (sliding window, or 0). */
+static inline int64_t first_key(const Args *a, int64_t pos) {
+    return a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+}
+
+/* Element offset of position ``pos``'s kv head ``g`` row in a cache, via the block table. */
+static inline int64_t key_row(const Args *a, const int64_t *table, int64_t pos, int64_t g) {
+    const int64_t bs = a->block_size;
+    return ((table[pos / bs] * bs + pos % bs) * a->kv_heads + g) * a->dim;
+}
+
 /* Scratch for one (row, kv head), sized for the longest row and query. */
 typedef struct {
     float *kt; /* [dim, npad] keys transposed to fp32 */
@@ -56,13 +67,12 @@ typedef struct {
  * loops run keys-outer so a tile of keys (or values) is reused by all queries while it is
  * in L1; each (query, head) still sums its keys in the same order as when alone. */
 static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w) {
-    const int64_t d = a->dim, kvh = a->kv_heads, h = a->heads, rep = h / kvh, bs = a->block_size;
+    const int64_t d = a->dim, kvh = a->kv_heads, h = a->heads, rep = h / kvh;
     const int64_t q0 = a->qsl[row], qlen = a->qsl[row + 1] - q0, ctx = a->seq[row];
     if (qlen <= 0) return;
     const int64_t first_pos = ctx - qlen, nq = qlen * rep, dv = d / LANES;
     /* keys any query of this row can see */
-    int64_t lo_all = 0;
-    if (a->window > 0 && first_pos - a->window + 1 > 0) lo_all = first_pos - a->window + 1;
+    const int64_t lo_all = first_key(a, first_pos);
     const int64_t nkeys = ctx - lo_all;
     const int64_t npad = (nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
     const int64_t *table = a->bt + row * a->width;
@@ -72,18 +82,15 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
      * rows PREFETCH positions ahead so many misses are in flight at once. */
     const int64_t row_bytes = d * (int64_t)sizeof(uint16_t);
     for (int64_t j = 0; j < nkeys && j < PREFETCH; j++) {
-        const int64_t pos = lo_all + j;
-        const int64_t slot = (table[pos / bs] * bs + pos % bs) * kvh + g;
-        prefetch_row(a->kc + slot * d, row_bytes), prefetch_row(a->vc + slot * d, row_bytes);
+        const int64_t off = key_row(a, table, lo_all + j, g);
+        prefetch_row(a->kc + off, row_bytes), prefetch_row(a->vc + off, row_bytes);
     }
     for (int64_t j = 0; j < nkeys; j++) {
-        const int64_t pos = lo_all + j;
-        const int64_t slot = (table[pos / bs] * bs + pos % bs) * kvh + g;
-        const uint16_t *kp = a->kc + slot * d, *vp = a->vc + slot * d;
+        const int64_t off = key_row(a, table, lo_all + j, g);
+        const uint16_t *kp = a->kc + off, *vp = a->vc + off;
         if (j + PREFETCH < nkeys) {
-            const int64_t ahead = pos + PREFETCH;
-            const int64_t s2 = (table[ahead / bs] * bs + ahead % bs) * kvh + g;
-            prefetch_row(a->kc + s2 * d, row_bytes), prefetch_row(a->vc + s2 * d, row_bytes);
+            const int64_t ahead = key_row(a, table, lo_all + j + PREFETCH, g);
+            prefetch_row(a->kc + ahead, row_bytes), prefetch_row(a->vc + ahead, row_bytes);
         }
         float *vr = vf + j * d;
         for (int64_t c = 0; c < d; c++) vr[c] = bf16_to_f32(vp[c]);
@@ -98,13 +105,12 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         const uint16_t *qp = a->q + t * a->q_stride + head * d;
         for (int64_t c = 0; c < d; c++) qf[qi * d + c] = bf16_to_f32(qp[c]);
         const int64_t pos = first_pos + qi / rep;
-        const int64_t lo = (a->window > 0 && pos - a->window + 1 > 0) ? pos - a->window + 1 : 0;
-        const int64_t nb = (pos - lo + 1 + LANES - 1) / LANES;
+        const int64_t nb = (pos - first_key(a, pos) + 1 + LANES - 1) / LANES;
         max_blocks = nb > max_blocks ? nb : max_blocks;
     }
-#define QRANGE(qi, J0, N)                                                                       \
-    const int64_t pos_ = first_pos + (qi) / rep;                                                \
-    const int64_t lo_ = (a->window > 0 && pos_ - a->window + 1 > 0) ? pos_ - a->window + 1 : 0; \
+#define QRANGE(qi, J0, N)                              \
+    const int64_t pos_ = first_pos + (qi) / rep;       \
+    const int64_t lo_ = first_key(a, pos_);            \
     const int64_t J0 = lo_ - lo_all, N = pos_ - lo_ + 1
 
     /* scores: four blocks of 16 keys per pass, all query-heads per tile */
@@ -266,10 +272,8 @@ PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t n
         .slots = p[6], .qsl = p[7], .seq = p[8], .bt = p[9],
         .q_stride = n[0], .k_stride = n[1], .v_stride = n[2], .tokens = n[3], .width = n[4],
         .rows = n[5], .heads = n[6], .kv_heads = n[7], .dim = n[8], .block_size = n[9],
-        .window = n[10],
+        .window = n[10], .scale = dw_f32_from_bits(n[11]),
     };
-    uint32_t bits = (uint32_t)n[11];
-    memcpy(&a.scale, &bits, sizeof a.scale);
     if (a.dim % LANES != 0 || a.dim > 512 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
         PyErr_SetString(PyExc_ValueError,
                         "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");

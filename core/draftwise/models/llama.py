@@ -19,7 +19,7 @@ from draftwise.models.attention import AttentionMetadata, choose_backend, paged_
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
-from draftwise.models.linear import linear, pack_weight
+from draftwise.models.linear import is_packed, linear, pack_weight
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 #: RoPE table rows built up front; more are built when a batch reaches past them
@@ -152,11 +152,12 @@ class LlamaForCausalLM(nn.Module):
         self._windows = tuple({config.window_of(i) for i in range(config.num_hidden_layers)})
         #: ``native`` (the C kernel) or ``torch``; see ``models.attention``
         self.attention_backend = choose_backend(dtype, config.head_dim, device)
+        #: the small per-token ops run as C kernels too (``models.fused``)
+        self.native = self.attention_backend == "native"
         for layer in self.decoder_layers():
-            layer.native = self.attention_backend == "native"
-        #: the LM head packed by :meth:`pack_weights` (None: use ``lm_head_weight``)
+            layer.native = self.native
+        #: the LM head packed by :meth:`pack_weights` (None: not packed, use ``lm_head_weight``)
         self._lm_head_packed: torch.Tensor | None = None
-        self.packed = False
         self.ensure_positions(min(_INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
 
     # -- what the engine and drafters read ------------------------------------------------
@@ -191,8 +192,7 @@ class LlamaForCausalLM(nn.Module):
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
         """The norm applied before the LM head."""
-        native = self.attention_backend == "native"
-        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps, native)
+        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps, self.native)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         """float32 logits of already-normed hidden states (shared with drafters)."""
@@ -207,8 +207,13 @@ class LlamaForCausalLM(nn.Module):
         """
         for layer in self.decoder_layers():
             layer.pack_weights()
-        self._lm_head_packed = pack_weight(self.lm_head_weight)
-        self.packed = True
+        head = pack_weight(self.lm_head_weight)
+        self._lm_head_packed = head if is_packed(head) else None
+
+    @property
+    def packed(self) -> bool:
+        """Whether :meth:`pack_weights` reordered the weights (bf16/fp16 with oneDNN)."""
+        return self._lm_head_packed is not None
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""
