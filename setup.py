@@ -18,7 +18,8 @@ setup(
     ext_modules=[
         Extension(
             "draftwise._cpu_kernels",
-            sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c"],
+            sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c",
+                     "core/csrc/gemm_bf16.c"],
             depends=["core/csrc/kernels.h", "core/csrc/vec.h"],
             extra_compile_args=flags,
             optional=True,  # no compiler: the torch attention path runs instead

@@ -1,61 +1,146 @@
-"""Linear layers for CPU decode: oneDNN-prepacked weights, rows that never depend on M.
+"""Linear layers for CPU decode: weights packed once at load, rows that never depend on M.
 
 Decode on CPU streams every weight from memory once per step, so the GEMM's bandwidth
-is the step time. ``F.linear`` on a plain ``[out, in]`` bf16 weight reaches ~13 GB/s on
-one core here; the same oneDNN kernel on a weight reordered once into its blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does) reaches
-~22 GB/s, and gives bitwise the same results as ``F.linear`` (measured for M = 1..700).
+is the step time. Three layouts, chosen once at load (:func:`weight_backend`):
 
-Batch invariance: a row's output must not depend on how many rows share the GEMM, or
-a decode row would round differently from the same row verified with drafts after it.
-oneDNN's M >= 2 kernel is invariant; its M == 1 path (a GEMV) reduces long K in a
-different order, so a single bf16/fp16 row is run as two. fp32 weights stay dense and
-use MKL, which is accurate but not batch-invariant at any M (fp32 models are the
-oracle dtype, not the speculative one).
+- ``native``: the C kernel ``core/csrc/gemm_bf16.c`` (AVX512-BF16 builds, bf16 weights).
+  The weight becomes one sequential stream (:class:`BlockedWeight`); one core reaches
+  ~35 GB/s at 5 rows here, against ~22 GB/s for oneDNN's packed kernel and ~13 GB/s for
+  ``F.linear``. Every output is one fp32 accumulator taking the K pairs in order, so a
+  row's bits never depend on how many rows share the call (or on which row it is).
+- ``onednn``: the weight reordered into oneDNN's blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does), run
+  with ``_linear_pointwise``: bitwise ``F.linear`` (measured for M = 1..700). oneDNN's
+  M >= 2 kernel is batch-invariant; its M == 1 path (a GEMV) reduces long K in another
+  order, so a single bf16/fp16 row is run as two.
+- ``dense``: ``F.linear``. fp32 weights always stay dense and use MKL, which is accurate
+  but not batch-invariant at any M (fp32 models are the oracle dtype, not the
+  speculative one).
+
+``DRAFTWISE_PACK_WEIGHTS`` picks one: ``auto`` (default: native, else onednn, else
+dense), ``native``, ``onednn``, or ``0`` (dense). Asking for one this build or dtype
+cannot run is an error that says why, not a quiet fallback.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-#: set to ``0`` to keep dense weights (debugging, or to compare against the packed path)
+from draftwise.models.kernels import KERNELS
+
+#: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
 PACK_ENV = "DRAFTWISE_PACK_WEIGHTS"
+#: outputs per block of the native layout (four 16-lane fp32 accumulators)
+BLOCK_N = 64
 
 
-def can_pack(weight: torch.Tensor) -> bool:
-    """Whether :func:`pack_weight` would reorder ``weight`` (CPU bf16/fp16 with oneDNN)."""
-    if os.environ.get(PACK_ENV, "1") == "0" or weight.dim() != 2 or weight.device.type != "cpu":
-        return False
+@dataclass(frozen=True)
+class BlockedWeight:
+    """A bf16 ``[out, in]`` weight in the native kernel's layout.
+
+    ``data`` is ``[ceil(out/64), ceil(in/2), 64, 2]``: for each block of 64 outputs, each
+    pair of input columns as 64 (w[2k], w[2k+1]) pairs, zero-padded. One block is one
+    contiguous run of memory, and the blocks follow each other, so the GEMM reads the
+    whole weight as one stream.
+    """
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> BlockedWeight:
+        """Reorder a dense ``[out, in]`` bf16 weight (a copy; the dense one can go)."""
+        n, k = weight.shape
+        blocks, pairs = -(-n // BLOCK_N), -(-k // 2)
+        padded = weight.new_zeros(blocks * BLOCK_N, pairs * 2)
+        padded[:n, :k] = weight.detach()
+        data = padded.view(blocks, BLOCK_N, pairs, 2).permute(0, 2, 1, 3).contiguous()
+        return cls(data, n, k)
+
+    def unpack(self) -> torch.Tensor:  # [out, in]
+        """The dense weight again (tests, debugging)."""
+        blocks, pairs = self.data.shape[:2]
+        dense = self.data.permute(0, 2, 1, 3).reshape(blocks * BLOCK_N, pairs * 2)
+        return dense[: self.out_features, : self.in_features].contiguous()
+
+
+def native_available() -> bool:
+    """Whether this build has the AVX512-BF16 GEMM (``setup.py``, ``-march=native``)."""
+    return KERNELS is not None and hasattr(KERNELS, "linear_bf16")
+
+
+def _onednn_available(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
-    if weight.dtype == torch.bfloat16:
+    if dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    if weight.dtype == torch.float16:
+    if dtype == torch.float16:
         return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     return False
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:  # [out, in] -> packed [out, in]
-    """The weight in oneDNN's blocked layout when that is faster here, else unchanged."""
-    if not can_pack(weight):
+def weight_backend(dtype: torch.dtype, device: torch.device | str = "cpu") -> str:
+    """``native``, ``onednn`` or ``dense``: how weights of ``dtype`` are packed here.
+
+    Raises ``ValueError`` when ``DRAFTWISE_PACK_WEIGHTS`` asks for a layout this build,
+    machine or dtype cannot run (fp32 weights are dense whatever it says).
+    """
+    wanted = os.environ.get(PACK_ENV, "auto")
+    if wanted not in ("auto", "1", "native", "onednn", "0", "dense"):
+        raise ValueError(f"{PACK_ENV}={wanted!r}: use auto, native, onednn or 0 (dense)")
+    if wanted in ("0", "dense") or torch.device(device).type != "cpu" or dtype == torch.float32:
+        return "dense"
+    if wanted == "native" and not (native_available() and dtype == torch.bfloat16):
+        why = "bf16 weights" if native_available() else (
+            "a build with AVX512-BF16 (this CPU or build lacks it, or no C compiler was found)")
+        raise ValueError(f"{PACK_ENV}=native needs {why}; use auto or onednn")
+    if wanted == "onednn" and not _onednn_available(dtype):
+        raise ValueError(f"{PACK_ENV}=onednn: oneDNN cannot run {dtype} here; use auto or 0")
+    if wanted in ("auto", "1", "native") and native_available() and dtype == torch.bfloat16:
+        return "native"
+    return "onednn" if _onednn_available(dtype) else "dense"
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether :func:`pack_weight` would reorder ``weight``."""
+    if weight.dim() != 2:
+        return False
+    return weight_backend(weight.dtype, weight.device) != "dense"
+
+
+Weight = torch.Tensor | BlockedWeight
+
+
+def pack_weight(weight: torch.Tensor) -> Weight:  # [out, in] -> packed
+    """The weight in the faster layout for this machine (see module doc), or unchanged."""
+    if weight.dim() != 2:
         return weight
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    backend = weight_backend(weight.dtype, weight.device)
+    if backend == "native":
+        return BlockedWeight.pack(weight)
+    if backend == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    return weight
 
 
-def is_packed(weight: torch.Tensor) -> bool:
+def is_packed(weight: Weight) -> bool:
     """A weight :func:`pack_weight` reordered (it only works with :func:`linear`)."""
-    return weight.is_mkldnn
+    return isinstance(weight, BlockedWeight) or weight.is_mkldnn
 
 
 def linear(
     x: torch.Tensor,  # [T, in]
-    weight: torch.Tensor,  # [out, in], dense or packed
+    weight: Weight,  # [out, in], dense or packed
     bias: torch.Tensor | None = None,  # [out]
 ) -> torch.Tensor:  # [T, out]
     """``x @ weight.T + bias`` whose rows do not depend on T (bf16/fp16; see module doc)."""
+    if isinstance(weight, BlockedWeight):
+        return _linear_native(x, weight, bias)
     single = x.shape[0] == 1 and x.dtype != torch.float32
     if single:
         x = x.expand(2, x.shape[1])
@@ -64,3 +149,22 @@ def linear(
     else:
         out = F.linear(x, weight, bias)
     return out[:1] if single else out
+
+
+def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weight.in_features:
+        raise ValueError(
+            f"native linear takes bf16 [T, {weight.in_features}], got {x.dtype} {list(x.shape)}")
+    if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
+        x = x.contiguous()
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()
+                             or bias.shape != (weight.out_features,)):
+        raise ValueError(f"native linear bias must be contiguous bf16 [{weight.out_features}]")
+    rows, n = x.shape[0], weight.out_features
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    if rows:
+        assert KERNELS is not None  # a BlockedWeight is only made when the kernel exists
+        KERNELS.linear_bf16(
+            x.data_ptr(), weight.data.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            out.data_ptr(), rows, weight.in_features, n, x.stride(0), n)
+    return out
