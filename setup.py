@@ -10,7 +10,7 @@ import platform
 
 from setuptools import Extension, setup
 
-flags = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11"]
+flags = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=c11", "-pthread"]
 if os.environ.get("DRAFTWISE_PORTABLE_BUILD") != "1" and platform.machine() in ("x86_64", "AMD64"):
     flags.append("-march=native")
 
@@ -19,9 +19,10 @@ setup(
         Extension(
             "draftwise._cpu_kernels",
             sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c",
-                     "core/csrc/gemm_bf16.c"],
-            depends=["core/csrc/kernels.h", "core/csrc/vec.h"],
+                     "core/csrc/gemm_bf16.c", "core/csrc/threadpool.c"],
+            depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h"],
             extra_compile_args=flags,
+            extra_link_args=["-pthread"],
             optional=True,  # no compiler: the torch attention path runs instead
         )
     ]

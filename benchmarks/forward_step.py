@@ -20,6 +20,8 @@ import os
 import time
 
 import torch
+from draftwise.bootstrap import apply_threads
+from draftwise.models.kernels import kernel_threads
 from draftwise.models.loader import load_model
 from draftwise.runner import ModelRunner
 
@@ -37,6 +39,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
+    apply_threads(loaded.model, args.threads)  # as the engine does
     block = 16
     blocks = (args.context + args.verify_rows) // block + 2
     runner = ModelRunner(loaded, num_blocks=blocks + 1, block_size=block)
@@ -48,10 +51,11 @@ def main() -> None:
 
     result: dict[str, object] = {
         "context": args.context,
-        "threads": torch.get_num_threads(),
+        "threads": kernel_threads(),
         "dtype": str(loaded.model.dtype),
         "attention_backend": getattr(loaded.model, "attention_backend", "torch"),
         "packed_weights": bool(getattr(loaded.model, "packed", False)),
+        "weight_backend": getattr(loaded.model, "weight_backend", "dense"),
         "env": {k: os.environ[k] for k in ("DRAFTWISE_ATTENTION", "DRAFTWISE_PACK_WEIGHTS")
                 if k in os.environ},
     }

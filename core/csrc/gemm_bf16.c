@@ -18,6 +18,7 @@
  * (24 accumulators); a chunk of fewer rows runs the same per-row instruction sequence.
  */
 #include "kernels.h"
+#include "threadpool.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -119,11 +120,12 @@ static void block_rows(const Gemm *g, int64_t nb, int64_t r0, int64_t rows) {
     }
 }
 
-/* Block-major: a block's weights come from memory once and stay in L1/L2 while every
- * chunk of rows uses them. */
-static void run(const Gemm *g) {
-    const int64_t blocks = (g->n + BLOCK_N - 1) / BLOCK_N;
-    for (int64_t nb = 0; nb < blocks; nb++)
+/* Blocks [begin, end), block-major: a block's weights come from memory once and stay in
+ * L1/L2 while every chunk of rows uses them. Threads split the blocks, so the thread
+ * count changes who computes an output, never how. */
+static void run_blocks(void *ctx, int64_t begin, int64_t end) {
+    const Gemm *g = ctx;
+    for (int64_t nb = begin; nb < end; nb++)
         for (int64_t r0 = 0; r0 < g->m; r0 += MAX_ROWS)
             block_rows(g, nb, r0, g->m - r0 < MAX_ROWS ? g->m - r0 : MAX_ROWS);
 }
@@ -131,15 +133,17 @@ static void run(const Gemm *g) {
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[4];
-    int64_t n[5];
-    if (dw_parse(args, nargs, 9, 4, p, n, "linear_bf16") < 0) return NULL;
+    int64_t n[6];
+    if (dw_parse(args, nargs, 10, 4, p, n, "linear_bf16") < 0) return NULL;
     Gemm g = {.x = p[0], .p = p[1], .b = p[2], .y = p[3],
               .m = n[0], .k = n[1], .n = n[2], .x_stride = n[3], .y_stride = n[4]};
     if (g.m < 0 || g.k <= 0 || g.n <= 0 || g.x_stride < g.k || g.y_stride < g.n) {
         PyErr_SetString(PyExc_ValueError, "linear_bf16: bad sizes or strides");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS run(&g);
+    const int64_t blocks = (g.n + BLOCK_N - 1) / BLOCK_N, threads = n[5];
+    Py_BEGIN_ALLOW_THREADS dw_parallel_for(threads > 0 && threads < 64 ? (int)threads : 1, blocks,
+                                           run_blocks, &g);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 

@@ -20,7 +20,7 @@ static PyMethodDef methods[] = {
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "
-     "y_stride): y = x @ W^T + b, W packed [N/64][K/2][64][2] (AVX512-BF16 builds only)"},
+     "y_stride, threads): y = x @ W^T + b, W packed [N/64][K/2][64][2] (AVX512-BF16 builds only)"},
 #endif
     {NULL, NULL, 0, NULL},
 };

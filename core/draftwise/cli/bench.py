@@ -29,7 +29,7 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
               help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="torch intra-op threads (default: cores - 1, at least 1).")
+              help="compute threads (default: cores - 1, at least 1).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,
@@ -51,6 +51,7 @@ def bench(
     from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
     from draftwise.cli.common import build_engine, fail
+    from draftwise.models.kernels import kernel_threads
 
     items = load_workload(workload)
     report: dict[str, Any] = {
@@ -75,10 +76,11 @@ def bench(
         report[label] = {
             "speculative_config": json.loads(spec) if spec else None,
             "dtype": str(next(engine.loaded.model.parameters()).dtype),
-            "threads": torch.get_num_threads(),
+            "threads": kernel_threads(),  # the engine's compute threads (bootstrap.apply_threads)
             # which fast paths ran (models.attention / models.linear): numbers depend on them
             "attention_backend": getattr(engine.loaded.model, "attention_backend", "torch"),
             "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
+            "weight_backend": getattr(engine.loaded.model, "weight_backend", "dense"),
             "summary": summarize(results, wall),
             "per_prompt": to_json(results),
             "profile": engine_profile(engine),
@@ -108,7 +110,7 @@ def bench(
         from draftwise.bench.hf import load_hf_model, run_hf
 
         # like for like: HF gets as many threads as our engine had, unless told otherwise
-        hf_threads = hf_threads_opt or torch.get_num_threads()
+        hf_threads = hf_threads_opt or kernel_threads()
         torch.set_num_threads(hf_threads)
         hf_model = load_hf_model(str(engine.loaded.path))
         hf_items = [(i.id, i.kind, prompt_ids(engine, i)) for i in items]

@@ -29,7 +29,7 @@ import click
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids and metrics as JSON.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="torch intra-op threads (default: cores - 1, at least 1).")
+              help="compute threads (default: cores - 1, at least 1).")
 def generate(
     model: str | None,
     prompt: str | None,

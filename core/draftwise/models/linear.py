@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from draftwise.models.kernels import KERNELS
+from draftwise.models.kernels import KERNELS, kernel_threads
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
 PACK_ENV = "DRAFTWISE_PACK_WEIGHTS"
@@ -166,5 +166,5 @@ def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | 
         assert KERNELS is not None  # a BlockedWeight is only made when the kernel exists
         KERNELS.linear_bf16(
             x.data_ptr(), weight.data.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            out.data_ptr(), rows, weight.in_features, n, x.stride(0), n)
+            out.data_ptr(), rows, weight.in_features, n, x.stride(0), n, kernel_threads())
     return out

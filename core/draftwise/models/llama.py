@@ -19,7 +19,7 @@ from draftwise.models.attention import AttentionMetadata, choose_backend, paged_
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
-from draftwise.models.linear import is_packed, linear, pack_weight
+from draftwise.models.linear import BlockedWeight, is_packed, linear, pack_weight
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 #: RoPE table rows built up front; more are built when a batch reaches past them
@@ -212,8 +212,15 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def packed(self) -> bool:
-        """Whether :meth:`pack_weights` reordered the weights (bf16/fp16 with oneDNN)."""
+        """Whether :meth:`pack_weights` reordered the weights (see ``models.linear``)."""
         return self._lm_head_packed is not None
+
+    @property
+    def weight_backend(self) -> str:
+        """``native``, ``onednn`` or ``dense``: the layout the projections run in."""
+        if isinstance(self._lm_head_packed, BlockedWeight):
+            return "native"
+        return "onednn" if self.packed else "dense"
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

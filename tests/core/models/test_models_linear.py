@@ -125,3 +125,26 @@ def test_weight_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lin, "native_available", lambda: True)
     with pytest.raises(ValueError, match="bf16 weights"):
         weight_backend(torch.float16)
+
+
+@needs_native
+def test_native_linear_bits_do_not_depend_on_threads() -> None:
+    """The worker pool splits output blocks between threads; no output changes."""
+    from draftwise.models import kernels
+    from draftwise.models.kernels import set_kernel_threads
+
+    torch.manual_seed(2)
+    w = BlockedWeight.pack((torch.randn(1000, 576) * 0.05).bfloat16())
+    x = torch.randn(9, 576).bfloat16()
+    before = kernels._threads
+    try:
+        set_kernel_threads(1)
+        alone = linear(x, w)
+        for threads in (2, 3, 7):
+            set_kernel_threads(threads)
+            for _ in range(20):  # many jobs back to back: none lost or run twice
+                assert torch.equal(linear(x, w), alone), threads
+    finally:
+        set_kernel_threads(before)
+    with pytest.raises(ValueError, match="at least 1"):
+        set_kernel_threads(0)
