@@ -63,6 +63,122 @@ typedef struct {
     float *o;  /* [nq, dim] fp32 output accumulators */
 } Scratch;
 
+/* query-heads that share key tiles in the score and P @ V loops */
+#define QGROUP 4
+
+/* Scores of G query-heads against four 16-key blocks starting at ``base`` (a column of
+ * kt). Each (query-head, block) is one accumulator summing head dims in order, exactly as
+ * when that query-head is alone; G only decides how many share each load of kt. */
+static inline __attribute__((always_inline)) void score_group(const float *base,
+                                                              const float *const qv[QGROUP],
+                                                              const int G, int64_t d,
+                                                              int64_t npad, v16f acc[QGROUP][4]) {
+    for (int g = 0; g < G; g++)
+        for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
+    for (int64_t c = 0; c < d; c++, base += npad) {
+        v16f k0, k1, k2, k3; /* named, not an array: an array is spilled to the stack */
+        memcpy(&k0, base, sizeof k0);
+        memcpy(&k1, base + LANES, sizeof k1);
+        memcpy(&k2, base + 2 * LANES, sizeof k2);
+        memcpy(&k3, base + 3 * LANES, sizeof k3);
+        for (int g = 0; g < G; g++) {
+            const v16f qc = v16_splat(qv[g][c]);
+            acc[g][0] = acc[g][0] + qc * k0, acc[g][1] = acc[g][1] + qc * k1;
+            acc[g][2] = acc[g][2] + qc * k2, acc[g][3] = acc[g][3] + qc * k3;
+        }
+    }
+}
+
+static void score_tiles(const float *base, const float *qf, const int64_t *grp,
+                        const int64_t *nbs, int ng, int64_t d, int64_t npad, float scale,
+                        float *s, int64_t b) {
+    const float *qv[QGROUP];
+    for (int g = 0; g < ng; g++) qv[g] = qf + grp[g] * d;
+    v16f acc[QGROUP][4];
+    switch (ng) {
+    case 1: score_group(base, qv, 1, d, npad, acc); break;
+    case 2: score_group(base, qv, 2, d, npad, acc); break;
+    case 3: score_group(base, qv, 3, d, npad, acc); break;
+    default: score_group(base, qv, 4, d, npad, acc); break;
+    }
+    for (int g = 0; g < ng; g++)
+        for (int u = 0; u < 4 && b + u < nbs[g]; u++) {
+            const v16f x = v16_round_bf16(acc[g][u]) * v16_splat(scale);
+            memcpy(s + grp[g] * npad + (b + u) * LANES, &x, sizeof x);
+        }
+}
+
+/* o[q] += sum_j p[q][j] v[j] over keys jt .. ends[g]-1 of each query-head in the group, for
+ * four 16-dim vectors starting at dim v0: keys in order, so each query-head's sums are
+ * the same as alone; the group shares the V loads up to its shortest end. */
+static inline __attribute__((always_inline)) void pv_group(const float *vbase, const float *s,
+                                                           float *o, const int64_t *grp,
+                                                           const int64_t *ends, const int G,
+                                                           int64_t jt, int64_t d, int64_t npad,
+                                                           int64_t v0) {
+    v16f acc[QGROUP][4];
+    const float *sq[QGROUP];
+    int64_t common = ends[0];
+    for (int g = 0; g < G; g++) {
+        memcpy(acc[g], o + grp[g] * d + v0, sizeof acc[g]);
+        sq[g] = s + grp[g] * npad;
+        common = ends[g] < common ? ends[g] : common;
+    }
+    const float *vr = vbase + jt * d + v0;
+    int64_t j = jt;
+    for (; j < common; j++, vr += d) {
+        v16f x0, x1, x2, x3;
+        memcpy(&x0, vr, sizeof x0);
+        memcpy(&x1, vr + LANES, sizeof x1);
+        memcpy(&x2, vr + 2 * LANES, sizeof x2);
+        memcpy(&x3, vr + 3 * LANES, sizeof x3);
+        for (int g = 0; g < G; g++) {
+            const v16f wj = v16_splat(sq[g][j]);
+            acc[g][0] = acc[g][0] + wj * x0, acc[g][1] = acc[g][1] + wj * x1;
+            acc[g][2] = acc[g][2] + wj * x2, acc[g][3] = acc[g][3] + wj * x3;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float *vg = vr;
+        for (int64_t jg = j; jg < ends[g]; jg++, vg += d) {
+            v16f x0, x1, x2, x3;
+            memcpy(&x0, vg, sizeof x0);
+            memcpy(&x1, vg + LANES, sizeof x1);
+            memcpy(&x2, vg + 2 * LANES, sizeof x2);
+            memcpy(&x3, vg + 3 * LANES, sizeof x3);
+            const v16f wj = v16_splat(sq[g][jg]);
+            acc[g][0] = acc[g][0] + wj * x0, acc[g][1] = acc[g][1] + wj * x1;
+            acc[g][2] = acc[g][2] + wj * x2, acc[g][3] = acc[g][3] + wj * x3;
+        }
+        memcpy(o + grp[g] * d + v0, acc[g], sizeof acc[g]);
+    }
+}
+
+static void pv_tiles(const float *vbase, const float *s, float *o, const int64_t *grp,
+                     const int64_t *ends, int ng, int64_t jt, int64_t d, int64_t npad) {
+    int64_t v0 = 0;
+    for (; v0 + 4 * LANES <= d; v0 += 4 * LANES) {
+        switch (ng) {
+        case 1: pv_group(vbase, s, o, grp, ends, 1, jt, d, npad, v0); break;
+        case 2: pv_group(vbase, s, o, grp, ends, 2, jt, d, npad, v0); break;
+        case 3: pv_group(vbase, s, o, grp, ends, 3, jt, d, npad, v0); break;
+        default: pv_group(vbase, s, o, grp, ends, 4, jt, d, npad, v0); break;
+        }
+    }
+    for (; v0 < d; v0 += LANES) /* head_dim not a multiple of 64: one vector at a time */
+        for (int g = 0; g < ng; g++) {
+            v16f acc;
+            memcpy(&acc, o + grp[g] * d + v0, sizeof acc);
+            const float *vr = vbase + jt * d + v0, *sq = s + grp[g] * npad;
+            for (int64_t j = jt; j < ends[g]; j++, vr += d) {
+                v16f x;
+                memcpy(&x, vr, sizeof x);
+                acc = acc + v16_splat(sq[j]) * x;
+            }
+            memcpy(o + grp[g] * d + v0, &acc, sizeof acc);
+        }
+}
+
 /* One row, one kv head: every query token x every query head sharing that kv head. The
  * loops run keys-outer so a tile of keys (or values) is reused by all queries while it is
  * in L1; each (query, head) still sums its keys in the same order as when alone. */
@@ -70,7 +186,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t d = a->dim, kvh = a->kv_heads, h = a->heads, rep = h / kvh;
     const int64_t q0 = a->qsl[row], qlen = a->qsl[row + 1] - q0, ctx = a->seq[row];
     if (qlen <= 0) return;
-    const int64_t first_pos = ctx - qlen, nq = qlen * rep, dv = d / LANES;
+    const int64_t first_pos = ctx - qlen, nq = qlen * rep;
     /* keys any query of this row can see */
     const int64_t lo_all = first_key(a, first_pos);
     const int64_t nkeys = ctx - lo_all;
@@ -85,17 +201,33 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         const int64_t off = key_row(a, table, lo_all + j, g);
         prefetch_row(a->kc + off, row_bytes), prefetch_row(a->vc + off, row_bytes);
     }
-    for (int64_t j = 0; j < nkeys; j++) {
+    const uint16_t *krow[LANES];
+    int64_t j = 0;
+    for (; j < nkeys; j++) {
         const int64_t off = key_row(a, table, lo_all + j, g);
-        const uint16_t *kp = a->kc + off, *vp = a->vc + off;
+        const uint16_t *vp = a->vc + off;
         if (j + PREFETCH < nkeys) {
             const int64_t ahead = key_row(a, table, lo_all + j + PREFETCH, g);
             prefetch_row(a->kc + ahead, row_bytes), prefetch_row(a->vc + ahead, row_bytes);
         }
         float *vr = vf + j * d;
-        for (int64_t c = 0; c < d; c++) vr[c] = bf16_to_f32(vp[c]);
-        for (int64_t c = 0; c < d; c++) kt[c * npad + j] = bf16_to_f32(kp[c]);
+        for (int64_t c = 0; c < d; c += LANES) {
+            const v16f x = v16_load_bf16(vp + c);
+            memcpy(vr + c, &x, sizeof x);
+        }
+        krow[j % LANES] = a->kc + off;
+        if (j % LANES != LANES - 1) continue;
+        /* 16 keys gathered: transpose them into kt 16 x 16 at a time */
+        const int64_t j0 = j - (LANES - 1);
+        for (int64_t c0 = 0; c0 < d; c0 += LANES) {
+            v16f t[LANES];
+            for (int l = 0; l < LANES; l++) t[l] = v16_load_bf16(krow[l] + c0);
+            v16_transpose(t);
+            for (int l = 0; l < LANES; l++) memcpy(kt + (c0 + l) * npad + j0, &t[l], sizeof t[l]);
+        }
     }
+    for (int64_t jt = nkeys / LANES * LANES; jt < nkeys; jt++) /* the last, partial 16 */
+        for (int64_t c = 0; c < d; c++) kt[c * npad + jt] = bf16_to_f32(krow[jt % LANES][c]);
     for (int64_t c = 0; c < d; c++)
         for (int64_t j = nkeys; j < npad; j++) kt[c * npad + j] = 0.0f;
     /* query-head qi = i * rep + hh sees keys j0[qi] .. j0[qi] + n[qi] - 1 (relative to lo_all) */
@@ -113,29 +245,23 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t lo_ = first_key(a, pos_);            \
     const int64_t J0 = lo_ - lo_all, N = pos_ - lo_ + 1
 
-    /* scores: four blocks of 16 keys per pass, all query-heads per tile */
+    /* scores: four blocks of 16 keys per pass, all query-heads per tile; query-heads
+     * that start at the same key share each tile load (up to QGROUP at a time) */
     for (int64_t b = 0; b < max_blocks; b += 4) {
-        for (int64_t qi = 0; qi < nq; qi++) {
+        int64_t qi = 0;
+        while (qi < nq) {
             QRANGE(qi, j0, n);
-            const int64_t nb = (n + LANES - 1) / LANES;
-            if (b >= nb) continue;
-            v16f acc0 = v16_splat(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-            const float *base = kt + j0 + b * LANES, *qv = qf + qi * d;
-            for (int64_t c = 0; c < d; c++, base += npad) {
-                const v16f qc = v16_splat(qv[c]);
-                v16f k0, k1, k2, k3;
-                memcpy(&k0, base, sizeof k0);
-                memcpy(&k1, base + LANES, sizeof k1);
-                memcpy(&k2, base + 2 * LANES, sizeof k2);
-                memcpy(&k3, base + 3 * LANES, sizeof k3);
-                acc0 = acc0 + qc * k0, acc1 = acc1 + qc * k1;
-                acc2 = acc2 + qc * k2, acc3 = acc3 + qc * k3;
+            if (b >= (n + LANES - 1) / LANES) { qi++; continue; }
+            int64_t grp[QGROUP], nbs[QGROUP];
+            int ng = 0;
+            for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
+                QRANGE(qj, j0b, nb_);
+                if (j0b != j0) break;
+                nbs[ng] = (nb_ + LANES - 1) / LANES;
+                grp[ng++] = qj;
             }
-            const v16f accs[4] = {acc0, acc1, acc2, acc3};
-            for (int u = 0; u < 4 && b + u < nb; u++) {
-                v16f x = v16_round_bf16(accs[u]) * v16_splat(a->scale);
-                memcpy(s + qi * npad + (b + u) * LANES, &x, sizeof x);
-            }
+            score_tiles(kt + j0 + b * LANES, qf, grp, nbs, ng, d, npad, a->scale, s, b);
+            qi += ng;
         }
     }
     /* softmax per query-head: exact max, exp, 16-lane denominator, bf16 probabilities */
@@ -173,38 +299,25 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         }
     }
     /* P @ V: keys in order for every output dim, in tiles of 64 keys shared by all
-     * query-heads; 64 dims (4 vectors) of accumulators at a time */
+     * query-heads; 64 dims (4 vectors) of accumulators at a time, for up to QGROUP
+     * query-heads that start at the same key (each still ends at its own last key) */
     memset(o, 0, sizeof(float) * (size_t)(nq * d));
     const int64_t tile = 64, max_keys = max_blocks * LANES;
     for (int64_t jt = 0; jt < max_keys; jt += tile) {
-        for (int64_t qi = 0; qi < nq; qi++) {
+        int64_t qi = 0;
+        while (qi < nq) {
             QRANGE(qi, j0, n);
-            const int64_t jend = jt + tile < n ? jt + tile : n;
-            if (jt >= jend) continue;
-            const float *sq = s + qi * npad;
-            for (int64_t v0 = 0; v0 < dv; v0 += 4) {
-                const int64_t nv = dv - v0 < 4 ? dv - v0 : 4;
-                float *oq = o + qi * d + v0 * LANES;
-                v16f o0, o1 = v16_splat(0.0f), o2 = o1, o3 = o1;
-                memcpy(&o0, oq, sizeof o0);
-                if (nv > 1) memcpy(&o1, oq + LANES, sizeof o1);
-                if (nv > 2) memcpy(&o2, oq + 2 * LANES, sizeof o2);
-                if (nv > 3) memcpy(&o3, oq + 3 * LANES, sizeof o3);
-                const float *vr = vf + (j0 + jt) * d + v0 * LANES;
-                for (int64_t j = jt; j < jend; j++, vr += d) {
-                    const v16f wj = v16_splat(sq[j]);
-                    v16f x;
-                    memcpy(&x, vr, sizeof x);
-                    o0 = o0 + wj * x;
-                    if (nv > 1) memcpy(&x, vr + LANES, sizeof x), o1 = o1 + wj * x;
-                    if (nv > 2) memcpy(&x, vr + 2 * LANES, sizeof x), o2 = o2 + wj * x;
-                    if (nv > 3) memcpy(&x, vr + 3 * LANES, sizeof x), o3 = o3 + wj * x;
-                }
-                memcpy(oq, &o0, sizeof o0);
-                if (nv > 1) memcpy(oq + LANES, &o1, sizeof o1);
-                if (nv > 2) memcpy(oq + 2 * LANES, &o2, sizeof o2);
-                if (nv > 3) memcpy(oq + 3 * LANES, &o3, sizeof o3);
+            if (jt >= n) { qi++; continue; }
+            int64_t grp[QGROUP], ends[QGROUP];
+            int ng = 0;
+            for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
+                QRANGE(qj, j0b, nb_);
+                if (j0b != j0) break;
+                ends[ng] = jt + tile < nb_ ? jt + tile : nb_;
+                grp[ng++] = qj;
             }
+            pv_tiles(vf + j0 * d, s, o, grp, ends, ng, jt, d, npad);
+            qi += ng;
         }
     }
 #undef QRANGE

@@ -85,4 +85,31 @@ static inline void v16_store_bf16(uint16_t *p, v16f x) {
     memcpy(p, tmp, sizeof tmp);
 }
 
+/* Transpose a 16x16 fp32 tile held as 16 row vectors, in place: four stages that swap
+ * the off-diagonal b x b sub-blocks (b = 8, 4, 2, 1), 64 two-vector shuffles in all
+ * instead of 256 scalar moves. Exact (moves only). */
+#define V16_SWAP_STAGE(r, b, LO, HI)                                                     \
+    for (int i_ = 0; i_ < LANES; i_++) {                                                 \
+        if (i_ & (b)) continue;                                                          \
+        const v16f a_ = (r)[i_], c_ = (r)[i_ + (b)];                                     \
+        (r)[i_] = __builtin_shufflevector(a_, c_, LO);                                   \
+        (r)[i_ + (b)] = __builtin_shufflevector(a_, c_, HI);                             \
+    }
+/* lo[c] = c & b ? c_[c ^ b] : a_[c]; hi[c] = c & b ? c_[c] : a_[c ^ b] (c_ indexes from 16) */
+#define V16_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define V16_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define V16_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define V16_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define V16_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define V16_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define V16_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define V16_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+
+static inline void v16_transpose(v16f r[LANES]) {
+    V16_SWAP_STAGE(r, 8, V16_LO8, V16_HI8)
+    V16_SWAP_STAGE(r, 4, V16_LO4, V16_HI4)
+    V16_SWAP_STAGE(r, 2, V16_LO2, V16_HI2)
+    V16_SWAP_STAGE(r, 1, V16_LO1, V16_HI1)
+}
+
 #endif
