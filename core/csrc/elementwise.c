@@ -141,3 +141,50 @@ PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_BEGIN_ALLOW_THREADS rope_rows(p[0], p[1], p[2], p[3], n[0], n[1], n[2], n[3]);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
+
+/* torch.argmax over each row of fp32 [rows, cols]: the first index of the maximum, or of
+ * the first NaN when there is one (torch ranks NaN above everything). 16 lanes keep a
+ * running max and its first index; lanes then merge by (value, lower index). */
+static int64_t argmax_row(const float *x, int64_t n) {
+    v16f best = v16_splat(-INFINITY);
+    v16i idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    v16i best_idx = idx;
+    v16i nan = (v16i)v16_splat(0.0f);
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES) {
+        v16f v;
+        memcpy(&v, x + c, sizeof v);
+        const v16i gt = v > best;
+        best = (v16f)((gt & (v16i)v) | (~gt & (v16i)best));
+        best_idx = (gt & idx) | (~gt & best_idx);
+        nan |= v != v;
+        idx += LANES;
+    }
+    /* a lane that never beat -inf holds only -inf, and its index l is its first: correct */
+    float m = best[0];
+    int64_t at = best_idx[0];
+    for (int l = 1; l < LANES; l++)
+        if (best[l] > m || (best[l] == m && best_idx[l] < at)) m = best[l], at = best_idx[l];
+    if (c == 0 && n > 0) m = x[0], at = 0, c = 1; /* fewer than 16 columns */
+    int any_nan = 0;
+    for (int l = 0; l < LANES; l++) any_nan |= nan[l] != 0;
+    for (; c < n; c++) {
+        any_nan |= x[c] != x[c];
+        if (x[c] > m) m = x[c], at = c;
+    }
+    if (any_nan)
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] != x[i]) return i;
+    return at;
+}
+
+PyObject *dw_argmax_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[2];
+    int64_t n[2];
+    if (dw_parse(args, nargs, 4, 2, p, n, "argmax_f32") < 0) return NULL;
+    const float *x = p[0];
+    int64_t *out = p[1];
+    for (int64_t r = 0; r < n[0]; r++) out[r] = argmax_row(x + r * n[1], n[1]);
+    Py_RETURN_NONE;
+}

@@ -17,6 +17,8 @@ static PyMethodDef methods[] = {
      "silu_mul(gate_up, out, rows, inter): out = silu(gate) * up, bf16"},
     {"rope", (PyCFunction)(void (*)(void))dw_rope, METH_FASTCALL,
      "rope(x, cos, sin_signed, positions, tokens, heads, head_dim, x_row_stride): in place"},
+    {"argmax_f32", (PyCFunction)(void (*)(void))dw_argmax_f32, METH_FASTCALL,
+     "argmax_f32(x, out_int64, rows, cols): torch.argmax(x, -1) of contiguous fp32 rows"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "

@@ -43,7 +43,13 @@ import numpy as np
 import torch
 
 from draftwise.errors import DraftwiseError
-from draftwise.sampling import SamplingMetadata, SamplingParams, categorical, draw_uniforms
+from draftwise.sampling import (
+    SamplingMetadata,
+    SamplingParams,
+    argmax_rows,
+    categorical,
+    draw_uniforms,
+)
 
 #: pads the per-request output buffer (vLLM's value); never a meaning in inputs
 PLACEHOLDER_TOKEN_ID = -1
@@ -201,10 +207,10 @@ def _verify_greedy(
 ) -> None:
     """Accept while draft == argmax; one argmax over the rows' logits, compared on CPU."""
     if rows.size == len(b.num_draft):
-        top = b.logits.argmax(-1).tolist()
+        top = argmax_rows(b.logits).tolist()
     else:
         pos = _ranges(b.cu_logits[rows], b.num_draft[rows] + 1)
-        top = b.logits[torch.from_numpy(pos)].argmax(-1).tolist()
+        top = argmax_rows(b.logits[torch.from_numpy(pos)]).tolist()
     drafts = b.drafts.tolist()
     start = 0
     for r in rows.tolist():

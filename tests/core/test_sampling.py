@@ -204,3 +204,25 @@ def test_sample_checks_shapes():
         sample(torch.randn(3, 10), md, [None] * 2)
     with pytest.raises(ValueError, match="generators"):
         sample(torch.randn(2, 10), md, [None])
+
+
+def test_argmax_rows_is_torch_argmax_ties_nan_and_inf_included() -> None:
+    """The C argmax greedy decoding uses must answer exactly as torch.argmax."""
+    from draftwise.models.kernels import KERNELS
+    from draftwise.sampling import argmax_rows
+
+    torch.manual_seed(0)
+    cases = [torch.randn(r, v) for r, v in ((5, 49152), (1, 7), (3, 16), (2, 17), (4, 100))]
+    cases.append(torch.randint(0, 3, (64, 300)).float())  # many ties: the first index wins
+    cases.append(torch.full((3, 40), -float("inf")))
+    x = torch.zeros(2, 50)
+    x[0, 33] = x[0, 40] = 1.0
+    x[1, 2], x[1, 3], x[1, 20] = 5.0, float("nan"), float("nan")  # the first NaN wins
+    cases.append(x)
+    for x in cases:
+        assert torch.equal(argmax_rows(x), x.argmax(-1)), x.shape
+    assert KERNELS is None or hasattr(KERNELS, "argmax_f32")
+    # non-contiguous or non-fp32 rows take torch's path, same answer
+    y = torch.randn(6, 300)
+    assert torch.equal(argmax_rows(y[::2]), y[::2].argmax(-1))
+    assert torch.equal(argmax_rows(y.bfloat16()), y.bfloat16().argmax(-1))
