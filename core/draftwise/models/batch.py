@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftwise.models.hugepages import huge_page_tensor
+
 
 @dataclass(slots=True)
 class KVCache:
@@ -39,9 +41,15 @@ class KVCache:
     ) -> KVCache:
         """Allocate once at startup; the engine never re-allocates per step."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        return cls(k, v, block_size)
+        if torch.device(device).type != "cpu":
+            k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            return cls(k, v, block_size)
+        # on CPU one huge-page arena (models.hugepages): attention streams the cache too
+        per = num_blocks * block_size * num_kv_heads * head_dim
+        arena = huge_page_tensor(2 * num_layers * per, dtype)
+        views = [arena[i * per : (i + 1) * per].view(shape) for i in range(2 * num_layers)]
+        return cls(views[:num_layers], views[num_layers:], block_size)
 
     @property
     def num_blocks(self) -> int:

@@ -25,11 +25,13 @@ cannot run is an error that says why, not a quiet fallback.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.kernels import KERNELS, kernel_threads
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
@@ -52,14 +54,24 @@ class BlockedWeight:
     out_features: int
     in_features: int
 
+    @staticmethod
+    def numel_for(out_features: int, in_features: int) -> int:
+        """Elements of the packed layout (whole blocks of 64 outputs, whole column pairs)."""
+        return -(-out_features // BLOCK_N) * BLOCK_N * -(-in_features // 2) * 2
+
     @classmethod
-    def pack(cls, weight: torch.Tensor) -> BlockedWeight:
-        """Reorder a dense ``[out, in]`` bf16 weight (a copy; the dense one can go)."""
+    def pack(cls, weight: torch.Tensor, out: torch.Tensor | None = None) -> BlockedWeight:
+        """Reorder a dense ``[out, in]`` bf16 weight into ``out`` (1-D, :meth:`numel_for`
+        elements) or new memory; a copy either way, so the dense one can go."""
         n, k = weight.shape
         blocks, pairs = -(-n // BLOCK_N), -(-k // 2)
         padded = weight.new_zeros(blocks * BLOCK_N, pairs * 2)
         padded[:n, :k] = weight.detach()
-        data = padded.view(blocks, BLOCK_N, pairs, 2).permute(0, 2, 1, 3).contiguous()
+        layout = padded.view(blocks, BLOCK_N, pairs, 2).permute(0, 2, 1, 3)
+        if out is None:
+            return cls(layout.contiguous(), n, k)
+        data = out.view(blocks, pairs, BLOCK_N, 2)
+        data.copy_(layout)
         return cls(data, n, k)
 
     def unpack(self) -> torch.Tensor:  # [out, in]
@@ -126,6 +138,32 @@ def pack_weight(weight: torch.Tensor) -> Weight:  # [out, in] -> packed
     if backend == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
     return weight
+
+
+def pack_weights(weights: Sequence[torch.Tensor]) -> list[Weight]:
+    """:func:`pack_weight` for a model's weights at once; the native ones share one arena.
+
+    The arena is anonymous memory advised for transparent huge pages: a weight stream
+    then crosses a 2 MB page where it crossed 512 4-KB ones, and the hardware prefetcher
+    (which stops at page boundaries) and the TLB keep up. Measured on the default
+    model's weights, 5 rows, one core: 35 -> 40 GB/s, as fast as 1 row.
+    """
+    out: list[Weight] = list(weights)
+    native = [
+        i for i, w in enumerate(weights)
+        if w.dim() == 2 and weight_backend(w.dtype, w.device) == "native"
+    ]
+    sizes = [BlockedWeight.numel_for(*weights[i].shape) for i in native]
+    arena = huge_page_tensor(sum(sizes), torch.bfloat16) if native else None
+    offset = 0
+    for i, size in zip(native, sizes):
+        assert arena is not None
+        out[i] = BlockedWeight.pack(weights[i], arena[offset : offset + size])
+        offset += size
+    for i, w in enumerate(weights):
+        if not isinstance(out[i], BlockedWeight):
+            out[i] = pack_weight(w)
+    return out
 
 
 def is_packed(weight: Weight) -> bool:

@@ -19,7 +19,7 @@ from draftwise.models.attention import AttentionMetadata, choose_backend, paged_
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
-from draftwise.models.linear import BlockedWeight, is_packed, linear, pack_weight
+from draftwise.models.linear import BlockedWeight, Weight, is_packed, linear, pack_weights
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 #: RoPE table rows built up front; more are built when a batch reaches past them
@@ -70,18 +70,15 @@ class DecoderLayer(nn.Module):
         self.down_weight = p(c.hidden_size, c.intermediate_size)
         self.down_bias = p(c.hidden_size) if c.mlp_bias else None
 
-    def pack_weights(self) -> None:
-        """Swap the four projection weights for oneDNN-packed copies (after loading).
+    def set_packed(self, name: str, packed: Weight) -> None:
+        """Swap one of the four projection weights for its packed copy (after loading).
 
-        The dense parameters are dropped, not kept beside the packed ones, so packing
-        costs no memory; :meth:`LlamaForCausalLM.weight_slots` is unusable afterwards.
+        The dense parameter is dropped, not kept beside the packed one, so packing costs
+        no memory; :meth:`LlamaForCausalLM.weight_slots` is unusable afterwards.
         """
-        for name in self._LINEARS:
-            weight = getattr(self, name)
-            packed = pack_weight(weight)
-            if packed is not weight:
-                del self._parameters[name]
-                setattr(self, name, packed)
+        if packed is not getattr(self, name):
+            del self._parameters[name]
+            setattr(self, name, packed)
 
     def forward(
         self,
@@ -205,9 +202,11 @@ class LlamaForCausalLM(nn.Module):
         Called once after the weights are loaded. A tied LM head gets its own packed copy
         (the embedding lookup needs the dense table).
         """
-        for layer in self.decoder_layers():
-            layer.pack_weights()
-        head = pack_weight(self.lm_head_weight)
+        slots = [(layer, name) for layer in self.decoder_layers() for name in layer._LINEARS]
+        packed = pack_weights([getattr(layer, name) for layer, name in slots] + [self.lm_head_weight])
+        for (layer, name), weight in zip(slots, packed):
+            layer.set_packed(name, weight)
+        head = packed[-1]
         self._lm_head_packed = head if is_packed(head) else None
 
     @property

@@ -250,7 +250,7 @@ def _copy_weights(
             slots[name].copy_(tensor)
             if progress is not None:
                 progress(done, total, name)
-    model.pack_weights()  # oneDNN layout for decode speed; weight_slots() is done with
+    model.pack_weights()  # native or oneDNN layout for decode speed; weight_slots() is done with
 
 
 def _special_strings(tokens: Sequence[str], bos: int | None, eos: Sequence[int]) -> dict[str, str]:

@@ -148,3 +148,20 @@ def test_native_linear_bits_do_not_depend_on_threads() -> None:
         set_kernel_threads(before)
     with pytest.raises(ValueError, match="at least 1"):
         set_kernel_threads(0)
+
+
+def test_packed_weights_share_one_huge_page_arena() -> None:
+    """pack_weights puts native weights in one 2 MB-aligned arena, values unchanged."""
+    from draftwise.models.hugepages import HUGE_PAGE, huge_page_tensor
+
+    t = huge_page_tensor(3 * HUGE_PAGE, torch.bfloat16)
+    assert t.data_ptr() % HUGE_PAGE == 0 and t.shape == (3 * HUGE_PAGE,)
+    assert not t.any()  # zeroed, like the KV cache needs
+    ws = [torch.randn(100, 577).bfloat16(), torch.randn(64, 32).bfloat16(), torch.randn(3, 3)]
+    packed = lin.pack_weights(ws)
+    assert isinstance(packed[2], torch.Tensor) and packed[2] is ws[2]  # fp32 stays dense
+    if lin.native_available():
+        assert all(isinstance(p, BlockedWeight) for p in packed[:2])
+        assert torch.equal(packed[0].unpack(), ws[0]) and torch.equal(packed[1].unpack(), ws[1])
+        assert packed[0].data.data_ptr() % HUGE_PAGE == 0
+        assert packed[1].data.data_ptr() == packed[0].data.data_ptr() + packed[0].data.nbytes

@@ -1,0 +1,35 @@
+"""Memory for the tensors a CPU decode step streams: weights and the KV cache.
+
+A decode step reads every weight (and each request's cached K/V) once, front to back. On
+4 KB pages that stream crosses a page every 4 KB: a TLB miss each time, and the hardware
+prefetcher, which stops at page boundaries, restarts. Anonymous memory advised for
+transparent huge pages (2 MB) removes both; measured on the default model, 5-row GEMMs
+over all weights went from ~35 to ~40 GB/s on one core (1 row was already at ~40).
+Where the OS has no THP (or it is off) the memory is ordinary and results are the same.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_tensor(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed 1-D tensor in 2 MB-aligned private anonymous memory advised for huge
+    pages; the tensor keeps the mapping alive. Plain ``torch.zeros`` where ``madvise``
+    is not available."""
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if not hasattr(mmap, "MADV_HUGEPAGE") or nbytes == 0:
+        return torch.zeros(numel, dtype=dtype)
+    # private: a shared anonymous mapping is shmem, which THP's "madvise" mode ignores
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(region, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE  # a multiple of the 4 KB page size
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
+    except OSError:  # THP unsupported here: ordinary pages, same results
+        pass
+    return raw[start : start + nbytes].view(dtype)
