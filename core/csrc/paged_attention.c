@@ -7,15 +7,19 @@
  *
  * Batch invariance by construction: every (token, head) result is computed by the same
  * instruction sequence whatever else is in the batch. Reductions have a fixed order that
- * depends only on that token's own context: dots run over head_dim sequentially per key
+ * depends only on that token's own context: dots run over head_dim pairs in order per key
  * lane, the softmax denominator sums 16 key lanes in key order then a fixed tree, and
- * P @ V accumulates keys in order. No -ffast-math (no reassociation). All arithmetic is
- * on explicit 16-lane vectors (no auto-vectorised loops with scalar tails), so letting
- * the compiler fuse multiply-adds (-ffp-contract=fast) changes nothing between calls.
+ * P @ V accumulates key pairs in order, pairs aligned to even absolute positions (never
+ * to where the row's first query starts). No -ffast-math (no reassociation). All
+ * arithmetic is on explicit 16-lane vectors (no auto-vectorised loops with scalar tails),
+ * so letting the compiler fuse multiply-adds (-ffp-contract=fast) changes nothing.
  *
  * Numerics follow transformers' eager bf16 attention: scores rounded to bf16 (a bf16
  * matmul's output), softmax in fp32, probabilities rounded to bf16, P @ V accumulated
- * in fp32 (one rounding at the end, where the torch path rounds per 256-key chunk).
+ * in fp32 (one rounding at the end, where the torch path rounds per 256-key chunk). Both
+ * products take bf16 inputs two at a time (vec.h v16_dot2_bf16: vdpbf16ps on AVX512-BF16),
+ * so K and V are never widened to fp32: K is only transposed (as 32-bit pairs), V only
+ * interleaved by key pairs, and the dot products take half the instructions.
  *
  * Layouts: q [T, H, D], k and v [T, KV, D] (token rows may be strided: views into the fused
  * qkv output), out [T, H, D]; caches [num_blocks, block_size, KV, D]; slot_mapping [T],
@@ -56,10 +60,11 @@ static inline int64_t key_row(const Args *a, const int64_t *table, int64_t pos, 
 
 /* Scratch for one (row, kv head), sized for the longest row and query. */
 typedef struct {
-    float *kt; /* [dim, npad] keys transposed to fp32 */
-    float *vf; /* [npad, dim] values in fp32 */
-    float *qf; /* [nq, dim] the queries in fp32 */
-    float *s;  /* [nq, npad] scores, then bf16-rounded probabilities */
+    uint32_t *kt2; /* [dim / 2, npad] keys transposed, head dims as bf16 pairs */
+    uint32_t *q2; /* [nq, dim / 2] the queries, head dims as bf16 pairs */
+    float *s;  /* [nq, npad] scores, then probabilities */
+    uint32_t *vp2; /* [npad / 2 + 1, dim] values as bf16 pairs of consecutive keys */
+    uint16_t *sp;  /* [nq, npad + 4] bf16 probabilities in the pair layout */
     float *o;  /* [nq, dim] fp32 output accumulators */
 } Scratch;
 
@@ -67,39 +72,42 @@ typedef struct {
 #define QGROUP 4
 
 /* Scores of G query-heads against four 16-key blocks starting at ``base`` (a column of
- * kt). Each (query-head, block) is one accumulator summing head dims in order, exactly as
- * when that query-head is alone; G only decides how many share each load of kt. */
-static inline __attribute__((always_inline)) void score_group(const float *base,
-                                                              const float *const qv[QGROUP],
-                                                              const int G, int64_t d,
+ * kt2, keys' head dims as bf16 pairs). Each (query-head, block) is one accumulator summing
+ * dim pairs in order, exactly as when that query-head is alone; G only decides how many
+ * share each load of kt2. */
+static inline __attribute__((always_inline)) void score_group(const uint32_t *base,
+                                                              const uint32_t *const qv[QGROUP],
+                                                              const int G, int64_t d2,
                                                               int64_t npad, v16f acc[QGROUP][4]) {
     for (int g = 0; g < G; g++)
         for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
-    for (int64_t c = 0; c < d; c++, base += npad) {
-        v16f k0, k1, k2, k3; /* named, not an array: an array is spilled to the stack */
+    for (int64_t c = 0; c < d2; c++, base += npad) {
+        v16u k0, k1, k2, k3; /* named, not an array: an array is spilled to the stack */
         memcpy(&k0, base, sizeof k0);
         memcpy(&k1, base + LANES, sizeof k1);
         memcpy(&k2, base + 2 * LANES, sizeof k2);
         memcpy(&k3, base + 3 * LANES, sizeof k3);
         for (int g = 0; g < G; g++) {
-            const v16f qc = v16_splat(qv[g][c]);
-            acc[g][0] = acc[g][0] + qc * k0, acc[g][1] = acc[g][1] + qc * k1;
-            acc[g][2] = acc[g][2] + qc * k2, acc[g][3] = acc[g][3] + qc * k3;
+            const v16u qc = v16_splat_u32(qv[g][c]);
+            acc[g][0] = v16_dot2_bf16(acc[g][0], qc, k0);
+            acc[g][1] = v16_dot2_bf16(acc[g][1], qc, k1);
+            acc[g][2] = v16_dot2_bf16(acc[g][2], qc, k2);
+            acc[g][3] = v16_dot2_bf16(acc[g][3], qc, k3);
         }
     }
 }
 
-static void score_tiles(const float *base, const float *qf, const int64_t *grp,
-                        const int64_t *nbs, int ng, int64_t d, int64_t npad, float scale,
+static void score_tiles(const uint32_t *base, const uint32_t *q2, const int64_t *grp,
+                        const int64_t *nbs, int ng, int64_t d2, int64_t npad, float scale,
                         float *s, int64_t b) {
-    const float *qv[QGROUP];
-    for (int g = 0; g < ng; g++) qv[g] = qf + grp[g] * d;
+    const uint32_t *qv[QGROUP];
+    for (int g = 0; g < ng; g++) qv[g] = q2 + grp[g] * d2;
     v16f acc[QGROUP][4];
     switch (ng) {
-    case 1: score_group(base, qv, 1, d, npad, acc); break;
-    case 2: score_group(base, qv, 2, d, npad, acc); break;
-    case 3: score_group(base, qv, 3, d, npad, acc); break;
-    default: score_group(base, qv, 4, d, npad, acc); break;
+    case 1: score_group(base, qv, 1, d2, npad, acc); break;
+    case 2: score_group(base, qv, 2, d2, npad, acc); break;
+    case 3: score_group(base, qv, 3, d2, npad, acc); break;
+    default: score_group(base, qv, 4, d2, npad, acc); break;
     }
     for (int g = 0; g < ng; g++)
         for (int u = 0; u < 4 && b + u < nbs[g]; u++) {
@@ -108,75 +116,93 @@ static void score_tiles(const float *base, const float *qf, const int64_t *grp,
         }
 }
 
-/* o[q] += sum_j p[q][j] v[j] over keys jt .. ends[g]-1 of each query-head in the group, for
- * four 16-dim vectors starting at dim v0: keys in order, so each query-head's sums are
- * the same as alone; the group shares the V loads up to its shortest end. */
-static inline __attribute__((always_inline)) void pv_group(const float *vbase, const float *s,
-                                                           float *o, const int64_t *grp,
+/* o[q] = sum over key pairs M of (p[2M] v[2M] + p[2M+1] v[2M+1]) for four 16-dim vectors
+ * starting at dim v0, pairs from ``m0`` to each query-head's own end: pairs in order, so
+ * each query-head's sums are the same as alone; the group shares the V loads up to its
+ * shortest end. vp2 holds V as bf16 pairs of consecutive keys, sp2[g] p as bf16 pairs. */
+static inline __attribute__((always_inline)) void pv_group(const uint32_t *vp2,
+                                                           const uint32_t *const sp2[QGROUP],
+                                                           float *const og[QGROUP],
                                                            const int64_t *ends, const int G,
-                                                           int64_t jt, int64_t d, int64_t npad,
-                                                           int64_t v0) {
+                                                           int64_t m0, int64_t d, int64_t v0) {
     v16f acc[QGROUP][4];
-    const float *sq[QGROUP];
     int64_t common = ends[0];
     for (int g = 0; g < G; g++) {
-        memcpy(acc[g], o + grp[g] * d + v0, sizeof acc[g]);
-        sq[g] = s + grp[g] * npad;
+        for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
         common = ends[g] < common ? ends[g] : common;
     }
-    const float *vr = vbase + jt * d + v0;
-    int64_t j = jt;
-    for (; j < common; j++, vr += d) {
-        v16f x0, x1, x2, x3;
+    const uint32_t *vr = vp2 + m0 * d + v0;
+    int64_t m = m0;
+    for (; m < common; m++, vr += d) {
+        v16u x0, x1, x2, x3; /* named, not an array: an array is spilled to the stack */
         memcpy(&x0, vr, sizeof x0);
         memcpy(&x1, vr + LANES, sizeof x1);
         memcpy(&x2, vr + 2 * LANES, sizeof x2);
         memcpy(&x3, vr + 3 * LANES, sizeof x3);
         for (int g = 0; g < G; g++) {
-            const v16f wj = v16_splat(sq[g][j]);
-            acc[g][0] = acc[g][0] + wj * x0, acc[g][1] = acc[g][1] + wj * x1;
-            acc[g][2] = acc[g][2] + wj * x2, acc[g][3] = acc[g][3] + wj * x3;
+            const v16u pj = v16_splat_u32(sp2[g][m]);
+            acc[g][0] = v16_dot2_bf16(acc[g][0], pj, x0);
+            acc[g][1] = v16_dot2_bf16(acc[g][1], pj, x1);
+            acc[g][2] = v16_dot2_bf16(acc[g][2], pj, x2);
+            acc[g][3] = v16_dot2_bf16(acc[g][3], pj, x3);
         }
     }
     for (int g = 0; g < G; g++) {
-        const float *vg = vr;
-        for (int64_t jg = j; jg < ends[g]; jg++, vg += d) {
-            v16f x0, x1, x2, x3;
+        const uint32_t *vg = vr;
+        for (int64_t mg = m; mg < ends[g]; mg++, vg += d) {
+            v16u x0, x1, x2, x3;
             memcpy(&x0, vg, sizeof x0);
             memcpy(&x1, vg + LANES, sizeof x1);
             memcpy(&x2, vg + 2 * LANES, sizeof x2);
             memcpy(&x3, vg + 3 * LANES, sizeof x3);
-            const v16f wj = v16_splat(sq[g][jg]);
-            acc[g][0] = acc[g][0] + wj * x0, acc[g][1] = acc[g][1] + wj * x1;
-            acc[g][2] = acc[g][2] + wj * x2, acc[g][3] = acc[g][3] + wj * x3;
+            const v16u pj = v16_splat_u32(sp2[g][mg]);
+            acc[g][0] = v16_dot2_bf16(acc[g][0], pj, x0);
+            acc[g][1] = v16_dot2_bf16(acc[g][1], pj, x1);
+            acc[g][2] = v16_dot2_bf16(acc[g][2], pj, x2);
+            acc[g][3] = v16_dot2_bf16(acc[g][3], pj, x3);
         }
-        memcpy(o + grp[g] * d + v0, acc[g], sizeof acc[g]);
+        memcpy(og[g] + v0, acc[g], sizeof acc[g]);
     }
 }
 
-static void pv_tiles(const float *vbase, const float *s, float *o, const int64_t *grp,
-                     const int64_t *ends, int ng, int64_t jt, int64_t d, int64_t npad) {
+static void pv_pairs(const uint32_t *vp2, const uint32_t *const sp2[QGROUP],
+                     float *const og[QGROUP], const int64_t *ends, int ng, int64_t m0,
+                     int64_t d) {
     int64_t v0 = 0;
     for (; v0 + 4 * LANES <= d; v0 += 4 * LANES) {
         switch (ng) {
-        case 1: pv_group(vbase, s, o, grp, ends, 1, jt, d, npad, v0); break;
-        case 2: pv_group(vbase, s, o, grp, ends, 2, jt, d, npad, v0); break;
-        case 3: pv_group(vbase, s, o, grp, ends, 3, jt, d, npad, v0); break;
-        default: pv_group(vbase, s, o, grp, ends, 4, jt, d, npad, v0); break;
+        case 1: pv_group(vp2, sp2, og, ends, 1, m0, d, v0); break;
+        case 2: pv_group(vp2, sp2, og, ends, 2, m0, d, v0); break;
+        case 3: pv_group(vp2, sp2, og, ends, 3, m0, d, v0); break;
+        default: pv_group(vp2, sp2, og, ends, 4, m0, d, v0); break;
         }
     }
     for (; v0 < d; v0 += LANES) /* head_dim not a multiple of 64: one vector at a time */
         for (int g = 0; g < ng; g++) {
-            v16f acc;
-            memcpy(&acc, o + grp[g] * d + v0, sizeof acc);
-            const float *vr = vbase + jt * d + v0, *sq = s + grp[g] * npad;
-            for (int64_t j = jt; j < ends[g]; j++, vr += d) {
-                v16f x;
+            v16f acc = v16_splat(0.0f);
+            const uint32_t *vr = vp2 + m0 * d + v0;
+            for (int64_t m = m0; m < ends[g]; m++, vr += d) {
+                v16u x;
                 memcpy(&x, vr, sizeof x);
-                acc = acc + v16_splat(sq[j]) * x;
+                acc = v16_dot2_bf16(acc, v16_splat_u32(sp2[g][m]), x);
             }
-            memcpy(o + grp[g] * d + v0, &acc, sizeof acc);
+            memcpy(og[g] + v0, &acc, sizeof acc);
         }
+}
+
+/* One key's dim pairs down a column of kt2 (the keys after the last whole 16). */
+static void memcpy_pairs_column(uint32_t *col, int64_t npad, const uint16_t *key, int64_t d2) {
+    for (int64_t c = 0; c < d2; c++) memcpy(col + c * npad, key + 2 * c, sizeof(uint32_t));
+}
+
+/* Two consecutive keys' values as bf16 pairs (either may be NULL: zeros). */
+static void write_pair(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, int64_t d) {
+    for (int64_t c = 0; c < d; c += LANES) {
+        const v16u a = lo ? v16_load_u16(lo + c) : v16_splat_u32(0);
+        const v16u b = hi ? v16_load_u16(hi + c) << 16 : v16_splat_u32(0);
+        const v16u x = a | b;
+        memcpy(dst + c, &x, sizeof x);
+    }
 }
 
 /* One row, one kv head: every query token x every query head sharing that kv head. The
@@ -192,7 +218,12 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t nkeys = ctx - lo_all;
     const int64_t npad = (nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
     const int64_t *table = a->bt + row * a->width;
-    float *kt = w->kt, *vf = w->vf, *s = w->s, *qf = w->qf, *o = w->o;
+    float *s = w->s, *o = w->o;
+    uint32_t *kt2 = w->kt2, *q2 = w->q2;
+    const int64_t d2 = d / 2; /* head dims as bf16 pairs (head_dim is a multiple of 16) */
+    uint32_t *vp2 = w->vp2;
+    uint16_t *sp = w->sp;
+    const int64_t spw = npad + 4; /* sp entries per query-head (even: rows stay 4-aligned) */
     /* The cache is cold here (the layer's weights streamed through since it was last
      * read), and a dependent row-by-row walk over it stalls on every miss: request the
      * rows PREFETCH positions ahead so many misses are in flight at once. */
@@ -201,7 +232,11 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         const int64_t off = key_row(a, table, lo_all + j, g);
         prefetch_row(a->kc + off, row_bytes), prefetch_row(a->vc + off, row_bytes);
     }
-    const uint16_t *krow[LANES];
+    /* V as bf16 pairs of consecutive keys, pairs starting at even absolute positions (so
+     * a query-head's pairing never depends on the row's other queries): pair m holds
+     * keys 2m - odd0 and 2m + 1 - odd0 (relative to lo_all; a key outside is zero) */
+    const int64_t odd0 = lo_all & 1;
+    const uint16_t *krow[LANES], *vprev = NULL;
     int64_t j = 0;
     for (; j < nkeys; j++) {
         const int64_t off = key_row(a, table, lo_all + j, g);
@@ -210,32 +245,37 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             const int64_t ahead = key_row(a, table, lo_all + j + PREFETCH, g);
             prefetch_row(a->kc + ahead, row_bytes), prefetch_row(a->vc + ahead, row_bytes);
         }
-        float *vr = vf + j * d;
-        for (int64_t c = 0; c < d; c += LANES) {
-            const v16f x = v16_load_bf16(vp + c);
-            memcpy(vr + c, &x, sizeof x);
-        }
+        if ((j + odd0) & 1)
+            write_pair(vp2 + ((j + odd0) >> 1) * d, vprev, vp, d), vprev = NULL;
+        else
+            vprev = vp;
         krow[j % LANES] = a->kc + off;
         if (j % LANES != LANES - 1) continue;
-        /* 16 keys gathered: transpose them into kt 16 x 16 at a time */
+        /* 16 keys gathered: transpose their dim pairs into kt2, 16 x 16 pairs at a time */
         const int64_t j0 = j - (LANES - 1);
-        for (int64_t c0 = 0; c0 < d; c0 += LANES) {
+        for (int64_t c0 = 0; c0 < d2; c0 += LANES) {
+            const int64_t np = d2 - c0 < LANES ? d2 - c0 : LANES;
             v16f t[LANES];
-            for (int l = 0; l < LANES; l++) t[l] = v16_load_bf16(krow[l] + c0);
-            v16_transpose(t);
-            for (int l = 0; l < LANES; l++) memcpy(kt + (c0 + l) * npad + j0, &t[l], sizeof t[l]);
+            for (int l = 0; l < LANES; l++) {
+                v16u x = v16_splat_u32(0);
+                memcpy(&x, krow[l] + 2 * c0, (size_t)np * sizeof(uint32_t));
+                t[l] = (v16f)x;
+            }
+            v16_transpose(t); /* bit moves only */
+            for (int l = 0; l < np; l++) memcpy(kt2 + (c0 + l) * npad + j0, &t[l], sizeof t[l]);
         }
     }
+    if (vprev) write_pair(vp2 + ((nkeys - 1 + odd0) >> 1) * d, vprev, NULL, d); /* odd end */
     for (int64_t jt = nkeys / LANES * LANES; jt < nkeys; jt++) /* the last, partial 16 */
-        for (int64_t c = 0; c < d; c++) kt[c * npad + jt] = bf16_to_f32(krow[jt % LANES][c]);
-    for (int64_t c = 0; c < d; c++)
-        for (int64_t j = nkeys; j < npad; j++) kt[c * npad + j] = 0.0f;
+        memcpy_pairs_column(kt2 + jt, npad, krow[jt % LANES], d2);
+    for (int64_t c = 0; c < d2; c++)
+        for (int64_t j = nkeys; j < npad; j++) kt2[c * npad + j] = 0;
     /* query-head qi = i * rep + hh sees keys j0[qi] .. j0[qi] + n[qi] - 1 (relative to lo_all) */
     int64_t max_blocks = 0;
     for (int64_t qi = 0; qi < nq; qi++) {
         const int64_t t = q0 + qi / rep, head = g * rep + qi % rep;
         const uint16_t *qp = a->q + t * a->q_stride + head * d;
-        for (int64_t c = 0; c < d; c++) qf[qi * d + c] = bf16_to_f32(qp[c]);
+        memcpy(q2 + qi * d2, qp, (size_t)d * sizeof(uint16_t)); /* dim pairs as uint32 */
         const int64_t pos = first_pos + qi / rep;
         const int64_t nb = (pos - first_key(a, pos) + 1 + LANES - 1) / LANES;
         max_blocks = nb > max_blocks ? nb : max_blocks;
@@ -260,14 +300,13 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
                 nbs[ng] = (nb_ + LANES - 1) / LANES;
                 grp[ng++] = qj;
             }
-            score_tiles(kt + j0 + b * LANES, qf, grp, nbs, ng, d, npad, a->scale, s, b);
+            score_tiles(kt2 + j0 + b * LANES, q2, grp, nbs, ng, d2, npad, a->scale, s, b);
             qi += ng;
         }
     }
     /* softmax per query-head: exact max, exp, 16-lane denominator, bf16 probabilities */
     for (int64_t qi = 0; qi < nq; qi++) {
         QRANGE(qi, j0, n);
-        (void)j0;
         float *sq = s + qi * npad;
         const int64_t nb = (n + LANES - 1) / LANES;
         for (int64_t j = n; j < nb * LANES; j++) sq[j] = -INFINITY;
@@ -291,34 +330,40 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             den = den + keep;
         }
         const v16f denom = v16_splat(v16_sum(den));
+        /* bf16 probabilities into sp at this query-head's place in the pair layout, with
+         * a zero beside each end that shares a pair with a key it does not see */
+        uint16_t *spq = sp + qi * spw;
+        const int64_t first = odd0 + j0, last = first + n;
+        if (first & 1) spq[first - 1] = 0;
         for (int64_t b = 0; b < nb; b++) {
             v16f e;
             memcpy(&e, sq + b * LANES, sizeof e);
-            e = v16_round_bf16(e / denom);
-            memcpy(sq + b * LANES, &e, sizeof e);
+            const v16u bits = (v16u)v16_round_bf16(e / denom) >> 16;
+            uint16_t tmp[LANES];
+            for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)bits[l];
+            memcpy(spq + first + b * LANES, tmp, sizeof tmp);
         }
+        if (last & 1) spq[last] = 0;
     }
-    /* P @ V: keys in order for every output dim, in tiles of 64 keys shared by all
-     * query-heads; 64 dims (4 vectors) of accumulators at a time, for up to QGROUP
-     * query-heads that start at the same key (each still ends at its own last key) */
-    memset(o, 0, sizeof(float) * (size_t)(nq * d));
-    const int64_t tile = 64, max_keys = max_blocks * LANES;
-    for (int64_t jt = 0; jt < max_keys; jt += tile) {
-        int64_t qi = 0;
-        while (qi < nq) {
-            QRANGE(qi, j0, n);
-            if (jt >= n) { qi++; continue; }
-            int64_t grp[QGROUP], ends[QGROUP];
-            int ng = 0;
-            for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
-                QRANGE(qj, j0b, nb_);
-                if (j0b != j0) break;
-                ends[ng] = jt + tile < nb_ ? jt + tile : nb_;
-                grp[ng++] = qj;
-            }
-            pv_tiles(vf + j0 * d, s, o, grp, ends, ng, jt, d, npad);
-            qi += ng;
+    /* P @ V over key pairs, in order, for up to QGROUP query-heads that start at the same
+     * key (each still ends at its own last pair); V pairs stay in L1 across the group */
+    int64_t qi = 0;
+    while (qi < nq) {
+        QRANGE(qi, j0, n);
+        (void)n;
+        const uint32_t *sp2[QGROUP];
+        float *og[QGROUP];
+        int64_t ends[QGROUP];
+        int ng = 0;
+        for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
+            QRANGE(qj, j0b, nb_);
+            if (j0b != j0) break;
+            sp2[ng] = (const uint32_t *)(sp + qj * spw);
+            og[ng] = o + qj * d;
+            ends[ng++] = (odd0 + j0b + nb_ + 1) >> 1;
         }
+        pv_pairs(vp2, sp2, og, ends, ng, (odd0 + j0) >> 1, d);
+        qi += ng;
     }
 #undef QRANGE
     for (int64_t qi = 0; qi < nq; qi++) {
@@ -361,15 +406,18 @@ static int run(const Args *a) {
     }
     const int64_t npad = (max_keys + LANES - 1) / LANES * LANES + 4 * LANES;
     const int64_t nq = max_q * (a->heads / a->kv_heads), d = a->dim;
-    /* kt is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
-    const size_t need = (size_t)((d + 1) * npad + npad * d + 2 * nq * d + nq * npad);
+    const int64_t pairs = npad / 2 + 1;
+    /* kt2 is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
+    const size_t need = (size_t)((d / 2 + 1) * npad + pairs * d + nq * d / 2 + nq * d +
+                                 nq * npad + nq * (npad + 4) / 2 + 1);
     float *buf = scratch_floats(need);
     if (!buf) return -1;
-    Scratch w = {.kt = buf};
-    w.vf = w.kt + (d + 1) * npad;
-    w.qf = w.vf + npad * d;
-    w.o = w.qf + nq * d;
+    Scratch w = {.kt2 = (uint32_t *)buf};
+    w.vp2 = w.kt2 + (d / 2 + 1) * npad;
+    w.q2 = w.vp2 + pairs * d;
+    w.o = (float *)(w.q2 + nq * d / 2);
     w.s = w.o + nq * d;
+    w.sp = (uint16_t *)(w.s + nq * npad);
     for (int64_t r = 0; r < a->rows; r++)
         for (int64_t g = 0; g < a->kv_heads; g++) attend_group(a, r, g, &w);
     return 0;

@@ -85,6 +85,34 @@ static inline void v16_store_bf16(uint16_t *p, v16f x) {
     memcpy(p, tmp, sizeof tmp);
 }
 
+/* 16 uint16 values zero-extended to 32 bits. */
+static inline v16u v16_load_u16(const uint16_t *p) {
+    uint16_t tmp[LANES];
+    memcpy(tmp, p, sizeof tmp);
+    v16u x;
+    for (int l = 0; l < LANES; l++) x[l] = tmp[l];
+    return x;
+}
+
+/* acc + a.lo * b.lo + a.hi * b.hi per lane, where each 32-bit lane of a and b holds two
+ * bf16 values (lo in the low half): one vdpbf16ps where the build has AVX512-BF16, else
+ * two fused multiply-adds. The two round differently, but a build always uses one, so
+ * results never depend on the batch. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+static inline v16f v16_dot2_bf16(v16f acc, v16u a, v16u b) {
+    return (v16f)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+}
+#else
+static inline v16f v16_dot2_bf16(v16f acc, v16u a, v16u b) {
+    const v16f alo = (v16f)(a << 16), ahi = (v16f)(a & 0xffff0000u);
+    const v16f blo = (v16f)(b << 16), bhi = (v16f)(b & 0xffff0000u);
+    return acc + alo * blo + ahi * bhi;
+}
+#endif
+
+static inline v16u v16_splat_u32(uint32_t x) { return (v16u){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
 /* Transpose a 16x16 fp32 tile held as 16 row vectors, in place: four stages that swap
  * the off-diagonal b x b sub-blocks (b = 8, 4, 2, 1), 64 two-vector shuffles in all
  * instead of 256 scalar moves. Exact (moves only). */
