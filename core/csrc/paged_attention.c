@@ -71,6 +71,25 @@ typedef struct {
 /* query-heads that share key tiles in the score and P @ V loops */
 #define QGROUP 4
 
+/* acc[g][u] += pair src[g][at] (broadcast) x pair vector u of ``row`` (four 16-lane vectors
+ * of bf16 pairs), for G query-heads: the inner step of both the score and P @ V loops. */
+static inline __attribute__((always_inline)) void dot2_rows(v16f acc[][4], const uint32_t *row,
+                                                            const uint32_t *const src[],
+                                                            int64_t at, const int G) {
+    v16u x0, x1, x2, x3; /* named, not an array: an array is spilled to the stack */
+    memcpy(&x0, row, sizeof x0);
+    memcpy(&x1, row + LANES, sizeof x1);
+    memcpy(&x2, row + 2 * LANES, sizeof x2);
+    memcpy(&x3, row + 3 * LANES, sizeof x3);
+    for (int g = 0; g < G; g++) {
+        const v16u p = v16_splat_u32(src[g][at]);
+        acc[g][0] = v16_dot2_bf16(acc[g][0], p, x0);
+        acc[g][1] = v16_dot2_bf16(acc[g][1], p, x1);
+        acc[g][2] = v16_dot2_bf16(acc[g][2], p, x2);
+        acc[g][3] = v16_dot2_bf16(acc[g][3], p, x3);
+    }
+}
+
 /* Scores of G query-heads against four 16-key blocks starting at ``base`` (a column of
  * kt2, keys' head dims as bf16 pairs). Each (query-head, block) is one accumulator summing
  * dim pairs in order, exactly as when that query-head is alone; G only decides how many
@@ -81,20 +100,7 @@ static inline __attribute__((always_inline)) void score_group(const uint32_t *ba
                                                               int64_t npad, v16f acc[QGROUP][4]) {
     for (int g = 0; g < G; g++)
         for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
-    for (int64_t c = 0; c < d2; c++, base += npad) {
-        v16u k0, k1, k2, k3; /* named, not an array: an array is spilled to the stack */
-        memcpy(&k0, base, sizeof k0);
-        memcpy(&k1, base + LANES, sizeof k1);
-        memcpy(&k2, base + 2 * LANES, sizeof k2);
-        memcpy(&k3, base + 3 * LANES, sizeof k3);
-        for (int g = 0; g < G; g++) {
-            const v16u qc = v16_splat_u32(qv[g][c]);
-            acc[g][0] = v16_dot2_bf16(acc[g][0], qc, k0);
-            acc[g][1] = v16_dot2_bf16(acc[g][1], qc, k1);
-            acc[g][2] = v16_dot2_bf16(acc[g][2], qc, k2);
-            acc[g][3] = v16_dot2_bf16(acc[g][3], qc, k3);
-        }
-    }
+    for (int64_t c = 0; c < d2; c++, base += npad) dot2_rows(acc, base, qv, c, G);
 }
 
 static void score_tiles(const uint32_t *base, const uint32_t *q2, const int64_t *grp,
@@ -133,34 +139,10 @@ static inline __attribute__((always_inline)) void pv_group(const uint32_t *vp2,
     }
     const uint32_t *vr = vp2 + m0 * d + v0;
     int64_t m = m0;
-    for (; m < common; m++, vr += d) {
-        v16u x0, x1, x2, x3; /* named, not an array: an array is spilled to the stack */
-        memcpy(&x0, vr, sizeof x0);
-        memcpy(&x1, vr + LANES, sizeof x1);
-        memcpy(&x2, vr + 2 * LANES, sizeof x2);
-        memcpy(&x3, vr + 3 * LANES, sizeof x3);
-        for (int g = 0; g < G; g++) {
-            const v16u pj = v16_splat_u32(sp2[g][m]);
-            acc[g][0] = v16_dot2_bf16(acc[g][0], pj, x0);
-            acc[g][1] = v16_dot2_bf16(acc[g][1], pj, x1);
-            acc[g][2] = v16_dot2_bf16(acc[g][2], pj, x2);
-            acc[g][3] = v16_dot2_bf16(acc[g][3], pj, x3);
-        }
-    }
+    for (; m < common; m++, vr += d) dot2_rows(acc, vr, sp2, m, G);
     for (int g = 0; g < G; g++) {
         const uint32_t *vg = vr;
-        for (int64_t mg = m; mg < ends[g]; mg++, vg += d) {
-            v16u x0, x1, x2, x3;
-            memcpy(&x0, vg, sizeof x0);
-            memcpy(&x1, vg + LANES, sizeof x1);
-            memcpy(&x2, vg + 2 * LANES, sizeof x2);
-            memcpy(&x3, vg + 3 * LANES, sizeof x3);
-            const v16u pj = v16_splat_u32(sp2[g][mg]);
-            acc[g][0] = v16_dot2_bf16(acc[g][0], pj, x0);
-            acc[g][1] = v16_dot2_bf16(acc[g][1], pj, x1);
-            acc[g][2] = v16_dot2_bf16(acc[g][2], pj, x2);
-            acc[g][3] = v16_dot2_bf16(acc[g][3], pj, x3);
-        }
+        for (int64_t mg = m; mg < ends[g]; mg++, vg += d) dot2_rows(acc + g, vg, sp2 + g, mg, 1);
         memcpy(og[g] + v0, acc[g], sizeof acc[g]);
     }
 }
