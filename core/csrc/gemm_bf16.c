@@ -5,7 +5,8 @@
  * Why hand-written: a decode or verify step multiplies 1-9 rows by every weight once, so
  * the step time is how fast one core streams the weights. oneDNN's packed bf16 GEMM
  * reaches ~22 GB/s on one core here at 5 rows; this kernel, whose whole weight is one
- * sequential stream, reaches ~35 GB/s (the core streams ~40 GB/s with no arithmetic).
+ * sequential stream (in huge pages, models/hugepages.py), reaches 38-41 GB/s at 1-5 rows:
+ * what the core streams with no arithmetic at all.
  *
  * Layout (packed once at load by draftwise.models.linear): W [N, K] becomes
  * P[N/64][K/2][64][2], zero-padded to whole blocks: for each block of 64 outputs, each

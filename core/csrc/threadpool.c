@@ -1,7 +1,7 @@
 /* The worker pool behind dw_parallel_for (see threadpool.h).
  *
- * One job at a time (the kernels are called with the GIL held until they release it, and
- * one Python thread drives a model). The caller publishes the job, bumps a generation
+ * One job at a time (``busy``; a concurrent caller runs its job inline). The caller
+ * publishes the job, bumps a generation
  * counter and wakes sleepers; each worker runs its range and decrements ``pending``; the
  * caller runs range 0 and spins until ``pending`` is 0. Workers spin ~100 us for the next
  * job (a decoder layer calls a GEMM every few tens of us), then sleep on a condition
@@ -99,7 +99,7 @@ static int ensure_workers(int count) {
     return pool.workers;
 }
 
-void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx) {
+static void parallel_for_locked(int threads, int64_t n, dw_range_fn fn, void *ctx) {
     if (threads > n) threads = (int)n;
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
     if (threads > 1 && ensure_workers(threads - 1) < threads - 1) threads = 1 + pool.workers;
@@ -115,4 +115,17 @@ void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx) {
     pthread_mutex_unlock(&pool.lock);
     run_part(0);
     while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
+}
+
+/* Held while a job runs: a second caller (another Python thread, GIL released) runs its
+ * job inline instead of sharing the pool, which changes who computes, never what. */
+static atomic_flag busy = ATOMIC_FLAG_INIT;
+
+void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx) {
+    if (threads > 1 && !atomic_flag_test_and_set_explicit(&busy, memory_order_acquire)) {
+        parallel_for_locked(threads, n, fn, ctx);
+        atomic_flag_clear_explicit(&busy, memory_order_release);
+    } else if (n > 0) {
+        fn(ctx, 0, n);
+    }
 }

@@ -165,3 +165,35 @@ def test_packed_weights_share_one_huge_page_arena() -> None:
         assert torch.equal(packed[0].unpack(), ws[0]) and torch.equal(packed[1].unpack(), ws[1])
         assert packed[0].data.data_ptr() % HUGE_PAGE == 0
         assert packed[1].data.data_ptr() == packed[0].data.data_ptr() + packed[0].data.nbytes
+
+
+@needs_native
+def test_native_linear_from_several_python_threads_at_once() -> None:
+    """The kernel releases the GIL; concurrent callers share one worker pool safely (a
+    caller that finds it busy runs inline) and get the bits they get alone."""
+    import threading
+
+    from draftwise.models import kernels
+
+    torch.manual_seed(3)
+    w = BlockedWeight.pack((torch.randn(2048, 576) * 0.05).bfloat16())
+    xs = [torch.randn(5, 576).bfloat16() for _ in range(4)]
+    before = kernels._threads
+    try:
+        kernels.set_kernel_threads(2)
+        expected = [linear(x, w) for x in xs]
+        failures: list[int] = []
+
+        def work(i: int) -> None:
+            for _ in range(50):
+                if not torch.equal(linear(xs[i], w), expected[i]):
+                    failures.append(i)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures
+    finally:
+        kernels.set_kernel_threads(before)
