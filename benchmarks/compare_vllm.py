@@ -410,6 +410,7 @@ def main() -> None:
 
     import torch
     from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, to_json
+    from draftwise.models.kernels import kernel_threads
 
     items = load_workload(args.workload)
     report: dict[str, Any] = {
@@ -434,7 +435,7 @@ def main() -> None:
 
     def ours(spec: str | None) -> dict[str, Any]:
         eng = build_ours(args.model, spec, args.dtype, args.threads)
-        report["machine"]["draftwise_threads"] = torch.get_num_threads()
+        report["machine"]["draftwise_threads"] = kernel_threads()  # torch may hold just 1
         ids = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(eng, i)} for i in items]
         if prompts and ids != prompts:
             raise RuntimeError("prompt ids changed between our two engines")
