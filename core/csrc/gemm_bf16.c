@@ -41,17 +41,6 @@ typedef struct {
     int64_t m, k, n, x_stride, y_stride;
 } Gemm;
 
-/* The x pair (x[2kp], x[2kp+1]) of one row, as the 32-bit value vdpbf16ps broadcasts;
- * an odd K's last pair is (x[K-1], 0). */
-static inline uint32_t x_pair(const uint16_t *row, int64_t kp, int64_t k) {
-    if (2 * kp + 1 < k) {
-        uint32_t v;
-        memcpy(&v, row + 2 * kp, sizeof v);
-        return v;
-    }
-    return row[2 * kp];
-}
-
 static inline __m512 load_bias(const uint16_t *b, int64_t col, int64_t n) {
     if (!b) return _mm512_setzero_ps();
     uint16_t tmp[16] = {0};
@@ -93,9 +82,9 @@ static inline __attribute__((always_inline)) void block(const Gemm *g, int64_t n
             acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, w3);
         }
     }
-    if (kp < kpairs) { /* odd K */
+    if (kp < kpairs) { /* odd K: the last pair is (x[K-1], 0), like the zero-padded weight */
         for (int r = 0; r < R; r++) {
-            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)x_pair(xr[r], kp, g->k));
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)xr[r][2 * kp]);
             for (int j = 0; j < 4; j++)
                 acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, (__m512bh)_mm512_loadu_si512(w + 32 * j));
         }

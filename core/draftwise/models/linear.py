@@ -6,8 +6,9 @@ is the step time. Three layouts, chosen once at load (:func:`weight_backend`):
 - ``native``: the C kernel ``core/csrc/gemm_bf16.c`` (AVX512-BF16 builds, bf16 weights).
   The weight becomes one sequential stream (:class:`BlockedWeight`, in huge pages:
   :func:`pack_weights`); one core reaches 38-41 GB/s at 1-5 rows here, against ~22 GB/s
-  for oneDNN's packed kernel and ~13 GB/s for ``F.linear``. Every output is one fp32 accumulator taking the K pairs in order, so a
-  row's bits never depend on how many rows share the call (or on which row it is).
+  for oneDNN's packed kernel and ~13 GB/s for ``F.linear``. Every output is one fp32
+  accumulator taking the K pairs in order, so a row's bits never depend on how many rows
+  share the call (or on which row it is).
 - ``onednn``: the weight reordered into oneDNN's blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does), run
   with ``_linear_pointwise``: bitwise ``F.linear`` (measured for M = 1..700). oneDNN's
@@ -128,41 +129,36 @@ def can_pack(weight: torch.Tensor) -> bool:
 Weight = torch.Tensor | BlockedWeight
 
 
-def pack_weight(weight: torch.Tensor) -> Weight:  # [out, in] -> packed
-    """The weight in the faster layout for this machine (see module doc), or unchanged."""
-    if weight.dim() != 2:
-        return weight
-    backend = weight_backend(weight.dtype, weight.device)
+def _backend_of(weight: torch.Tensor) -> str:
+    return weight_backend(weight.dtype, weight.device) if weight.dim() == 2 else "dense"
+
+
+def _pack(weight: torch.Tensor, backend: str, out: torch.Tensor | None = None) -> Weight:
     if backend == "native":
-        return BlockedWeight.pack(weight)
+        return BlockedWeight.pack(weight, out)
     if backend == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
     return weight
 
 
-def pack_weights(weights: Sequence[torch.Tensor]) -> list[Weight]:
-    """:func:`pack_weight` for a model's weights at once; the native ones share one arena.
+def pack_weight(weight: torch.Tensor) -> Weight:  # [out, in] -> packed
+    """The weight in the faster layout for this machine (see module doc), or unchanged."""
+    return _pack(weight, _backend_of(weight))
 
-    The arena is anonymous memory advised for transparent huge pages: a weight stream
-    then crosses a 2 MB page where it crossed 512 4-KB ones, and the hardware prefetcher
-    (which stops at page boundaries) and the TLB keep up. Measured on the default
-    model's weights, 5 rows, one core: 35 -> 40 GB/s, as fast as 1 row.
+
+def pack_weights(weights: Sequence[torch.Tensor]) -> list[Weight]:
+    """:func:`pack_weight` for a model's weights at once; the native ones share one arena
+    in huge-page memory (``models.hugepages``: a 5-row GEMM then streams as fast as 1 row).
     """
-    out: list[Weight] = list(weights)
-    native = [
-        i for i, w in enumerate(weights)
-        if w.dim() == 2 and weight_backend(w.dtype, w.device) == "native"
-    ]
-    sizes = [BlockedWeight.numel_for(*weights[i].shape) for i in native]
-    arena = huge_page_tensor(sum(sizes), torch.bfloat16) if native else None
+    backends = [_backend_of(w) for w in weights]
+    sizes = [BlockedWeight.numel_for(*w.shape) if b == "native" else 0
+             for w, b in zip(weights, backends)]
+    arena = huge_page_tensor(sum(sizes), torch.bfloat16) if any(sizes) else None
+    out: list[Weight] = []
     offset = 0
-    for i, size in zip(native, sizes):
-        assert arena is not None
-        out[i] = BlockedWeight.pack(weights[i], arena[offset : offset + size])
+    for w, backend, size in zip(weights, backends, sizes):
+        out.append(_pack(w, backend, None if arena is None else arena[offset : offset + size]))
         offset += size
-    for i, w in enumerate(weights):
-        if not isinstance(out[i], BlockedWeight):
-            out[i] = pack_weight(w)
     return out
 
 

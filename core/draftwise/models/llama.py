@@ -154,7 +154,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.decoder_layers():
             layer.native = self.native
         #: the LM head packed by :meth:`pack_weights` (None: not packed, use ``lm_head_weight``)
-        self._lm_head_packed: torch.Tensor | None = None
+        self._lm_head_packed: Weight | None = None
         self.ensure_positions(min(_INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
 
     # -- what the engine and drafters read ------------------------------------------------
@@ -197,7 +197,7 @@ class LlamaForCausalLM(nn.Module):
         return linear(hidden, head).float()
 
     def pack_weights(self) -> None:
-        """Reorder every projection and the LM head for oneDNN (see ``models.linear``).
+        """Pack every projection and the LM head for this machine (see ``models.linear``).
 
         Called once after the weights are loaded. A tied LM head gets its own packed copy
         (the embedding lookup needs the dense table).
