@@ -24,6 +24,7 @@ from draftwise.formats.tokenizer import IncrementalDetokenizer
 from draftwise.metrics import RequestSpecDecodeMetrics, SpecDecodingStats
 from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
+from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 
 logger = logging.getLogger("draftwise.engine")
@@ -160,9 +161,7 @@ class LLMEngine:
         if req is None:
             return False
         req.finished_time = time.monotonic()
-        self.runner.release(request_id)
-        if self.spec is not None:
-            self.spec.release(request_id)
+        self._release_state(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -177,17 +176,35 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns outputs of requests that progressed."""
+        """Run one engine step; returns outputs of requests that progressed.
+
+        A failure inside the step that escapes it (propose, forward, verify) cannot be
+        pinned on a row by looking at it, so the rows are re-run one by one
+        (:meth:`_isolate`): the one that fails alone is failed alone, the others go on.
+        """
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
-            self.runner.release(victim.req_id)
-            if self.spec is not None:
-                self.spec.release(victim.req_id)
+            self._release_state(victim.req_id)
         rows = sched.rows
         if not rows:
             return []
+        try:
+            outputs = self._run_rows(rows, t0)
+        except Exception as exc:  # noqa: BLE001 - attributed to a row, or to all of them
+            outputs = self._isolate(rows, exc)
+        self.stats.num_steps += 1
+        self._maybe_log_stats()
+        return outputs
+
+    def _run_rows(self, rows: list[ScheduledRow], t0: float) -> list[RequestOutput]:
+        """schedule's rows -> propose -> one forward -> verify -> commit.
+
+        Nothing before commit changes what a retry of these rows would compute (K/V past a
+        row's computed tokens is rewritten, proposals are recomputed), and commit fails a
+        row alone, so an exception escaping this method leaves every row retryable.
+        """
         t1 = time.perf_counter()
         drafts = (
             self.spec.propose(rows) if self.spec is not None else [None] * len(rows)
@@ -228,9 +245,53 @@ class LLMEngine:
         tm.forward += t3 - t2
         tm.verify += t4 - t3
         tm.commit += t5 - t4
-        self.stats.num_steps += 1
-        self._maybe_log_stats()
         return outputs
+
+    def _isolate(self, rows: list[ScheduledRow], exc: Exception) -> list[RequestOutput]:
+        """After a failed step: run each row alone; fail only the rows that fail alone.
+
+        A row's retry starts from its committed tokens with its cache state discarded and
+        recomputed (prefix-cache hits make that cheap): the failed forward may already have
+        advanced a recurrent state in place, and recomputing is the one retry that is
+        right for every model. Recomputation is what preemption does, so it is lossless.
+        """
+        if len(rows) == 1:
+            return [self._fail(rows[0].request, exc)]
+        logger.warning(
+            "engine step over %d rows failed (%s: %s); re-running each row alone",
+            len(rows), type(exc).__name__, exc,
+        )
+        outputs: list[RequestOutput] = []
+        for row in rows:
+            req = row.request
+            if req.status.finished:
+                continue
+            self._release_state(req.req_id)
+            retry = self.scheduler.restart(req)
+            if retry is None:  # no blocks for it alone now: back to the queue, recomputed later
+                continue
+            try:
+                outputs.extend(self._run_rows([retry], time.perf_counter()))
+            except Exception as row_exc:  # noqa: BLE001 - this row fails alone
+                outputs.append(self._fail(req, row_exc))
+        return outputs
+
+    def _fail(self, req: Request, exc: BaseException) -> RequestOutput:
+        """Finish one request as failed, return its blocks, and say why in its output."""
+        logger.error("request %s failed inside a step: %s: %s", req.req_id,
+                     type(exc).__name__, exc, exc_info=exc)
+        req.error = f"{type(exc).__name__}: {exc}"
+        req.new_token_ids, req.new_text = [], ""
+        req.finished_time = time.monotonic()
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        self._release_state(req.req_id)
+        return self._make_output(req)
+
+    def _release_state(self, req_id: str) -> None:
+        """Drop a request's runner-side (recurrent) and proposer-side state."""
+        self.runner.release(req_id)
+        if self.spec is not None:
+            self.spec.release(req_id)
 
     def _maybe_log_stats(self) -> None:
         """vLLM's periodic ``SpecDecoding metrics`` line, every ``log_stats_interval`` s."""
@@ -293,6 +354,11 @@ class LLMEngine:
         ):
             req = row.request
             nd = 0 if draft is None else len(draft)
+            try:
+                self._commit_row(req, row, toks, n_acc, nd, now)
+            except Exception as exc:  # noqa: BLE001 - this row fails alone
+                outputs.append(self._fail(req, exc))
+                continue
             if nd and self.spec is not None and req.spec is not None:
                 req.spec.observe(nd, n_acc)
                 step_stats.observe_draft(nd, n_acc)
@@ -300,23 +366,42 @@ class LLMEngine:
                 spec_draft.append(nd)
                 spec_acc.append(n_acc)
                 spec_out.append(list(toks))
-            if req.first_token_time is None:
-                req.first_token_time = now
-            self._append_tokens(req, toks)
             outputs.append(self._make_output(req))
-            if req.status.finished:  # tokens past a stop are dropped with all the blocks
-                req.finished_time = now
-                self.scheduler.finish(req, req.status)
-                self.runner.release(req.req_id)
-                if self.spec is not None:
-                    self.spec.release(req.req_id)
-            else:  # keep the K/V of accepted drafts, roll back the rest
-                self.scheduler.commit(req, row.num_new_tokens, n_acc)
-                self.runner.commit_state(req.req_id, n_acc, nd)  # recurrent state too
         if self.spec is not None and spec_ids:
-            self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
+            try:
+                self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
+            except Exception as exc:  # noqa: BLE001 - proposer state of these rows is lost
+                outputs = self._fail_committed(outputs, set(spec_ids), exc)
             self.spec.observe_step(step_stats)
         return outputs
+
+    def _commit_row(
+        self, req: Request, row: ScheduledRow, toks: list[int], n_acc: int, nd: int, now: float
+    ) -> None:
+        """Append one row's verified tokens; finish it, or keep accepted K/V and roll back."""
+        if req.first_token_time is None:
+            req.first_token_time = now
+        self._append_tokens(req, toks)
+        if req.status.finished:  # tokens past a stop are dropped with all the blocks
+            req.finished_time = now
+            self.scheduler.finish(req, req.status)
+            self._release_state(req.req_id)
+        else:  # keep the K/V of accepted drafts, roll back the rest
+            self.scheduler.commit(req, row.num_new_tokens, n_acc)
+            self.runner.commit_state(req.req_id, n_acc, nd)  # recurrent state too
+
+    def _fail_committed(
+        self, outputs: list[RequestOutput], req_ids: set[str], exc: Exception
+    ) -> list[RequestOutput]:
+        """Replace the outputs of ``req_ids`` (already committed) by failures."""
+        kept: list[RequestOutput] = []
+        for out in outputs:
+            req = self.scheduler.requests.get(out.request_id)
+            if out.request_id in req_ids and req is not None:
+                kept.append(self._fail(req, exc))
+            else:
+                kept.append(out)
+        return kept
 
     def _feed_hidden(
         self,
@@ -406,6 +491,7 @@ class LLMEngine:
             new_token_ids=list(req.new_token_ids),
             new_text=req.new_text,
             num_cached_tokens=req.num_cached_tokens,
+            error=req.error,
         )
 
     def request_metrics(self, req: Request) -> dict[str, Any]:

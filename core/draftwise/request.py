@@ -25,14 +25,17 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    #: failed inside a step on its own account (the others in that step went on)
+    FINISHED_ERROR = "error"
 
     @property
     def finished(self) -> bool:
-        """True for the three terminal states."""
+        """True for the four terminal states."""
         return self in (
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         )
 
 
@@ -54,6 +57,8 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    #: why the request failed (status FINISHED_ERROR): "<ExceptionType>: message"
+    error: str | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
     #: text produced so far (stop strings already cut off)
@@ -131,3 +136,6 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     num_cached_tokens: int = 0
+    #: set when this request failed inside a step (finish_reason "error"); the others in
+    #: that step were unaffected
+    error: str | None = None

@@ -180,6 +180,24 @@ class Scheduler:
             budget -= num_new
         return out
 
+    def restart(self, req: Request) -> ScheduledRow | None:
+        """A running request's cache state dropped and its first chunk scheduled alone.
+
+        For re-running a row of a failed step from what it has committed: its blocks are
+        freed (their prefix hashes kept, so full blocks come back as cache hits), then one
+        row recomputes from the longest cached prefix, within the token budget and without
+        drafts. When the pool cannot hold it alone now, it is preempted instead.
+        """
+        self.kv.free(req.req_id)
+        req.num_computed_tokens = 0
+        cached = self.kv.get_computed_blocks(req.req_id, req.all_token_ids)
+        req.num_computed_tokens = cached
+        num_new = min(req.num_tokens - cached, self.max_num_batched_tokens)
+        if not self.kv.allocate_slots(req.req_id, cached + num_new):
+            self._preempt(req, SchedulerOutput())
+            return None
+        return ScheduledRow(req, num_new, 0)
+
     def commit(self, req: Request, num_fed: int, num_accepted: int) -> None:
         """After a step: advance computed tokens and drop the KV of rejected drafts.
 

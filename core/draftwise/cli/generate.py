@@ -91,6 +91,9 @@ def generate(
     seconds = time.perf_counter() - t0
     if final is None:  # pragma: no cover - the engine always finishes a request
         raise SystemExit(1)
+    if final.error is not None:  # failed inside a step (logged); no traceback for the user
+        click.echo(f"\nerror: the request failed: {final.error}", err=True)
+        raise SystemExit(1)
     completion = final.outputs[0]
     if as_json:
         n = len(completion.token_ids)

@@ -8,8 +8,10 @@ whatever arrived during a step joins the next one). Outputs go back to each requ
 forward pass.
 
 Failure containment: an exception while preparing or adding a request fails that
-request only; an exception from ``step()`` cannot be attributed to one row, so the rows
-in flight are aborted (their blocks freed) and failed, and the loop keeps serving.
+request only; so does a failure inside a step, which the engine pins on its row by
+re-running the rows alone (the output carries ``error``). Only an exception escaping
+``step()`` itself (the scheduler) fails every request in flight, whose blocks are freed,
+and the loop keeps serving.
 """
 
 from __future__ import annotations
@@ -257,6 +259,9 @@ class EngineLoop:
                 logger.exception("observing request %s failed", out.request_id, exc_info=exc)
             if out.finished:
                 self._streams.pop(out.request_id, None)
+            if out.error is not None:  # failed alone inside a step; the others went on
+                batch.append((stream, RequestFailed(f"request failed: {out.error}")))
+                continue
             batch.append((stream, out))
         self._deliver(batch)
 
@@ -271,7 +276,7 @@ class EngineLoop:
             elif self.observer and stream.last_token is not None:
                 self.observer.on_tokens((now - stream.last_token) / n_new)
             stream.last_token = now
-        if out.finished and self.observer:
+        if out.finished and self.observer and out.error is None:  # failures: on_failed
             self.observer.on_finished(out, now - stream.arrival)
 
     def _deliver(self, batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
