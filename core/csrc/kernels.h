@@ -16,10 +16,9 @@ PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t narg
 PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_argmax_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* AVX512-BF16 builds run vdpbf16ps; every other build the portable vec.h path. */
 #define DW_HAVE_LINEAR_BF16 1
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-#endif
 
 /* Parse n leading pointer args then the rest as int64; returns 0 or -1 with an exception. */
 static inline int dw_parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,

@@ -22,7 +22,7 @@ static PyMethodDef methods[] = {
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "
-     "y_stride, threads): y = x @ W^T + b, W packed [N/64][K/2][64][2] (AVX512-BF16 builds only)"},
+     "y_stride, threads): y = x @ W^T + b, W packed [N/64][K/2][64][2]"},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -31,4 +31,20 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_cpu_kernels", "Hand-written CPU kernels (see core/csrc).", -1,
     methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    /* which instruction path linear_bf16 was built with (reported at start-up and in bench) */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    const char *isa = "avx512bf16";
+#elif defined(__AVX2__) && defined(__FMA__)
+    const char *isa = "avx2-fma";
+#else
+    const char *isa = "portable";
+#endif
+    if (PyModule_AddStringConstant(m, "linear_bf16_isa", isa) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

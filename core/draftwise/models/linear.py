@@ -3,12 +3,15 @@
 Decode on CPU streams every weight from memory once per step, so the GEMM's bandwidth
 is the step time. Three layouts, chosen once at load (:func:`weight_backend`):
 
-- ``native``: the C kernel ``core/csrc/gemm_bf16.c`` (AVX512-BF16 builds, bf16 weights).
+- ``native``: the C kernel ``core/csrc/gemm_bf16.c`` (bf16 weights; vdpbf16ps on
+  AVX512-BF16 builds, AVX2 FMAs or portable vectors elsewhere: ``KERNELS.linear_bf16_isa``).
   The weight becomes one sequential stream (:class:`BlockedWeight`, in huge pages:
-  :func:`pack_weights`); one core reaches 38-41 GB/s at 1-5 rows here, against ~22 GB/s
-  for oneDNN's packed kernel and ~13 GB/s for ``F.linear``. Every output is one fp32
-  accumulator taking the K pairs in order, so a row's bits never depend on how many rows
-  share the call (or on which row it is).
+  :func:`pack_weights`); on AVX512-BF16 one core reaches 38-41 GB/s at 1-5 rows, against
+  ~22 GB/s for oneDNN's packed kernel and ~13 GB/s for ``F.linear``. Every output is one
+  fp32 accumulator taking the K pairs in order, so a row's bits never depend on how many
+  rows share the call (or on which row it is). On CPUs without AVX512 (AVX2 only) it is
+  the only batch-invariant bf16 path: oneDNN's bf16 GEMM needs AVX512 there and
+  ``F.linear`` rounds differently with the row count.
 - ``onednn``: the weight reordered into oneDNN's blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does), run
   with ``_linear_pointwise``: bitwise ``F.linear`` (measured for M = 1..700). oneDNN's
@@ -83,7 +86,7 @@ class BlockedWeight:
 
 
 def native_available() -> bool:
-    """Whether this build has the AVX512-BF16 GEMM (``setup.py``, ``-march=native``)."""
+    """Whether the C kernels were built (``setup.py``); the GEMM then exists for any CPU."""
     return KERNELS is not None and hasattr(KERNELS, "linear_bf16")
 
 
@@ -110,7 +113,7 @@ def weight_backend(dtype: torch.dtype, device: torch.device | str = "cpu") -> st
         return "dense"
     if wanted == "native" and not (native_available() and dtype == torch.bfloat16):
         why = "bf16 weights" if native_available() else (
-            "a build with AVX512-BF16 (this CPU or build lacks it, or no C compiler was found)")
+            "the C kernels (no C compiler was found when draftwise was installed)")
         raise ValueError(f"{PACK_ENV}=native needs {why}; use auto or onednn")
     if wanted == "onednn" and not _onednn_available(dtype):
         raise ValueError(f"{PACK_ENV}=onednn: oneDNN cannot run {dtype} here; use auto or 0")
