@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.models.fused import rms_norm
+from draftwise.models.linear import linear
+from draftwise.models.pointwise import lanewise
 
 if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool
@@ -38,7 +40,7 @@ RECURRENT_MAX_TOKENS = 8
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # [..., d] -> [..., d]
     """FLA's l2 norm (rsqrt of sum + eps), so q/k match the reference kernels bit for bit."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+    return x * lanewise(torch.rsqrt, (x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def gates(
@@ -48,8 +50,8 @@ def gates(
     dt_bias: torch.Tensor,  # [H_v]
 ) -> tuple[torch.Tensor, torch.Tensor]:  # g (log-decay <= 0), beta: fp32 [..., H_v]
     """Log-decay ``g = -exp(A_log) softplus(a + dt_bias)``, write strength ``beta = sigmoid(b)``."""
-    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
-    return g, b.sigmoid().float()
+    g = -a_log.float().exp() * lanewise(F.softplus, a.float() + dt_bias)
+    return g, lanewise(torch.sigmoid, b).float()
 
 
 def _prepare(
@@ -90,7 +92,7 @@ def recurrent_gated_delta_rule(
     kept: list[torch.Tensor] | None = [] if keep_states else None
     for t in range(t_len):
         k_t = k[:, :, t]
-        s = s * g[:, :, t].exp()[..., None, None]
+        s = s * lanewise(torch.exp, g[:, :, t])[..., None, None]
         mem = (s * k_t.unsqueeze(-1)).sum(dim=-2)  # what S already predicts for k_t: [B, H, d_v]
         delta = (v[:, :, t] - mem) * beta[:, :, t].unsqueeze(-1)
         s = s + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
@@ -174,7 +176,7 @@ def causal_conv(
     acc = x[:, 0:t_len].float() * w[:, 0]
     for j in range(1, taps):
         acc = acc + x[:, j : j + t_len].float() * w[:, j]
-    out = F.silu(acc.to(u.dtype))
+    out = lanewise(F.silu, acc.to(u.dtype))
     new_state = x[:, t_len:].transpose(1, 2).contiguous()
     states = None
     if keep_states:  # window ending at token t: x[t+1 : t+K]
@@ -213,7 +215,7 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """Project, run every row over its slot's state, gated-norm, project out."""
         c = self.c
-        proj = F.linear(x, self.in_proj)
+        proj = linear(x, self.in_proj)
         u, rest = proj[:, : c.conv_dim], proj[:, c.conv_dim :]
         z = rest[:, : c.value_dim].reshape(-1, c.num_v_heads, c.head_v_dim)
         g, beta = gates(
@@ -230,8 +232,8 @@ class GatedDeltaNet(nn.Module):
             )
             o = self._rows(u[idx], g[idx], beta[idx], [slots[i] for i in rows], states, recurrent)
             out[idx.flatten()] = o.flatten(0, 1).to(x.dtype)
-        y = (rms_norm(out, self.norm, self.eps) * F.silu(z.float())).to(x.dtype)
-        return F.linear(y.flatten(1), self.out_weight)
+        y = (rms_norm(out, self.norm, self.eps) * lanewise(F.silu, z.float())).to(x.dtype)
+        return linear(y.flatten(1), self.out_weight)
 
     def _rows(
         self,

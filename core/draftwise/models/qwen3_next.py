@@ -35,6 +35,8 @@ from draftwise.models.attention import AttentionMetadata, paged_attention
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.gdn import GatedDeltaNet
+from draftwise.models.linear import Weight, is_packed, linear, pack_weights
+from draftwise.models.pointwise import lanewise
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 if TYPE_CHECKING:
@@ -162,7 +164,7 @@ def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Pa
 def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., d]
     """Zero-centred RMSNorm, transformers' op order: ``(x̂_fp32 · (1 + w)).to(dtype)``."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = xf * lanewise(torch.rsqrt, xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + weight.float())).type_as(x)
 
 
@@ -195,7 +197,7 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """Attend over the paged context, gate, project out."""
         t, d, r = x.shape[0], self.head_dim, self.rotary_dim
-        qkv = F.linear(x, self.qkv_weight)
+        qkv = linear(x, self.qkv_weight)
         qg = qkv[:, : self.q2].view(t, self.heads, 2 * d)
         q, gate = qg[..., :d], qg[..., d:].reshape(t, -1)
         k = qkv[:, self.q2 : self.q2 + self.kv_heads * d].view(t, self.kv_heads, d)
@@ -204,7 +206,7 @@ class GatedAttention(nn.Module):
         q = torch.cat((apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]), dim=-1)
         k = torch.cat((apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]), dim=-1)
         attn = paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
-        return F.linear(attn * torch.sigmoid(gate), self.o_weight)
+        return linear(attn * lanewise(torch.sigmoid, gate), self.o_weight)
 
 
 class HybridLayer(nn.Module):
@@ -286,9 +288,10 @@ class HybridLayer(nn.Module):
         else:
             h = h + self.mixer(x, cos, sin, kv.k[self.slot], kv.v[self.slot], meta)
         x = zc_rms_norm(h, self.post_norm, self.eps)
-        gate_up = F.linear(x, self.gate_up_weight)
-        return h + F.linear(
-            F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :], self.down_weight
+        gate_up = linear(x, self.gate_up_weight)
+        return h + linear(
+            lanewise(F.silu, gate_up[:, : self.inter]) * gate_up[:, self.inter :],
+            self.down_weight,
         )
 
 
@@ -323,6 +326,8 @@ class Qwen3NextForCausalLM(nn.Module):
             if c.tie_word_embeddings
             else _param(c.vocab_size, c.hidden_size, **kw)
         )
+        #: the LM head packed by :meth:`pack_weights` (None: not packed, use lm_head_weight)
+        self._lm_head_packed: Weight | None = None
         inv_freq, self._rope_scaling = inv_frequencies(
             hybrid.rotary_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings
         )
@@ -380,7 +385,28 @@ class Qwen3NextForCausalLM(nn.Module):
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] fp32
         """float32 logits of normed hidden states (shared with the MTP head)."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        return linear(hidden, head).float()
+
+    def pack_weights(self) -> None:
+        """Pack every projection and the LM head for this machine, as the llama family does.
+
+        Called once after loading: packed bf16 projections are what make a row's bits
+        independent of how many rows share the step (``models.linear``), which verify
+        needs for greedy speculation to equal speculation off. The dense parameters go
+        (``weight_slots`` is unusable afterwards); a tied head gets its own packed copy.
+        """
+        slots: list[tuple[nn.Module, str]] = []
+        for layer in self.hybrid_layers():
+            mixer = layer.mixer
+            names = ("in_proj", "out_weight") if layer.linear else ("qkv_weight", "o_weight")
+            slots += [(mixer, n) for n in names]
+            slots += [(layer, "gate_up_weight"), (layer, "down_weight")]
+        packed = pack_weights([getattr(m, n) for m, n in slots] + [self.lm_head_weight])
+        for (module, name), weight in zip(slots, packed):
+            _set_packed(module, name, weight)
+        head = packed[-1]
+        self._lm_head_packed = head if is_packed(head) else None
 
     def ensure_positions(self, n: int) -> None:
         """Grow the RoPE tables to cover positions ``< n``."""
@@ -444,6 +470,13 @@ class Qwen3NextForCausalLM(nn.Module):
                 slots[name][1].copy_(tensor)
 
 
+def _set_packed(module: nn.Module, name: str, packed: Weight) -> None:
+    """Swap a dense parameter for its packed copy, dropping the dense one."""
+    if packed is not getattr(module, name):
+        del module._parameters[name]
+        setattr(module, name, packed)
+
+
 def unpack_fused(w: torch.Tensor, h: HybridConfig, is_ba: bool) -> torch.Tensor:  # [rows, hidden]
     """Qwen3-Next's per-key-head groups ``[q_h k_h v_g z_g]`` / ``[b_g a_g]`` -> ``[q k v z]``
     / ``[b a]``.
@@ -499,6 +532,7 @@ def load_hybrid(
     if extra:
         raise UnexpectedTensorError(path, extra)
     model.load_weights(ckpt.iter_tensors(list(slots)), prefix)
+    model.pack_weights()
     return model, ckpt
 
 
