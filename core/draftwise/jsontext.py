@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from typing import Any, NoReturn
 
 from draftwise.errors import DraftwiseError
@@ -207,6 +208,33 @@ def depth_of(value: Any, max_depth: int = MAX_DEPTH) -> int:
     return deepest
 
 
+class _BoundedRepr(reprlib.Repr):
+    """``repr`` that stays short and never raises: deep values are cut, huge ints summarised."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 3000:  # str() refuses past 4,300 digits
+            return f"<an integer of about {int(x.bit_length() * math.log10(2)) + 1:,} digits>"
+        return super().repr_int(x, level)
+
+
+_REPR = _BoundedRepr()
+_REPR.maxlevel = 4
+_REPR.maxstring = _REPR.maxother = 80
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """Quote a user's value as they wrote it: JSON where possible, else a bounded ``repr``.
+
+    Never raises: a value too deep for ``json.dumps`` or an integer too long for ``str``
+    (both reachable from the Python API, where no JSON text was parsed) is shown cut short.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 __all__ = [
     "MAX_CHARS",
     "MAX_DEPTH",
@@ -216,4 +244,5 @@ __all__ = [
     "decode_text",
     "depth_of",
     "loads",
+    "show",
 ]

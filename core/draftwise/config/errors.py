@@ -11,12 +11,10 @@ the class rather than on message text.
 from __future__ import annotations
 
 import copy
-import json
-import math
-import reprlib
 from typing import Any
 
 from draftwise.errors import DraftwiseError
+from draftwise.jsontext import show
 
 
 class _Unset:
@@ -27,33 +25,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-class _BoundedRepr(reprlib.Repr):
-    """``repr`` that stays short and never raises: deep values are cut, huge ints summarised."""
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 3000:  # str() refuses past 4,300 digits
-            return f"<an integer of about {int(x.bit_length() * math.log10(2)) + 1:,} digits>"
-        return super().repr_int(x, level)
-
-
-_REPR = _BoundedRepr()
-_REPR.maxlevel = 4
-_REPR.maxstring = _REPR.maxother = 80
-
-
-def show(value: Any, limit: int = 80) -> str:
-    """Quote a user's value as they wrote it: JSON where possible, else a bounded ``repr``.
-
-    Never raises: a value too deep for ``json.dumps`` or an integer too long for ``str``
-    (both reachable from the Python API, where no JSON text was parsed) is shown cut short.
-    """
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        text = _REPR.repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ConfigError(DraftwiseError, ValueError):

@@ -25,8 +25,10 @@ from draftwise.formats.errors import (
     UnsupportedDtypeError,
 )
 from draftwise.formats.gguf import GGUFCheckpoint
-from draftwise.formats.safetensors_dir import SafetensorsCheckpoint, read_json
-from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file
+from draftwise.formats.jsonfile import read_json
+from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
+from draftwise.formats.values import ConfigValues
 from draftwise.models.config import ModelConfig
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.registry import (
@@ -124,9 +126,27 @@ def load_model(
     return _load_gguf(path, target, device, progress)
 
 
-def _load_gguf(
-    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
-) -> LoadedModel:
+@dataclass(slots=True)
+class GGUFPlan:
+    """What :func:`load_model` knows about a GGUF before it reads a weight."""
+
+    ckpt: GGUFCheckpoint
+    config: ModelConfig
+    #: HF name -> (GGUF name, shape), every name checked against the config
+    available: dict[str, tuple[str, tuple[int, ...]]]
+    names: list[str]
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+
+
+def plan_gguf(path: str) -> GGUFPlan:
+    """Every check ``load_model`` makes on a GGUF before reading weights, in refusal order.
+
+    Header, metadata and tensor infos (:mod:`draftwise.formats.gguf_header`), the
+    architecture, the config values, every tensor's name and shape, the tokenizer and the
+    chat template: a corrupt or unsupported file fails here, in well under a second,
+    with a :class:`~draftwise.formats.errors.ModelFormatError` (or ChatTemplateError).
+    """
     ckpt = GGUFCheckpoint(path)
     check_gguf_metadata(ckpt.metadata, path)
     config = ModelConfig.from_gguf_metadata(
@@ -135,27 +155,38 @@ def _load_gguf(
     model_class(config, path)
     available = ckpt.hf_shapes()
     names = _check_tensors(path, config, available)
+    tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
+    tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
+    template = ConfigValues(ckpt.metadata, path).text("tokenizer.chat_template", None)
+    specials = _special_strings(tokens, config.bos_token_id, tokenizer.eos_token_ids)
+    chat = ChatTemplate(template, specials) if template else None
+    return GGUFPlan(ckpt, config, available, names, tokenizer, chat)
+
+
+def _load_gguf(
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+) -> LoadedModel:
+    plan = plan_gguf(path)
+    config, available = plan.config, plan.available
     model = LlamaForCausalLM(config, dtype, device)
     tensors = (
         (
             name,
-            ckpt.load_hf(
+            plan.ckpt.load_hf(
                 available[name][0], config.num_attention_heads, config.num_key_value_heads
             ),
         )
-        for name in names
+        for name in plan.names
     )
-    _copy_weights(model, tensors, len(names), progress)
-    tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
-    tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
-    template = ckpt.metadata.get("tokenizer.chat_template")
-    specials = _special_strings(tokens, config.bos_token_id, tokenizer.eos_token_ids)
+    _copy_weights(model, tensors, len(plan.names), progress)
     return LoadedModel(
         model=model,
         config=config,
-        tokenizer=tokenizer,
-        chat_template=ChatTemplate(template, specials) if template else None,
-        eos_token_ids=tuple(dict.fromkeys((*config.eos_token_ids, *tokenizer.eos_token_ids))),
+        tokenizer=plan.tokenizer,
+        chat_template=plan.chat_template,
+        eos_token_ids=tuple(
+            dict.fromkeys((*config.eos_token_ids, *plan.tokenizer.eos_token_ids))
+        ),
         bos_token_id=config.bos_token_id,
         path=path,
         format="gguf",
@@ -178,16 +209,17 @@ def _load_hf_dir(
         model_class(config, config_path)
         ckpt = SafetensorsCheckpoint(path)
         names = _check_tensors(path, config, ckpt.hf_shapes())
+        ckpt.check_dtypes(names)
         model = LlamaForCausalLM(config, dtype, device)
         _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
 
     eos = list(config.eos_token_ids)
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
-        gen_eos = read_json(gen_path).get("eos_token_id")
-        eos += gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+        gen = ConfigValues(read_json(gen_path), gen_path)
+        eos += gen.ids("eos_token_id", below=config.vocab_size)
     tok_cfg_path = os.path.join(path, "tokenizer_config.json")
-    tok_cfg = read_json(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
+    tok_cfg = read_tokenizer_config(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
     tok_file = find_tokenizer_file(path)
     tokenizer = Tokenizer.from_file(tok_file, tok_cfg, eos) if tok_file else None
     eos_ids = tuple(dict.fromkeys((*eos, *(tokenizer.eos_token_ids if tokenizer else ()))))
