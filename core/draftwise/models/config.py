@@ -13,7 +13,6 @@ from typing import Any
 
 from draftwise.formats.errors import ConfigError
 from draftwise.formats.values import ConfigValues
-from draftwise.jsontext import show
 
 #: GGUF ``general.architecture`` -> the HF architecture it corresponds to
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -223,19 +222,49 @@ def _hf_rope(v: ConfigValues) -> tuple[float, dict[str, Any] | None]:
         partial = scaling_v.number("partial_rotary_factor", None)
     if partial is not None and partial != 1.0:
         raise ConfigError(v.path, "partial_rotary_factor != 1 is not supported")
-    kind = scaling.get("rope_type", "default")
-    if not isinstance(kind, str):
-        raise ConfigError(
-            v.path, f"rope scaling type is {show(kind)}, expected a string", key="rope_type"
-        )
-    if kind == "default":
+    if scaling.get("rope_type", "default") == "default":
         return theta, None
-    if scaling_v is not None:
-        for key in ("factor", "original_max_position_embeddings", "low_freq_factor",
-                    "high_freq_factor", "beta_fast", "beta_slow"):
-            if key in scaling_v:
-                scaling_v.number(key)
-    return theta, scaling
+    prefix = scaling_v.prefix if scaling_v is not None else ""
+    return theta, check_rope_scaling(scaling, v.path, prefix)
+
+
+#: per RoPE scaling type: the keys ``models/rope.py`` needs, and the ones it may read
+_ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "llama3": (
+        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+        (),
+    ),
+    "yarn": (
+        ("factor",),
+        ("original_max_position_embeddings", "attention_factor", "mscale", "mscale_all_dim",
+         "beta_fast", "beta_slow"),
+    ),
+}
+
+
+def check_rope_scaling(scaling: dict[str, Any], path: str, prefix: str = "") -> dict[str, Any]:
+    """A RoPE scaling dict whose type is supported and whose numbers are all usable.
+
+    Checked here, before weights, so a missing ``factor`` is not silently 1.0 and equal
+    llama3 frequency factors are not a division by zero inside the rope tables.
+    """
+    v = ConfigValues(scaling, path, prefix)
+    kind = v.text("rope_type")
+    if kind not in _ROPE_KEYS:
+        raise v.error(
+            "rope_type", f"a supported RoPE scaling type (default, {', '.join(_ROPE_KEYS)})"
+        )
+    required, optional = _ROPE_KEYS[kind]
+    for key in required:
+        v.number(key)
+    for key in optional:
+        v.number(key, None)
+    if "truncate" in v:
+        v.flag("truncate")
+    if kind == "llama3" and v.number("high_freq_factor") <= v.number("low_freq_factor"):
+        raise v.error("high_freq_factor", "a number larger than low_freq_factor")
+    return scaling
 
 
 _LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -272,4 +301,6 @@ def _gguf_rope_scaling(v: ConfigValues) -> dict[str, Any] | None:
     original = v.integer("rope.scaling.original_context_length", None, minimum=0)
     if original:
         scaling["original_max_position_embeddings"] = original
-    return scaling
+    if kind not in ("linear", "yarn"):  # llama3-style files carry rope_freqs instead
+        raise v.error("rope.scaling.type", "none, linear or yarn")
+    return check_rope_scaling(scaling, v.path, v.prefix + "rope.scaling.")
