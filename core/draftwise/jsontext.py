@@ -40,7 +40,7 @@ MAX_INT_DIGITS = 100
 MAX_CHARS = 64 * 1024 * 1024
 
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]|[\]}]', re.DOTALL)
-_LONG_INT = re.compile(r"-?\d{%d,}" % (MAX_INT_DIGITS + 1))
+_LONG_INT = re.compile(rf"-?\d{{{MAX_INT_DIGITS + 1},}}")
 
 
 class JSONTextError(DraftwiseError, ValueError):

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from draftwise import jsontext
-
 from draftwise.config.core import (
     CORE_REFUSALS,
     KSchedule,

@@ -179,7 +179,7 @@ def _open(header: GGUFHeader) -> GGUFReader:
     path = header.path
     try:
         reader = GGUFReader(path)
-    except Exception as exc:  # noqa: BLE001 - the header check passed: a disagreement
+    except Exception as exc:  # the header check passed: gguf-py disagrees with it
         raise ModelFormatError(path, f"gguf-py cannot read the file: {exc}") from exc
     mapped = [(t.name, t.tensor_type, t.data_offset, int(t.n_bytes)) for t in reader.tensors]
     checked = [(t.name, t.qtype, t.offset, t.nbytes) for t in header.tensors.values()]

@@ -139,7 +139,9 @@ class Tokenizer:
         """Load ``tokenizer.json``; ``tokenizer_config.json`` supplies BOS/EOS names."""
         try:
             backend = Backend.from_file(path)
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception
+        except BaseException as exc:  # see _is_tokenizers_failure
+            if not _is_tokenizers_failure(exc):
+                raise
             raise TokenizerError(path, f"cannot load tokenizer.json: {exc}") from None
         cfg = tokenizer_config or {}
 
@@ -189,7 +191,9 @@ class Tokenizer:
         pre = gguf_pre_tokenizer(v.text("tokenizer.ggml.pre", None), path)
         try:
             bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False)
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception
+        except BaseException as exc:  # see _is_tokenizers_failure
+            if not _is_tokenizers_failure(exc):
+                raise
             raise TokenizerError(path, f"the GGUF vocabulary does not build: {exc}") from None
         backend = Backend(bpe)
         backend.pre_tokenizer = pre
@@ -219,6 +223,12 @@ class Tokenizer:
             )
         eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
         return cls(backend, bos, eos_ids, v.optional_id("tokenizer.ggml.padding_token_id", below=n))
+
+
+def _is_tokenizers_failure(exc: BaseException) -> bool:
+    """tokenizers raises a plain ``Exception``, or, on a Rust panic (a merge whose result is
+    not in the vocabulary), pyo3's ``PanicException``, which derives from BaseException."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
 
 
 #: llama.cpp token types: undefined, normal, unknown, control, user-defined, unused, byte

@@ -262,6 +262,8 @@ def _load_hf_dir(
     path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
 ) -> LoadedModel:
     plan = plan_hf_dir(path)
+    model: LlamaForCausalLM
+    config: ModelConfig
     if plan.ckpt is None:
         from draftwise.models.qwen3_next import load_hybrid
 

@@ -137,13 +137,12 @@ def mutated(draw: st.DrawFn) -> tuple[Any, bytes, int]:
             entry.pop(field, None)
         elif op == "entry":
             header[name] = draw(junk)
-        elif op == "shift" and isinstance(entry, dict) and isinstance(entry.get(field), list):
-            offsets = entry["data_offsets"]
+        elif op == "shift" and isinstance(entry, dict):
+            offsets = entry.get("data_offsets")
             if isinstance(offsets, list) and len(offsets) == 2:
                 i = draw(st.integers(0, 1))
-                offsets[i] = offsets[i] + draw(st.integers(-8, 8)) if isinstance(
-                    offsets[i], int
-                ) else offsets[i]
+                if isinstance(offsets[i], int):
+                    offsets[i] += draw(st.integers(-8, 8))
         elif op == "data":
             k = draw(st.integers(-6, 6))
             data = data[:k] if k < 0 else data + bytes(k)
