@@ -27,7 +27,8 @@ def check_config(ctx: click.Context, config: str) -> None:
     from draftwise.plugins.errors import PluginError
 
     state = ctx.ensure_object(CliState)
-    text = sys.stdin.read() if config == "-" else config
+    # stdin is read as bytes: the parser names a non-UTF-8 byte instead of a decode traceback
+    text: str | bytes = sys.stdin.buffer.read() if config == "-" else config
     try:
         resolved = parse_speculative_config(text, registry=state.registry())
     except ConfigError as exc:

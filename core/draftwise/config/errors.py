@@ -11,10 +11,10 @@ the class rather than on message text.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from draftwise.errors import DraftwiseError
+from draftwise.jsontext import show
 
 
 class _Unset:
@@ -25,15 +25,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-def show(value: Any, limit: int = 80) -> str:
-    """Quote a user's value as they wrote it: JSON where possible, else ``repr``."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ConfigError(DraftwiseError, ValueError):

@@ -4,13 +4,15 @@
 the message also shows the offending snippet with a caret, refuses duplicate keys
 (which ``json.loads`` silently resolves to the last one) and ``NaN``/``Infinity``
 (not JSON), and reminds that on a command line the JSON goes inside single quotes.
+Size, depth, integer-length and encoding limits are :mod:`draftwise.jsontext`'s, the
+same for every JSON text the engine reads.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, NoReturn
+from typing import Any
 
+from draftwise import jsontext
 from draftwise.config.errors import InvalidJSONError
 
 QUOTING_HINT = (
@@ -35,63 +37,66 @@ def snippet(text: str, lineno: int, colno: int) -> str:
     return f"    {shown}\n    {caret}"
 
 
-def _refuse_constant(name: str) -> NoReturn:
-    raise InvalidJSONError(
-        f"the speculative config is not valid JSON: {name} is not a JSON value. "
-        "Use a finite number.",
-        value=name, reason=f"{name} is not JSON",
-    )
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise InvalidJSONError(
-                f"the speculative config gives key '{key}' twice; JSON parsers keep only "
-                "one of them silently, so draftwise refuses it. Keep one.",
-                key=key, value=value, reason="duplicate key",
-            )
-        out[key] = value
-    return out
+#: longest speculative config text accepted (a real one is well under 1 KiB)
+MAX_CONFIG_CHARS = 1024 * 1024
 
 
 def load_json(text: str | bytes) -> Any:
-    """Parse JSON text strictly; :class:`InvalidJSONError` with position and snippet."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidJSONError(
-                f"the speculative config is not UTF-8 text: {exc}", reason="not UTF-8"
-            ) from exc
-    if not text.strip():
-        raise InvalidJSONError(
-            f"the speculative config is empty. {QUOTING_HINT}", value=text, reason="empty"
-        )
+    """Parse JSON text strictly; :class:`InvalidJSONError` with position and snippet.
+
+    The limits of :mod:`draftwise.jsontext` apply (UTF-8, depth, integer length, finite
+    numbers, no duplicate keys), plus :data:`MAX_CONFIG_CHARS`.
+    """
     try:
-        return json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant
+        return jsontext.loads(text, max_chars=MAX_CONFIG_CHARS)
+    except jsontext.JSONTextError as exc:
+        raise _refusal(exc, text) from exc
+
+
+def _refusal(exc: jsontext.JSONTextError, raw: str | bytes) -> InvalidJSONError:
+    """The user-facing wording of one :class:`~draftwise.jsontext.JSONTextError`."""
+    text = raw if isinstance(raw, str) else ""
+    if exc.kind == "duplicate":
+        return InvalidJSONError(
+            f"the speculative config gives key '{exc.key}' twice; JSON parsers keep only "
+            "one of them silently, so draftwise refuses it. Keep one.",
+            key=exc.key, reason="duplicate key",
         )
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}, column {exc.colno} (char {exc.pos})"
+    if exc.kind == "constant":
+        name = exc.reason.split(" ", 1)[0]
+        return InvalidJSONError(
+            f"the speculative config is not valid JSON: {name} is not a JSON value. "
+            "Use a finite number.",
+            value=name, reason=f"{name} is not JSON",
+        )
+    if exc.kind == "encoding":
+        return InvalidJSONError(
+            f"the speculative config is {exc.reason}", reason="not UTF-8"
+        )
+    if exc.kind == "syntax" and exc.decode_error is not None:
+        err = exc.decode_error
+        if not err.doc.strip():
+            return InvalidJSONError(
+                f"the speculative config is empty. {QUOTING_HINT}", value=text, reason="empty"
+            )
+        where = f"line {err.lineno}, column {err.colno} (char {err.pos})"
         hint = QUOTING_HINT
-        if "'" in text:
+        if "'" in err.doc:
             hint = "JSON strings use double quotes, not single ones. " + QUOTING_HINT
-        elif exc.msg.startswith("Expecting property name") or exc.msg == "Expecting value":
+        elif err.msg.startswith("Expecting property name") or err.msg == "Expecting value":
             hint = (
                 "The double quotes seem lost: a shell strips them unless the whole object is "
                 "inside single quotes. " + QUOTING_HINT
             )
-        raise InvalidJSONError(
-            f"the speculative config is not valid JSON: {exc.msg} at {where}:\n"
-            f"{snippet(text, exc.lineno, exc.colno)}\n{hint}",
-            value=text, reason=exc.msg,
-        ) from exc
-    except RecursionError as exc:
-        raise InvalidJSONError(
-            "the speculative config is nested too deeply to read", reason="too deep"
-        ) from exc
+        return InvalidJSONError(
+            f"the speculative config is not valid JSON: {err.msg} at {where}:\n"
+            f"{snippet(err.doc, err.lineno, err.colno)}\n{hint}",
+            value=text, reason=err.msg,
+        )
+    # size, depth, integer, number: no snippet (the text may be megabytes on one line)
+    return InvalidJSONError(
+        f"the speculative config is refused: {exc}", reason=exc.reason
+    )
 
 
-__all__ = ["QUOTING_HINT", "load_json", "snippet"]
+__all__ = ["MAX_CONFIG_CHARS", "QUOTING_HINT", "load_json", "snippet"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from draftwise import jsontext
 from draftwise.config.core import (
     CORE_REFUSALS,
     KSchedule,
@@ -154,6 +155,11 @@ def parse_speculative_config(
         raise InvalidJSONError(
             f"the speculative config must be a JSON object, got {show(data)}.",
             value=data, reason="not an object",
+        )
+    if jsontext.depth_of(data) > jsontext.MAX_DEPTH:  # a dict from Python: the text's limit
+        raise InvalidJSONError(
+            f"the speculative config is refused: nested deeper than {jsontext.MAX_DEPTH} "
+            "levels", reason="too deep",
         )
     if registry is None:
         from draftwise.plugins.manager import load_speculators

@@ -19,7 +19,9 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from draftwise.formats.errors import ChatTemplateError
+from draftwise.formats.errors import ChatTemplateError, ModelFormatError
+from draftwise.formats.jsonfile import read_json, read_text
+from draftwise.jsontext import show
 
 if TYPE_CHECKING:
     from draftwise.formats.tokenizer import Tokenizer
@@ -144,17 +146,32 @@ def chat_template_from_dir(directory: str) -> str | None:
     """The template of an HF directory: ``chat_template.jinja`` or tokenizer_config's."""
     jinja_file = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(jinja_file):
-        with open(jinja_file, encoding="utf-8") as fh:
-            return fh.read()
+        return read_text(jinja_file)
     for name in ("chat_template.json", "tokenizer_config.json"):
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             continue
-        with open(path, encoding="utf-8") as fh:
-            template = json.load(fh).get("chat_template")
+        template = read_json(path).get("chat_template")
+        if template is None:
+            continue
         if isinstance(template, list):  # named templates: take "default"
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            named = {
+                t["name"]: t["template"]
+                for t in template
+                if isinstance(t, dict)
+                and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)
+            }
+            if len(named) != len(template):
+                raise ModelFormatError(
+                    path, "'chat_template' is a list whose entries are not all "
+                    '{"name": <string>, "template": <string>}', key="chat_template",
+                )
             template = named.get("default") or next(iter(named.values()), None)
-        if isinstance(template, str):
-            return template
+        if not isinstance(template, str):
+            raise ModelFormatError(
+                path, f"'chat_template' is {show(template)}, expected a string or a list "
+                "of named templates", key="chat_template",
+            )
+        return template
     return None

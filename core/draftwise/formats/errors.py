@@ -16,11 +16,16 @@ class FormatError(DraftwiseError):
 
 
 class ModelFormatError(FormatError, ValueError):
-    """A checkpoint could not be read as what it claims to be."""
+    """A checkpoint could not be read as what it claims to be.
 
-    def __init__(self, path: str, message: str) -> None:
+    ``path`` is the file; ``key`` the tensor or the metadata/config key at fault, where
+    there is one. The message names both and says what was expected.
+    """
+
+    def __init__(self, path: str, message: str, *, key: str | None = None) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
+        self.key = key
 
 
 class TruncatedFileError(ModelFormatError):
@@ -32,6 +37,7 @@ class TruncatedFileError(ModelFormatError):
             path,
             f"file is truncated: {what} needs bytes up to offset {expected_end:,} but the file "
             f"has {file_size:,} bytes (re-download it)",
+            key=tensor,
         )
         self.tensor = tensor
         self.expected_end = expected_end
@@ -47,6 +53,7 @@ class TensorShapeError(ModelFormatError):
         super().__init__(
             path,
             f"tensor {tensor!r} has shape {list(got)}, expected {list(expected)} from the config",
+            key=tensor,
         )
         self.tensor = tensor
         self.expected = expected
@@ -58,7 +65,7 @@ class MissingTensorError(ModelFormatError):
 
     def __init__(self, path: str, tensor: str, expected: tuple[int, ...] | None = None) -> None:
         shape = f" (shape {list(expected)})" if expected is not None else ""
-        super().__init__(path, f"missing tensor {tensor!r}{shape}")
+        super().__init__(path, f"missing tensor {tensor!r}{shape}", key=tensor)
         self.tensor = tensor
 
 
@@ -80,6 +87,7 @@ class UnsupportedTensorTypeError(ModelFormatError):
             path,
             f"tensor {tensor!r} uses GGML type {qtype}, which gguf-py cannot dequantize "
             "(supported: F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants, IQ-quants, MXFP4)",
+            key=tensor,
         )
         self.tensor = tensor
         self.qtype = qtype

@@ -12,20 +12,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
-from gguf.gguf_reader import ReaderField, ReaderTensor
+from gguf import GGUFReader
+from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
 from draftwise.formats.errors import (
     ModelFormatError,
-    TruncatedFileError,
     UnexpectedTensorError,
     UnsupportedTensorTypeError,
 )
+from draftwise.formats.gguf_header import GGUFHeader, read_gguf_header
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -78,32 +79,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:  # [out, in] or [out
     return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-class _CheckedReader(GGUFReader):
-    """GGUFReader that names the tensor when the file is truncated or has an unknown type."""
-
-    def __init__(self, path: str) -> None:
-        self._checked_path = path
-        super().__init__(path)
-
-    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        size = len(self.data)
-        for field in fields:
-            _, name_data, _, dims, raw_dtype, offset = field.parts
-            name = bytes(name_data).decode("utf-8", "replace")
-            try:
-                qtype = GGMLQuantizationType(int(raw_dtype[0]))
-            except ValueError:
-                raise UnsupportedTensorTypeError(
-                    self._checked_path, name, f"#{int(raw_dtype[0])} (unknown)"
-                ) from None
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            n_bytes = int(np.prod(dims, dtype=np.int64)) * type_size // block
-            end = start_offs + int(offset[0]) + n_bytes
-            if end > size:
-                raise TruncatedFileError(self._checked_path, name, end, size)
-        super()._build_tensors(start_offs, fields)
-
-
 @dataclass(frozen=True, slots=True)
 class GGUFTensorInfo:
     """One tensor as stored: name, GGML type and PyTorch-order shape."""
@@ -114,15 +89,25 @@ class GGUFTensorInfo:
 
 
 class GGUFCheckpoint:
-    """An opened ``.gguf`` file: decoded metadata plus lazily dequantized tensors."""
+    """An opened ``.gguf`` file: decoded metadata plus lazily dequantized tensors.
+
+    The header, metadata and tensor infos are read and checked first
+    (:func:`~draftwise.formats.gguf_header.read_gguf_header`); gguf-py maps the tensor
+    data only when a tensor is first read, and must agree with that check.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
-        self._reader = _open(self.path)
-        self.metadata: dict[str, Any] = {
-            key: field.contents() for key, field in self._reader.fields.items()
-        }
-        self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+        self.header: GGUFHeader = read_gguf_header(self.path)
+        self.metadata: dict[str, Any] = self.header.metadata
+
+    @cached_property
+    def _reader(self) -> GGUFReader:
+        return _open(self.header)
+
+    @cached_property
+    def _tensors(self) -> dict[str, ReaderTensor]:
+        return {t.name: t for t in self._reader.tensors}
 
     @property
     def architecture(self) -> str:
@@ -132,13 +117,12 @@ class GGUFCheckpoint:
     @property
     def tensor_names(self) -> list[str]:
         """Stored tensor names, in file order."""
-        return list(self._tensors)
+        return list(self.header.tensors)
 
     def info(self, name: str) -> GGUFTensorInfo:
         """Type and PyTorch-order shape of a stored tensor."""
-        t = self._tensors[name]
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        return GGUFTensorInfo(name, t.tensor_type.name, shape)
+        t = self.header.tensors[name]
+        return GGUFTensorInfo(name, t.qtype.name, t.shape)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
@@ -152,7 +136,7 @@ class GGUFCheckpoint:
 
     def rope_freq_factors(self) -> tuple[float, ...] | None:
         """llama3.1-style RoPE frequency factors, when the file carries them."""
-        if "rope_freqs.weight" not in self._tensors:
+        if "rope_freqs.weight" not in self.header.tensors:
             return None
         return tuple(float(x) for x in self.dequantize("rope_freqs.weight").reshape(-1))
 
@@ -160,7 +144,7 @@ class GGUFCheckpoint:
         """HF name -> (GGUF name, shape) for every weight tensor; unknown names refused."""
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
         unknown = []
-        for name in self._tensors:
+        for name in self.header.tensors:
             target = hf_name(name)
             if target is None:
                 if name not in SIDE_TENSORS:
@@ -190,20 +174,17 @@ class GGUFCheckpoint:
             yield target, self.load_hf(name, num_heads, num_kv_heads)
 
 
-def _open(path: str) -> GGUFReader:
-    """Open with typed errors: missing, empty, not GGUF, truncated header or tensor."""
-    if not os.path.isfile(path):
-        raise ModelFormatError(path, "no such GGUF file")
-    size = os.path.getsize(path)
+def _open(header: GGUFHeader) -> GGUFReader:
+    """gguf-py's reader over a checked file; it must see the tensors the check saw."""
+    path = header.path
     try:
-        return _CheckedReader(path)
-    except ModelFormatError:
-        raise
-    except (ValueError, IndexError, OverflowError, UnicodeDecodeError) as exc:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != b"GGUF":
-            raise ModelFormatError(path, f"not a GGUF file (magic {magic!r})") from exc
+        reader = GGUFReader(path)
+    except Exception as exc:  # the header check passed: gguf-py disagrees with it
+        raise ModelFormatError(path, f"gguf-py cannot read the file: {exc}") from exc
+    mapped = [(t.name, t.tensor_type, t.data_offset, int(t.n_bytes)) for t in reader.tensors]
+    checked = [(t.name, t.qtype, t.offset, t.nbytes) for t in header.tensors.values()]
+    if mapped != checked:
         raise ModelFormatError(
-            path, f"GGUF header or metadata is truncated or corrupt ({size:,} bytes): {exc}"
-        ) from exc
+            path, "gguf-py maps the tensors differently from draftwise's header check"
+        )
+    return reader

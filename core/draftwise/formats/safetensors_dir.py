@@ -1,80 +1,26 @@
 """HF checkpoint directories: ``config.json`` plus one or many ``*.safetensors`` files.
 
-Headers are parsed here (8-byte length + JSON) before any data is read, so a truncated
-shard is reported with the tensor whose bytes are missing, and shapes can be checked
-against the config without loading anything.
+Headers are parsed and checked (:mod:`draftwise.formats.safetensors_header`) before any
+data is read, so a truncated or corrupt shard is reported with the tensor at fault, and
+shapes can be checked against the config without loading anything.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from draftwise.formats.errors import ModelFormatError, TruncatedFileError
+from draftwise import jsontext
+from draftwise.formats.errors import ModelFormatError
+from draftwise.formats.jsonfile import read_json
+from draftwise.formats.safetensors_header import FLOAT_WEIGHT_DTYPES, StoredTensor, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
 
-
-@dataclass(frozen=True, slots=True)
-class StoredTensor:
-    """Where a tensor lives and its shape, from the shard header."""
-
-    file: str
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    end: int  # byte offset in the file where the tensor's data ends
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """A JSON object file, with a typed error naming it."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise ModelFormatError(path, "file not found") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(path, f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(path, "expected a JSON object")
-    return data
-
-
-def read_header(path: str) -> dict[str, StoredTensor]:
-    """Tensor table of one ``.safetensors`` file, checking every tensor's bytes exist."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise TruncatedFileError(path, None, 8, size)
-        (n,) = struct.unpack("<Q", head)
-        if 8 + n > size:
-            raise TruncatedFileError(path, None, 8 + n, size)
-        try:
-            header = json.loads(fh.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelFormatError(path, f"corrupt safetensors header: {exc}") from None
-    out: dict[str, StoredTensor] = {}
-    try:
-        entries = sorted(
-            ((k, v) for k, v in header.items() if k != "__metadata__"),
-            key=lambda kv: int(kv[1]["data_offsets"][0]),
-        )
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ModelFormatError(path, f"corrupt safetensors header: {exc!r}") from None
-    for name, entry in entries:  # in file order: the first cut tensor is reported
-        end = 8 + n + int(entry["data_offsets"][1])
-        if end > size:
-            raise TruncatedFileError(path, name, end, size)
-        out[name] = StoredTensor(path, name, str(entry["dtype"]), tuple(entry["shape"]), end)
-    return out
+__all__ = ["INDEX_FILE", "SafetensorsCheckpoint", "StoredTensor", "read_header", "read_json"]
 
 
 class SafetensorsCheckpoint:
@@ -87,14 +33,36 @@ class SafetensorsCheckpoint:
         self.config = read_json(os.path.join(self.path, "config.json"))
         self.tensors: dict[str, StoredTensor] = {}
         for file in self._shard_files():
-            self.tensors.update(read_header(file))
+            for name, tensor in read_header(file).items():
+                if name in self.tensors:
+                    raise ModelFormatError(
+                        file,
+                        f"tensor {name!r} is also in {os.path.basename(self.tensors[name].file)}"
+                        ": which copy to load is ambiguous",
+                        key=name,
+                    )
+                self.tensors[name] = tensor
 
     def _shard_files(self) -> list[str]:
         index = os.path.join(self.path, INDEX_FILE)
         if os.path.exists(index):
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
-                raise ModelFormatError(index, "no 'weight_map' object")
+                raise ModelFormatError(index, "no 'weight_map' object", key="weight_map")
+            bad = next(
+                (v for v in weight_map.values()
+                 if not isinstance(v, str) or os.path.basename(v) != v or v in ("", ".", "..")),
+                None,
+            )
+            if not weight_map:
+                raise ModelFormatError(index, "'weight_map' is empty", key="weight_map")
+            if bad is not None:
+                raise ModelFormatError(
+                    index,
+                    f"'weight_map' maps to {jsontext.show(bad)}, expected shard file names "
+                    "in this directory",
+                    key="weight_map",
+                )
             files = sorted(set(weight_map.values()))
             for f in files:
                 if not os.path.isfile(os.path.join(self.path, f)):
@@ -112,8 +80,23 @@ class SafetensorsCheckpoint:
             for name, t in self.tensors.items()
         }
 
+    def check_dtypes(self, names: Iterable[str]) -> None:
+        """Refuse weights whose stored dtype is not a plain float (a silent cast otherwise)."""
+        for name in names:
+            tensor = self.tensors[name]
+            if tensor.dtype not in FLOAT_WEIGHT_DTYPES:
+                raise ModelFormatError(
+                    tensor.file,
+                    f"tensor {name!r} is stored as {tensor.dtype}; weights must be one of "
+                    f"{', '.join(sorted(FLOAT_WEIGHT_DTYPES))} (draftwise does not cast "
+                    "integers, nor fp8/fp4 without their scales, to the model dtype)",
+                    key=name,
+                )
+
     def iter_tensors(self, names: Iterable[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """The named tensors, opening each shard once."""
+        """The named tensors, opening each shard once (dtypes checked before any is read)."""
+        names = list(names)
+        self.check_dtypes(names)
         by_file: dict[str, list[str]] = {}
         for name in names:
             by_file.setdefault(self.tensors[name].file, []).append(name)

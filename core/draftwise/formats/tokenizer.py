@@ -17,6 +17,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as Backend
 
 from draftwise.formats.errors import TokenizerError
+from draftwise.formats.jsonfile import read_json
+from draftwise.formats.values import ConfigValues
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -52,8 +54,28 @@ _CONTROL = 3
 _USER_DEFINED = 4
 
 
-def gguf_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer llama.cpp applies for ``tokenizer.ggml.pre`` (GPT-2's if unknown)."""
+#: llama.cpp names whose split is GPT-2's own regex (LLAMA_VOCAB_PRE_TYPE_GPT2)
+_GPT2_PRE = frozenset(
+    {"gpt-2", "phi-2", "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de",
+     "gigachat", "a.x-4.0", "mellum"}
+)
+
+
+def gguf_pre_tokenizer(pre: str | None, path: str = "model.gguf") -> pre_tokenizers.PreTokenizer:
+    """The pre-tokenizer llama.cpp applies for ``tokenizer.ggml.pre``.
+
+    A file without the key gets GPT-2's split (what older converters meant). A name this
+    table does not know is refused, as llama.cpp refuses it: splitting it the GPT-2 way
+    would tokenize digits and spaces differently from the model's own tokenizer.
+    """
+    if pre is not None and pre not in (*_DIGIT_SPLIT_PRE, *_REGEX_PRE, *_GPT2_PRE):
+        known = ", ".join(sorted({*_DIGIT_SPLIT_PRE, *_REGEX_PRE, *_GPT2_PRE}))
+        raise TokenizerError(
+            path,
+            f"GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not known, so its split "
+            f"cannot be reproduced; known: {known}. Use the model's HF directory instead",
+            key="tokenizer.ggml.pre",
+        )
     if pre in _DIGIT_SPLIT_PRE:
         return pre_tokenizers.Sequence(
             [
@@ -117,7 +139,9 @@ class Tokenizer:
         """Load ``tokenizer.json``; ``tokenizer_config.json`` supplies BOS/EOS names."""
         try:
             backend = Backend.from_file(path)
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception
+        except BaseException as exc:  # see _is_tokenizers_failure
+            if not _is_tokenizers_failure(exc):
+                raise
             raise TokenizerError(path, f"cannot load tokenizer.json: {exc}") from None
         cfg = tokenizer_config or {}
 
@@ -149,8 +173,11 @@ class Tokenizer:
                 f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', the "
                 "byte-level BPE of Llama-3/Qwen/SmolLM); use the model's HF directory instead",
             )
-        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-        types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        v = ConfigValues(meta, path)
+        tokens: list[str] = v.texts("tokenizer.ggml.tokens")
+        if not tokens:
+            raise TokenizerError(path, "tokenizer.ggml.tokens is empty", key="tokenizer.ggml.tokens")
+        types = _token_types(v, len(tokens))
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
         byte_chars = _byte_chars()
         spelled = [
@@ -158,10 +185,18 @@ class Tokenizer:
             for t in tokens
         ]
         vocab = {t: i for i, t in enumerate(spelled)}
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False)
+        if len(vocab) < len(spelled):
+            _refuse_duplicate(path, tokens, spelled)
+        merges = _merges(v, vocab)
+        pre = gguf_pre_tokenizer(v.text("tokenizer.ggml.pre", None), path)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False)
+        except BaseException as exc:  # see _is_tokenizers_failure
+            if not _is_tokenizers_failure(exc):
+                raise
+            raise TokenizerError(path, f"the GGUF vocabulary does not build: {exc}") from None
         backend = Backend(bpe)
-        backend.pre_tokenizer = gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+        backend.pre_tokenizer = pre
         backend.decoder = decoders.ByteLevel()
         control = [
             AddedToken(t, special=True, normalized=False)
@@ -176,17 +211,80 @@ class Tokenizer:
         ]
         if user:
             backend.add_tokens(user)
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        eot = meta.get("tokenizer.ggml.eot_token_id")
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
-        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+        n = len(tokens)
+        bos = v.optional_id("tokenizer.ggml.bos_token_id", below=n)
+        eos = v.optional_id("tokenizer.ggml.eos_token_id", below=n)
+        eot = v.optional_id("tokenizer.ggml.eot_token_id", below=n)
+        add_bos = v.flag("tokenizer.ggml.add_bos_token", False) and bos is not None
+        add_eos = v.flag("tokenizer.ggml.add_eos_token", False) and eos is not None
         if add_bos or add_eos:
             backend.post_processor = _template(
                 backend, bos if add_bos else None, eos if add_eos else None
             )
         eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
-        return cls(backend, bos, eos_ids, meta.get("tokenizer.ggml.padding_token_id"))
+        return cls(backend, bos, eos_ids, v.optional_id("tokenizer.ggml.padding_token_id", below=n))
+
+
+def _is_tokenizers_failure(exc: BaseException) -> bool:
+    """tokenizers raises a plain ``Exception``, or, on a Rust panic (a merge whose result is
+    not in the vocabulary), pyo3's ``PanicException``, which derives from BaseException."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+#: llama.cpp token types: undefined, normal, unknown, control, user-defined, unused, byte
+_TOKEN_TYPES = range(7)
+
+
+def _token_types(v: ConfigValues, n: int) -> list[int]:
+    """``tokenizer.ggml.token_type``: one known type per token (all normal if absent)."""
+    key = "tokenizer.ggml.token_type"
+    types = v.data.get(key)
+    if types is None:
+        return [1] * n
+    if not isinstance(types, list) or len(types) != n:
+        raise v.error(key, f"a list of {n:,} token types (one per token)")
+    bad = next((i for i, t in enumerate(types) if t not in _TOKEN_TYPES or t is True), None)
+    if bad is not None:
+        raise TokenizerError(
+            v.path,
+            f"{key}[{bad}] is {types[bad]!r}, expected a llama.cpp token type 0..6",
+            key=key,
+        )
+    return types
+
+
+def _refuse_duplicate(path: str, tokens: Sequence[str], spelled: Sequence[str]) -> None:
+    seen: dict[str, int] = {}
+    for i, t in enumerate(spelled):
+        if t in seen:
+            raise TokenizerError(
+                path,
+                f"tokens {seen[t]} and {i} are both {tokens[i]!r} (tokenizer.ggml.tokens): "
+                "one id would be unreachable",
+                key="tokenizer.ggml.tokens",
+            )
+        seen[t] = i
+
+
+def _merges(v: ConfigValues, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """BPE merges; each must join two tokens into a third, all in the vocabulary.
+
+    tokenizers panics (a Rust panic, not an exception) on a merge whose result is missing.
+    """
+    key = "tokenizer.ggml.merges"
+    out: list[tuple[str, str]] = []
+    for i, merge in enumerate(v.texts(key, [])):
+        left, sep, right = merge.partition(" ")
+        if not (sep and left and right and left in vocab and right in vocab
+                and left + right in vocab):
+            raise TokenizerError(
+                v.path,
+                f"{key}[{i}] is {merge[:80]!r}, expected two tokens separated by one space "
+                "whose concatenation is a token too",
+                key=key,
+            )
+        out.append((left, right))
+    return out
 
 
 def _byte_chars() -> dict[int, str]:
@@ -223,6 +321,29 @@ def _template(backend: Backend, bos: int | None, eos: int | None) -> processors.
         specials.append((tok, eos))
         single = f"{single} {tok}"
     return processors.TemplateProcessing(single=single, special_tokens=specials)
+
+
+#: the tokenizer_config.json entries the engine reads
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def read_tokenizer_config(path: str) -> dict[str, Any]:
+    """``tokenizer_config.json``, with the entries the engine reads checked by name.
+
+    Special tokens must be a string or ``{"content": <string>, ...}``; ``add_bos_token``
+    and ``add_eos_token`` true, false or null (``"false"`` would otherwise count as true).
+    """
+    cfg = read_json(path)
+    v = ConfigValues(cfg, path)
+    for key in _SPECIAL_KEYS:
+        tok = cfg.get(key)
+        if tok is None or isinstance(tok, str):
+            continue
+        if not (isinstance(tok, Mapping) and isinstance(tok.get("content"), str)):
+            raise v.error(key, 'a token string or {"content": <string>}')
+    for key in ("add_bos_token", "add_eos_token"):
+        v.flag(key, None)
+    return cfg
 
 
 def find_tokenizer_file(directory: str) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftwise.formats.errors import ConfigError
+from draftwise.formats.values import ConfigValues
 
 #: GGUF ``general.architecture`` -> the HF architecture it corresponds to
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -83,41 +84,42 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], path: str = "config.json") -> ModelConfig:
         """Read an HF ``config.json`` dict (the caller checked the architecture)."""
-        archs = d.get("architectures") or []
-        arch = archs[0] if archs else _arch_from_model_type(d.get("model_type"), path)
-        model_type = HF_MODEL_TYPES.get(arch, str(d.get("model_type", "")))
-        theta, scaling = _hf_rope(d, path)
-        heads = _req(d, "num_attention_heads", path)
-        hidden = _req(d, "hidden_size", path)
-        head_dim = d.get("head_dim") or hidden // heads
-        bias = bool(d.get("attention_bias", False))
-        sliding, layer_types = _hf_sliding(d, model_type)
-        eos = d.get("eos_token_id")
+        v = ConfigValues(d, path)
+        archs = v.texts("architectures", [])
+        arch = archs[0] if archs else _arch_from_model_type(v.text("model_type", None), path)
+        model_type = HF_MODEL_TYPES.get(arch, v.text("model_type", ""))
+        theta, scaling = _hf_rope(v)
+        heads = v.integer("num_attention_heads")
+        hidden = v.integer("hidden_size")
+        layers = v.integer("num_hidden_layers")
+        vocab = v.integer("vocab_size")
+        bias = v.flag("attention_bias", False)
+        sliding, layer_types = _hf_sliding(v, model_type, layers)
         return cls(
             architecture=arch,
             model_type=model_type,
             hidden_size=hidden,
-            num_hidden_layers=_req(d, "num_hidden_layers", path),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
-            intermediate_size=_req(d, "intermediate_size", path),
-            vocab_size=_req(d, "vocab_size", path),
+            num_key_value_heads=v.integer("num_key_value_heads", heads),
+            head_dim=_head_dim(v, "head_dim", hidden, heads, "hidden_size", "num_attention_heads"),
+            intermediate_size=v.integer("intermediate_size"),
+            vocab_size=vocab,
             rope_theta=theta,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            rms_norm_eps=v.number("rms_norm_eps", 1e-6),
+            tie_word_embeddings=v.flag("tie_word_embeddings", False),
+            max_position_embeddings=v.integer("max_position_embeddings", 2048),
             rope_scaling=scaling,
             qk_norm=model_type == "qwen3",
             attention_bias=True if model_type == "qwen2" else bias,
             o_proj_bias=False if model_type == "qwen2" else bias,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            hidden_act=str(d.get("hidden_act", "silu")),
+            mlp_bias=v.flag("mlp_bias", False),
+            hidden_act=v.text("hidden_act", "silu"),
             sliding_window=sliding,
             layer_types=layer_types,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
-            pad_token_id=d.get("pad_token_id"),
+            bos_token_id=v.optional_id("bos_token_id", below=vocab),
+            eos_token_ids=v.ids("eos_token_id", below=vocab),
+            pad_token_id=_pad_id(v, vocab),
         )
 
     @classmethod
@@ -129,111 +131,176 @@ class ModelConfig:
         rope_freq_factors: tuple[float, ...] | None = None,
     ) -> ModelConfig:
         """Read GGUF metadata; tied embeddings and biases are inferred from the tensors."""
-        arch = str(meta["general.architecture"])
-
-        def key(name: str, default: Any = None) -> Any:
-            return meta.get(f"{arch}.{name}", default)
-
-        hidden = _req_gguf(meta, f"{arch}.embedding_length", path)
-        heads = _req_gguf(meta, f"{arch}.attention.head_count", path)
-        kv_heads = key("attention.head_count_kv") or heads
-        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+        top = ConfigValues(meta, path)
+        arch = top.text("general.architecture")
+        sub = {k.removeprefix(f"{arch}."): val for k, val in meta.items() if k.startswith(f"{arch}.")}
+        v = ConfigValues(sub, path, f"{arch}.")
+        hidden = v.integer("embedding_length")
+        heads = v.integer("attention.head_count")
+        tokens = top.texts("tokenizer.ggml.tokens", [])
+        vocab = v.integer("vocab_size", len(tokens))
         if not vocab:
             raise ConfigError(path, f"no '{arch}.vocab_size' and no tokenizer.ggml.tokens")
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        eot = meta.get("tokenizer.ggml.eot_token_id")
+        head_dim = _head_dim(
+            v, "attention.key_length", hidden, heads, "embedding_length", "attention.head_count"
+        )
+        for key in ("attention.value_length", "rope.dimension_count"):
+            if key in v and v.integer(key) != head_dim:  # partial RoPE / other V width
+                raise v.error(key, f"{head_dim} (the head size; other widths are not supported)")
+        eos = top.optional_id("tokenizer.ggml.eos_token_id", below=vocab)
+        eot = top.optional_id("tokenizer.ggml.eot_token_id", below=vocab)
         eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
         bias = "blk.0.attn_q.bias" in tensor_names
         return cls(
             architecture=GGUF_ARCHITECTURES.get(arch, arch),
             model_type=arch,
-            hidden_size=int(hidden),
-            num_hidden_layers=int(_req_gguf(meta, f"{arch}.block_count", path)),
-            num_attention_heads=int(heads),
-            num_key_value_heads=int(kv_heads),
-            head_dim=int(key("attention.key_length") or hidden // heads),
-            intermediate_size=int(_req_gguf(meta, f"{arch}.feed_forward_length", path)),
-            vocab_size=int(vocab),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            hidden_size=hidden,
+            num_hidden_layers=v.integer("block_count"),
+            num_attention_heads=heads,
+            num_key_value_heads=v.integer("attention.head_count_kv", heads),
+            head_dim=head_dim,
+            intermediate_size=v.integer("feed_forward_length"),
+            vocab_size=vocab,
+            rope_theta=v.number("rope.freq_base", 10000.0),
+            rms_norm_eps=v.number("attention.layer_norm_rms_epsilon", 1e-6),
             tie_word_embeddings="output.weight" not in tensor_names,
-            max_position_embeddings=int(key("context_length", 2048)),
-            rope_scaling=_gguf_rope_scaling(key),
+            max_position_embeddings=v.integer("context_length", 2048),
+            rope_scaling=_gguf_rope_scaling(v),
             rope_freq_factors=rope_freq_factors,
             qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
             attention_bias=bias,
             o_proj_bias="blk.0.attn_output.bias" in tensor_names,
             mlp_bias="blk.0.ffn_up.bias" in tensor_names,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            bos_token_id=top.optional_id("tokenizer.ggml.bos_token_id", below=vocab),
             eos_token_ids=eos_ids,
-            pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+            pad_token_id=top.optional_id("tokenizer.ggml.padding_token_id", below=vocab),
         )
 
 
-def _req(d: Mapping[str, Any], name: str, path: str) -> int:
-    if name not in d or d[name] is None:
-        raise ConfigError(path, f"config has no {name!r}")
-    return int(d[name])
+def _head_dim(
+    v: ConfigValues, key: str, hidden: int, heads: int, hidden_key: str, heads_key: str
+) -> int:
+    """The declared head size, or hidden / heads when that divides."""
+    if key in v:
+        return int(v.integer(key))
+    if hidden % heads:
+        raise v.error(
+            heads_key, f"a divisor of {v.name(hidden_key)}={hidden} (no {v.name(key)!r} given)"
+        )
+    return hidden // heads
 
 
-def _req_gguf(meta: Mapping[str, Any], name: str, path: str) -> Any:
-    if name not in meta:
-        raise ConfigError(path, f"GGUF metadata has no {name!r}")
-    return meta[name]
+def _pad_id(v: ConfigValues, vocab: int) -> int | None:
+    """``pad_token_id``; -1, which some older Llama configs write for "none", is None."""
+    if v.data.get("pad_token_id") == -1 and not isinstance(v.data.get("pad_token_id"), bool):
+        return None
+    return v.optional_id("pad_token_id", below=vocab)
 
 
-def _arch_from_model_type(model_type: Any, path: str) -> str:
+def _arch_from_model_type(model_type: str | None, path: str) -> str:
     for arch, mt in HF_MODEL_TYPES.items():
         if mt == model_type:
             return arch
     raise ConfigError(path, f"config has no 'architectures' and model_type {model_type!r}")
 
 
-def _hf_rope(d: Mapping[str, Any], path: str) -> tuple[float, dict[str, Any] | None]:
+def _hf_rope(v: ConfigValues) -> tuple[float, dict[str, Any] | None]:
     """Theta and scaling from either the old or the transformers-5 key layout."""
-    params = d.get("rope_parameters")
-    if isinstance(params, Mapping) and "rope_theta" in params:
-        theta = float(params["rope_theta"])
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    params = v.mapping("rope_parameters")
+    if params is not None and "rope_theta" in params:
+        theta = params.number("rope_theta")
+        scaling_v: ConfigValues | None = params
+        scaling = {k: val for k, val in params.data.items() if k != "rope_theta"}
     else:
-        theta = float(d.get("rope_theta", 10000.0))
-        raw = d.get("rope_scaling")
-        scaling = dict(raw) if isinstance(raw, Mapping) else {}
+        theta = v.number("rope_theta", 10000.0)
+        scaling_v = v.mapping("rope_scaling")
+        scaling = dict(scaling_v.data) if scaling_v is not None else {}
     if "type" in scaling and "rope_type" not in scaling:
         scaling["rope_type"] = scaling.pop("type")
-    if float(d.get("partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ConfigError(path, "partial_rotary_factor != 1 is not supported")
+    partial = v.number("partial_rotary_factor", None)
+    if partial is None and scaling_v is not None:
+        partial = scaling_v.number("partial_rotary_factor", None)
+    if partial is not None and partial != 1.0:
+        raise ConfigError(v.path, "partial_rotary_factor != 1 is not supported")
     if scaling.get("rope_type", "default") == "default":
         return theta, None
-    return theta, scaling
+    prefix = scaling_v.prefix if scaling_v is not None else ""
+    return theta, check_rope_scaling(scaling, v.path, prefix)
 
 
-def _hf_sliding(d: Mapping[str, Any], model_type: str) -> tuple[int | None, tuple[str, ...]]:
+#: per RoPE scaling type: the keys ``models/rope.py`` needs, and the ones it may read
+_ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "llama3": (
+        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+        (),
+    ),
+    "yarn": (
+        ("factor",),
+        ("original_max_position_embeddings", "attention_factor", "mscale", "mscale_all_dim",
+         "beta_fast", "beta_slow"),
+    ),
+}
+
+
+def check_rope_scaling(scaling: dict[str, Any], path: str, prefix: str = "") -> dict[str, Any]:
+    """A RoPE scaling dict whose type is supported and whose numbers are all usable.
+
+    Checked here, before weights, so a missing ``factor`` is not silently 1.0 and equal
+    llama3 frequency factors are not a division by zero inside the rope tables.
+    """
+    v = ConfigValues(scaling, path, prefix)
+    kind = v.text("rope_type")
+    if kind not in _ROPE_KEYS:
+        raise v.error(
+            "rope_type", f"a supported RoPE scaling type (default, {', '.join(_ROPE_KEYS)})"
+        )
+    required, optional = _ROPE_KEYS[kind]
+    for key in required:
+        v.number(key)
+    for key in optional:
+        v.number(key, None)
+    if "truncate" in v:
+        v.flag("truncate")
+    if kind == "llama3" and v.number("high_freq_factor") <= v.number("low_freq_factor"):
+        raise v.error("high_freq_factor", "a number larger than low_freq_factor")
+    return scaling
+
+
+_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def _hf_sliding(v: ConfigValues, model_type: str, layers: int) -> tuple[int | None, tuple[str, ...]]:
     """Mistral slides every layer; Qwen2/3 only when ``use_sliding_window`` says so."""
-    window = d.get("sliding_window")
+    window = v.integer("sliding_window", None)
     if model_type in ("qwen2", "qwen3"):
-        if not d.get("use_sliding_window", False) or window is None:
+        if not v.flag("use_sliding_window", False) or window is None:
             return None, ()
-        types = d.get("layer_types")
+        types = v.texts("layer_types", None)
         if not types:
-            first = int(d.get("max_window_layers", 0))
+            first = v.integer("max_window_layers", 0, minimum=0)
             types = [
-                "sliding_attention" if i >= first else "full_attention"
-                for i in range(int(d["num_hidden_layers"]))
+                "sliding_attention" if i >= first else "full_attention" for i in range(layers)
             ]
-        return int(window), tuple(types)
+        if len(types) != layers or any(t not in _LAYER_KINDS for t in types):
+            raise v.error(
+                "layer_types", f"{layers} entries, each one of {', '.join(_LAYER_KINDS)}"
+            )
+        return window, tuple(types)
     if model_type == "mistral" and window is not None:
-        return int(window), ()
+        return window, ()
     return None, ()
 
 
-def _gguf_rope_scaling(key: Any) -> dict[str, Any] | None:
-    kind = key("rope.scaling.type")
-    factor = key("rope.scaling.factor")
+def _gguf_rope_scaling(v: ConfigValues) -> dict[str, Any] | None:
+    kind = v.text("rope.scaling.type", None)
+    factor = v.number("rope.scaling.factor", None, positive=False)
     if kind in (None, "none") or not factor:
         return None
-    scaling: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor)}
-    original = key("rope.scaling.original_context_length")
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
+    original = v.integer("rope.scaling.original_context_length", None, minimum=0)
     if original:
-        scaling["original_max_position_embeddings"] = int(original)
-    return scaling
+        scaling["original_max_position_embeddings"] = original
+    if kind not in ("linear", "yarn"):  # llama3-style files carry rope_freqs instead
+        raise v.error("rope.scaling.type", "none, linear or yarn")
+    return check_rope_scaling(scaling, v.path, v.prefix + "rope.scaling.")

@@ -1,9 +1,11 @@
 """``load_model``: a path (or nothing, for the default model) to a ready target.
 
 Order of work: detect the format, check the architecture from the checkpoint's own
-config, check every tensor name and shape against that config, then allocate the model
-once in the target dtype and stream weights into it (fused slices, dtype cast on copy).
-Nothing large is read before the checks pass.
+config, check every tensor name, shape and stored type against that config, build the
+tokenizer and chat template (:func:`plan_gguf`, :func:`plan_hf_dir`: a broken file is a
+named error here), then allocate the model once in the target dtype and stream weights
+into it (fused slices, float-to-float cast on copy). Nothing large is read before the
+checks pass.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from draftwise.formats.chat import ChatTemplate, chat_template_from_dir
 from draftwise.formats.default_model import default_model_path
 from draftwise.formats.errors import (
+    ConfigError,
     MissingTensorError,
     ModelFormatError,
     TensorShapeError,
@@ -25,8 +28,10 @@ from draftwise.formats.errors import (
     UnsupportedDtypeError,
 )
 from draftwise.formats.gguf import GGUFCheckpoint
-from draftwise.formats.safetensors_dir import SafetensorsCheckpoint, read_json
-from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file
+from draftwise.formats.jsonfile import read_json
+from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
+from draftwise.formats.values import ConfigValues
 from draftwise.models.config import ModelConfig
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.registry import (
@@ -124,9 +129,27 @@ def load_model(
     return _load_gguf(path, target, device, progress)
 
 
-def _load_gguf(
-    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
-) -> LoadedModel:
+@dataclass(slots=True)
+class GGUFPlan:
+    """What :func:`load_model` knows about a GGUF before it reads a weight."""
+
+    ckpt: GGUFCheckpoint
+    config: ModelConfig
+    #: HF name -> (GGUF name, shape), every name checked against the config
+    available: dict[str, tuple[str, tuple[int, ...]]]
+    names: list[str]
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+
+
+def plan_gguf(path: str) -> GGUFPlan:
+    """Every check ``load_model`` makes on a GGUF before reading weights, in refusal order.
+
+    Header, metadata and tensor infos (:mod:`draftwise.formats.gguf_header`), the
+    architecture, the config values, every tensor's name and shape, the tokenizer and the
+    chat template: a corrupt or unsupported file fails here, in well under a second,
+    with a :class:`~draftwise.formats.errors.ModelFormatError` (or ChatTemplateError).
+    """
     ckpt = GGUFCheckpoint(path)
     check_gguf_metadata(ckpt.metadata, path)
     config = ModelConfig.from_gguf_metadata(
@@ -135,59 +158,88 @@ def _load_gguf(
     model_class(config, path)
     available = ckpt.hf_shapes()
     names = _check_tensors(path, config, available)
+    tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
+    tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
+    template = ConfigValues(ckpt.metadata, path).text("tokenizer.chat_template", None)
+    specials = _special_strings(tokens, config.bos_token_id, tokenizer.eos_token_ids)
+    chat = ChatTemplate(template, specials) if template else None
+    return GGUFPlan(ckpt, config, available, names, tokenizer, chat)
+
+
+def _load_gguf(
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+) -> LoadedModel:
+    plan = plan_gguf(path)
+    config, available = plan.config, plan.available
     model = LlamaForCausalLM(config, dtype, device)
     tensors = (
         (
             name,
-            ckpt.load_hf(
+            plan.ckpt.load_hf(
                 available[name][0], config.num_attention_heads, config.num_key_value_heads
             ),
         )
-        for name in names
+        for name in plan.names
     )
-    _copy_weights(model, tensors, len(names), progress)
-    tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
-    tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
-    template = ckpt.metadata.get("tokenizer.chat_template")
-    specials = _special_strings(tokens, config.bos_token_id, tokenizer.eos_token_ids)
+    _copy_weights(model, tensors, len(plan.names), progress)
     return LoadedModel(
         model=model,
         config=config,
-        tokenizer=tokenizer,
-        chat_template=ChatTemplate(template, specials) if template else None,
-        eos_token_ids=tuple(dict.fromkeys((*config.eos_token_ids, *tokenizer.eos_token_ids))),
+        tokenizer=plan.tokenizer,
+        chat_template=plan.chat_template,
+        eos_token_ids=tuple(
+            dict.fromkeys((*config.eos_token_ids, *plan.tokenizer.eos_token_ids))
+        ),
         bos_token_id=config.bos_token_id,
         path=path,
         format="gguf",
     )
 
 
-def _load_hf_dir(
-    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
-) -> LoadedModel:
+@dataclass(slots=True)
+class HFPlan:
+    """What :func:`load_model` knows about an HF directory before it reads a weight."""
+
+    config: ModelConfig
+    #: None for the GDN hybrid, which :func:`~draftwise.models.qwen3_next.load_hybrid` reads
+    ckpt: SafetensorsCheckpoint | None
+    names: list[str]
+    tokenizer: Tokenizer | None
+    chat_template: ChatTemplate | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+
+def plan_hf_dir(path: str) -> HFPlan:
+    """Every check ``load_model`` makes on an HF directory before reading weights.
+
+    ``config.json`` (architecture first, before any shard is opened), every shard header,
+    tensor names, shapes and dtypes, ``generation_config.json``, ``tokenizer_config.json``,
+    ``tokenizer.json`` and the chat template.
+    """
     config_path = os.path.join(path, "config.json")
     raw = read_json(config_path)
     arch = check_hf_config(raw, config_path)  # before any shard is opened
+    ckpt: SafetensorsCheckpoint | None = None
+    names: list[str] = []
     if arch in HYBRID_ARCHITECTURES:  # the GDN hybrid: models/qwen3_next.py
-        from draftwise.models.qwen3_next import load_hybrid
+        from draftwise.models.qwen3_next import HybridConfig
 
-        hybrid, _ = load_hybrid(path, dtype, device)
-        model, config = hybrid, hybrid.config  # type: ignore[assignment]
+        config = HybridConfig.from_hf_dict(raw, config_path).base
     else:
         config = ModelConfig.from_hf_dict(raw, config_path)
         model_class(config, config_path)
         ckpt = SafetensorsCheckpoint(path)
         names = _check_tensors(path, config, ckpt.hf_shapes())
-        model = LlamaForCausalLM(config, dtype, device)
-        _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
+        ckpt.check_dtypes(names)
 
     eos = list(config.eos_token_ids)
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
-        gen_eos = read_json(gen_path).get("eos_token_id")
-        eos += gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+        gen = ConfigValues(read_json(gen_path), gen_path)
+        eos += gen.ids("eos_token_id", below=config.vocab_size)
     tok_cfg_path = os.path.join(path, "tokenizer_config.json")
-    tok_cfg = read_json(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
+    tok_cfg = read_tokenizer_config(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
     tok_file = find_tokenizer_file(path)
     tokenizer = Tokenizer.from_file(tok_file, tok_cfg, eos) if tok_file else None
     eos_ids = tuple(dict.fromkeys((*eos, *(tokenizer.eos_token_ids if tokenizer else ()))))
@@ -202,13 +254,32 @@ def _load_hf_dir(
         if config.bos_token_id is not None
         else (tokenizer.bos_token_id if tokenizer else None)
     )
+    chat = ChatTemplate(template, specials) if template else None
+    return HFPlan(config, ckpt, names, tokenizer, chat, eos_ids, bos)
+
+
+def _load_hf_dir(
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+) -> LoadedModel:
+    plan = plan_hf_dir(path)
+    model: LlamaForCausalLM
+    config: ModelConfig
+    if plan.ckpt is None:
+        from draftwise.models.qwen3_next import load_hybrid
+
+        hybrid, _ = load_hybrid(path, dtype, device)
+        model, config = hybrid, hybrid.config  # type: ignore[assignment]
+    else:
+        config = plan.config
+        model = LlamaForCausalLM(config, dtype, device)
+        _copy_weights(model, plan.ckpt.iter_tensors(plan.names), len(plan.names), progress)
     return LoadedModel(
         model=model,
         config=config,
-        tokenizer=tokenizer,
-        chat_template=ChatTemplate(template, specials) if template else None,
-        eos_token_ids=eos_ids,
-        bos_token_id=bos,
+        tokenizer=plan.tokenizer,
+        chat_template=plan.chat_template,
+        eos_token_ids=plan.eos_token_ids,
+        bos_token_id=plan.bos_token_id,
         path=path,
         format="safetensors",
     )
@@ -218,6 +289,18 @@ def _check_tensors(
     path: str, config: ModelConfig, available: Mapping[str, tuple[str, tuple[int, ...]]]
 ) -> list[str]:
     """Names to load, after checking none is missing, mis-shaped or unexpected."""
+    layers = {
+        int(parts[2])
+        for name in available
+        if (parts := name.split("."))[:2] == ["model", "layers"] and parts[2].isdigit()
+    }
+    if config.num_hidden_layers > len(layers):  # before building n x ~10 expected names
+        raise ConfigError(
+            path,
+            f"the config declares {config.num_hidden_layers:,} layers but the checkpoint "
+            f"has tensors for {len(layers):,}",
+            key="num_hidden_layers",
+        )
     expected = expected_shapes(config)
     for name, shape in expected.items():
         if name not in available:

@@ -31,6 +31,7 @@ from draftwise.formats.errors import (
     UnsupportedArchitectureError,
 )
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+from draftwise.formats.values import ConfigValues
 from draftwise.models.attention import AttentionMetadata, paged_attention
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
@@ -82,15 +83,20 @@ class HybridConfig:
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], path: str = "config.json") -> HybridConfig:
-        """Parse a Qwen3-Next / Qwen3.5 ``config.json``; MoE and odd ropes are refused by name."""
-        archs = d.get("architectures") or ["<missing>"]
-        arch = str(archs[0])
+        """Parse a Qwen3-Next / Qwen3.5 ``config.json``; MoE and odd ropes are refused by name.
+
+        Every value is read through :class:`ConfigValues`: a wrong type or range is a
+        :class:`ConfigError` naming the key (``text_config.hidden_size``).
+        """
+        top = ConfigValues(d, path)
+        archs = top.texts("architectures", ["<missing>"]) or ["<missing>"]
+        arch = archs[0]
         if arch not in HYBRID_ARCHITECTURES:
             raise UnsupportedArchitectureError(path, arch, HYBRID_ARCHITECTURES)
-        t = dict(d.get("text_config") or d)
-        experts = int(t.get("num_experts") or 0)
-        n = int(t["num_hidden_layers"])
-        if experts > 0 and len(set(t.get("mlp_only_layers") or ())) < n:
+        t = top.mapping("text_config") or top
+        experts = t.integer("num_experts", 0, minimum=0)
+        n = t.integer("num_hidden_layers")
+        if experts > 0 and len(set(t.data.get("mlp_only_layers") or ())) < n:
             raise UnsupportedArchitectureError(
                 path,
                 arch,
@@ -98,58 +104,74 @@ class HybridConfig:
                 f"mixture-of-experts layers (num_experts={experts}) are not implemented; "
                 "only dense-MLP hybrids load",
             )
-        rope = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
-        theta = float(rope.pop("rope_theta", t.get("rope_theta", 10000.0)))
-        partial = float(rope.pop("partial_rotary_factor", t.get("partial_rotary_factor", 1.0)))
-        for key in ("mrope_section", "mrope_interleaved"):  # text positions: plain RoPE
-            rope.pop(key, None)
+        rope_v = t.mapping("rope_parameters") or t.mapping("rope_scaling")
+        rope = dict(rope_v.data) if rope_v is not None else {}
+        theta = (rope_v if rope_v is not None and "rope_theta" in rope_v else t).number(
+            "rope_theta", 10000.0
+        )
+        partial = (
+            rope_v if rope_v is not None and "partial_rotary_factor" in rope_v else t
+        ).number("partial_rotary_factor", 1.0)
+        if not 0 < partial <= 1:
+            raise t.error("partial_rotary_factor", "a fraction in (0, 1]")
+        for key in ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"):
+            rope.pop(key, None)  # text positions: plain RoPE
         kind = rope.get("rope_type", rope.get("type", "default"))
         types = tuple(
-            t.get("layer_types") or _interval_types(n, int(t.get("full_attention_interval", 4)))
+            t.texts("layer_types", None)
+            or _interval_types(n, t.integer("full_attention_interval", 4))
         )
-        heads = int(t["num_attention_heads"])
-        head_dim = int(t.get("head_dim") or t["hidden_size"] // heads)
-        eos = t.get("eos_token_id", d.get("eos_token_id"))
+        if len(types) != n or any(k not in ("full_attention", "linear_attention") for k in types):
+            raise t.error("layer_types", f"{n} entries of full_attention / linear_attention")
+        heads = t.integer("num_attention_heads")
+        hidden = t.integer("hidden_size")
+        head_dim = t.integer("head_dim", None)
+        if head_dim is None:
+            if hidden % heads:
+                raise t.error("num_attention_heads", f"a divisor of hidden_size={hidden}")
+            head_dim = hidden // heads
+        vocab = t.integer("vocab_size")
+        eos_v = t if "eos_token_id" in t else top
+        bos_v = t if "bos_token_id" in t else top
+        tie_v = t if "tie_word_embeddings" in t else top
         base = ModelConfig(
             architecture=arch,
-            model_type=str(t.get("model_type", "")),
-            hidden_size=int(t["hidden_size"]),
+            model_type=t.text("model_type", ""),
+            hidden_size=hidden,
             num_hidden_layers=n,
             num_attention_heads=heads,
-            num_key_value_heads=int(t.get("num_key_value_heads") or heads),
+            num_key_value_heads=t.integer("num_key_value_heads", heads),
             head_dim=head_dim,
-            intermediate_size=int(t["intermediate_size"]),
-            vocab_size=int(t["vocab_size"]),
+            intermediate_size=t.integer("intermediate_size"),
+            vocab_size=vocab,
             rope_theta=theta,
-            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(
-                t.get("tie_word_embeddings", d.get("tie_word_embeddings", False))
-            ),
-            max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
+            rms_norm_eps=t.number("rms_norm_eps", 1e-6),
+            tie_word_embeddings=tie_v.flag("tie_word_embeddings", False),
+            max_position_embeddings=t.integer("max_position_embeddings", 2048),
             rope_scaling=None if kind == "default" else rope,
             qk_norm=True,
-            hidden_act=str(t.get("hidden_act", "silu")),
+            hidden_act=t.text("hidden_act", "silu"),
             layer_types=types,
-            bos_token_id=t.get("bos_token_id", d.get("bos_token_id")),
-            eos_token_ids=tuple(eos)
-            if isinstance(eos, list)
-            else (() if eos is None else (int(eos),)),
-            pad_token_id=t.get("pad_token_id"),
+            bos_token_id=bos_v.optional_id("bos_token_id", below=vocab),
+            eos_token_ids=eos_v.ids("eos_token_id", below=vocab),
+            pad_token_id=t.optional_id("pad_token_id", below=vocab),
         )
-        if base.hidden_act != "silu" or bool(t.get("attention_bias", False)):
+        if base.hidden_act != "silu" or t.flag("attention_bias", False):
             raise ConfigError(path, "only silu and bias-free attention are implemented")
-        mtp = t.get("mtp_num_hidden_layers", t.get("num_nextn_predict_layers", 0))
+        mtp_key = "mtp_num_hidden_layers" if "mtp_num_hidden_layers" in t else (
+            "num_nextn_predict_layers"
+        )
         return cls(
             base=base,
             layer_types=types,
             rotary_dim=int(head_dim * partial),
-            num_k_heads=int(t["linear_num_key_heads"]),
-            num_v_heads=int(t["linear_num_value_heads"]),
-            head_k_dim=int(t["linear_key_head_dim"]),
-            head_v_dim=int(t["linear_value_head_dim"]),
-            conv_kernel=int(t.get("linear_conv_kernel_dim", 4)),
+            num_k_heads=t.integer("linear_num_key_heads"),
+            num_v_heads=t.integer("linear_num_value_heads"),
+            head_k_dim=t.integer("linear_key_head_dim"),
+            head_v_dim=t.integer("linear_value_head_dim"),
+            conv_kernel=t.integer("linear_conv_kernel_dim", 4),
             fused_projections=HYBRID_ARCHITECTURES[arch],
-            mtp_num_hidden_layers=int(mtp or 0),
+            mtp_num_hidden_layers=t.integer(mtp_key, 0, minimum=0),
         )
 
 

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from draftwise.formats.errors import ConfigError, UnsupportedArchitectureError
+from draftwise.formats.values import ConfigValues
 from draftwise.models.config import GGUF_ARCHITECTURES, HF_MODEL_TYPES, ModelConfig
 from draftwise.models.llama import LlamaForCausalLM
 
@@ -76,31 +77,36 @@ def supported_names() -> list[str]:
 
 def check_hf_config(config: Mapping[str, Any], path: str) -> str:
     """The architecture of an HF config if supported; otherwise a refusal naming it."""
-    archs = config.get("architectures") or []
+    v = ConfigValues(config, path)
+    archs = v.texts("architectures", [])
     by_type = {mt: a for a, mt in HF_MODEL_TYPES.items()}
-    arch = archs[0] if archs else by_type.get(str(config.get("model_type")), "<missing>")
+    arch = archs[0] if archs else by_type.get(v.text("model_type", ""), "<missing>")
     if arch in REFUSED_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             path, arch, supported_names(), REFUSED_ARCHITECTURES[arch]
         )
     if arch not in SUPPORTED_ARCHITECTURES and arch not in HYBRID_ARCHITECTURES:
         raise UnsupportedArchitectureError(path, arch, supported_names())
-    text = config.get("text_config") or config
-    if int(text.get("num_local_experts") or text.get("num_experts") or 0) > 0:
+    text = v.mapping("text_config") or v
+    experts = text.integer("num_local_experts", None, minimum=0) or text.integer(
+        "num_experts", 0, minimum=0
+    )
+    if experts > 0:
         raise UnsupportedArchitectureError(path, arch, supported_names(), _MOE)
     return arch
 
 
 def check_gguf_metadata(meta: Mapping[str, Any], path: str) -> str:
     """The GGUF architecture if supported (llama-arch MoE files, e.g. Mixtral, refused)."""
-    arch = str(meta.get("general.architecture", "<missing>"))
+    v = ConfigValues(meta, path)
+    arch = v.text("general.architecture", "<missing>")
     if arch in REFUSED_GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             path, arch, supported_names(), REFUSED_GGUF_ARCHITECTURES[arch]
         )
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(path, arch, supported_names())
-    if int(meta.get(f"{arch}.expert_count") or 0) > 0:
+    if v.integer(f"{arch}.expert_count", 0, minimum=0) > 0:
         raise UnsupportedArchitectureError(path, arch, supported_names(), _MOE)
     return arch
 

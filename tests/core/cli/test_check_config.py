@@ -80,3 +80,29 @@ def test_output_checks_again(state: CliState) -> None:
 
 def test_missing_argument_is_a_usage_error(state: CliState) -> None:
     assert check(state).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("stdin", "fragment"),
+    [
+        (b'{"method": "ngr\xe9m"}', "not UTF-8 text: byte 0xe9 at offset 15"),
+        (b'{"method": "ngram", "num_speculative_tokens": ' + b"9" * 5000 + b"}",
+         "an integer of 5,000 digits (at most 100)"),
+        (b'{"method": "ngram", "num_speculative_tokens": ' + b"[" * 985 + b"]" * 985 + b"}",
+         "nested deeper than 64 levels"),
+    ],
+    ids=["latin-1", "5000-digits", "985-deep"],
+)
+def test_broken_stdin_is_a_one_line_refusal(state: CliState, stdin: bytes, fragment: str) -> None:
+    result = CliRunner().invoke(cli, ["check-config", "-"], obj=state, input=stdin)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: ") and fragment in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
+
+
+def test_argument_with_undecodable_bytes_is_refused(state: CliState) -> None:
+    # what Python makes of a latin-1 byte in argv (surrogateescape)
+    result = check(state, '{"method": "ngr\udce9m"}')
+    assert result.exit_code == 2
+    assert "lone surrogate U+DCE9 (byte 0xe9" in result.stderr

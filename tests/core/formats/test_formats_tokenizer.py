@@ -166,3 +166,26 @@ def test_incremental_detokenizer_holds_split_characters(tiny_gguf) -> None:
     cut = IncrementalDetokenizer(tok)
     assert cut.step(tok.encode("🚀")[:2]) == ""
     assert cut.flush() == "\ufffd"  # an unfinished character at the very end
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "cannot load tokenizer.json"),
+        ('{"version": "1.0", "model": {"vocab": {"a": ' + "9" * 5000 + "}}}", "out of range"),
+        ('{"version": "1.0", "x": "caf\xe9"}'.encode("latin-1"), "valid UTF-8"),
+        # a merge whose result is not in the vocabulary: a Rust panic inside tokenizers
+        (json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                     "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+                     "decoder": None, "model": {"type": "BPE", "dropout": None,
+                     "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}), "cannot load"),
+    ],
+    ids=["deep", "digits", "latin-1", "panic"],
+)
+def test_broken_tokenizer_json_is_a_named_error(tmp_path, text, fragment: str) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(TokenizerError, match=fragment):
+        Tokenizer.from_file(str(path))
