@@ -229,13 +229,6 @@ class EngineLoop:
         self.accepting = False
         self._cmds.put(cmd)
 
-    @property
-    def busy(self) -> bool:
-        """Whether any request is in flight or queued (read from any thread)."""
-        with self._lock:
-            pending = bool(self._pending)
-        return pending or bool(self.snapshot.get("num_requests"))
-
     def abort(self, request_id: str) -> None:
         """Abort a request (client gone); non-blocking, so it is safe while cancelled."""
 
