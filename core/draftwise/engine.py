@@ -100,13 +100,28 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), self._prompt_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize_prompt(str(prompt["prompt"]))
             raise RequestError("prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list | tuple):
-            return None, _token_ids(prompt)
+            return None, self._prompt_ids(prompt)
         raise RequestError("prompt", f"unsupported prompt type {type(prompt).__name__}")
+
+    def _prompt_ids(self, values: Any) -> list[int]:
+        """Given token ids as ints, refused by length before anything scans them."""
+        if hasattr(values, "__len__"):
+            self._check_prompt_tokens(len(values))
+        return _token_ids(values)
+
+    def _check_prompt_tokens(self, num_tokens: int) -> None:
+        """The prompt must leave room for at least one generated token."""
+        if num_tokens >= self.max_model_len:
+            raise RequestError(
+                "prompt",
+                f"the prompt has {num_tokens} tokens; the context is {self.max_model_len} "
+                "and at least one token must be generated",
+            )
 
     def _check_prompt_text(self, field: str, text: str, num_chars: int) -> None:
         """Refuse invalid text, and text too long to fit the context, before tokenizing."""
@@ -134,12 +149,7 @@ class LLMEngine:
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise RequestError("prompt", "the prompt is empty")
-        if len(ids) >= self.max_model_len:  # before any per-token scan: cheap on huge lists
-            raise RequestError(
-                "prompt",
-                f"the prompt has {len(ids)} tokens; the context is {self.max_model_len} "
-                "and at least one token must be generated",
-            )
+        self._check_prompt_tokens(len(ids))  # before the per-token scan below
         vocab = self.loaded.config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:

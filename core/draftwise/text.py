@@ -19,7 +19,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def invalid_text_at(text: str) -> int | None:
-    """Index of the first lone surrogate in ``text`` (one C-speed scan), or None."""
+    """Index of the first lone surrogate in ``text``, or None.
+
+    ASCII text is answered at once (``isascii`` reads a flag); other text costs one
+    C-speed scan.
+    """
+    if text.isascii():
+        return None
     match = _SURROGATE.search(text)
     return None if match is None else match.start()
 

@@ -137,7 +137,8 @@ def vet_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:
     except ValueError:  # Python's int-string limit
         raise APIError(f"the request body has a number of more than "
                        f"{sys.get_int_max_str_digits()} digits", code="invalid_json") from None
-    if invalid_text_at(text) is not None or _ESCAPED_SURROGATE.search(text) is not None:
+    escaped = "\\u" in text and _ESCAPED_SURROGATE.search(text) is not None
+    if escaped or invalid_text_at(text) is not None:
         _walk_text(obj)
 
 
