@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
 
 from draftwise.models.kernels import KERNELS as _kernels
+from draftwise.text import describe_invalid, invalid_text_at
 
 #: temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``)
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -32,6 +33,27 @@ TOP_P_CANDIDATES = 1024
 #: the "keep every token" top-k of rows without a top-k limit (clamped to the vocab size)
 _TOP_K_ALL = 2**62
 _SEED_RANGE = (-(2**63), 2**64)
+
+# Bounds every surface shares (Python API, CLI, server): a value past them is refused
+# here, by its field's name, before it can reach a step. The numeric ones are what the
+# step's tensors hold; the list ones keep per-token work (stop matching) small.
+#: int64, the dtype of the per-row top-k tensor (any top_k >= the vocabulary keeps every token)
+INT64_MAX = 2**63 - 1
+#: the largest float32 (the per-row temperature tensor's dtype)
+TEMPERATURE_MAX = float(np.finfo(np.float32).max)
+#: stop strings a request may give; each is searched for after every step
+MAX_STOP_STRINGS = 64
+#: characters in one stop string (streams also hold back up to this many minus one)
+MAX_STOP_STRING_CHARS = 1024
+#: stop token ids a request may give
+MAX_STOP_TOKEN_IDS = 1024
+
+
+def _shown(v: Any) -> str:
+    """A value for an error message; a huge integer is described, not printed."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**30:
+        return f"an integer of {len(str(abs(v))) if abs(v) < 10**4000 else 'over 4000'} digits"
+    return repr(v)
 
 
 class SamplingParams(BaseModel):
@@ -64,19 +86,23 @@ class SamplingParams(BaseModel):
     @classmethod
     def _check_n(cls, v: int) -> int:
         if v < 1:
-            raise ValueError(f"n must be at least 1, got {v}")
+            raise ValueError(f"n must be at least 1, got {_shown(v)}")
         if v > 1:
+            shown = v if v <= 1024 else "several"
             raise ValueError(
-                f"n={v} is not supported: this engine returns one completion per request; "
-                f"send {v} requests (with different seeds) instead"
+                f"n={_shown(v)} is not supported: this engine returns one completion per "
+                f"request; send {shown} requests (with different seeds) instead"
             )
         return v
 
     @field_validator("temperature")
     @classmethod
     def _check_temperature(cls, v: float) -> float:
-        if not (v >= 0.0 and np.isfinite(v)):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {v}")
+        if not (0.0 <= v <= TEMPERATURE_MAX):  # NaN fails every comparison
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy) that fits float32 "
+                f"(<= {TEMPERATURE_MAX:.4g}), got {v}"
+            )
         return v
 
     @field_validator("top_p")
@@ -88,11 +114,21 @@ class SamplingParams(BaseModel):
 
     @field_validator("top_k", mode="before")
     @classmethod
-    def _check_top_k(cls, v: Any) -> Any:
-        if v is None or (isinstance(v, int) and not isinstance(v, bool) and v in (0, -1)):
+    def _top_k_off(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool) and v in (0, -1):
             return None  # vLLM's "disabled" values
-        if isinstance(v, int) and not isinstance(v, bool) and v < -1:
-            raise ValueError(f"top_k must be at least 1, or 0 / -1 to disable it; got {v}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"top_k must be at least 1, or 0 / -1 to disable it; got {_shown(v)}")
+        if v is not None and v > INT64_MAX:
+            raise ValueError(
+                f"top_k must be at most {INT64_MAX} (int64; any value >= the vocabulary size "
+                f"keeps every token), got {_shown(v)}"
+            )
         return v
 
     @field_validator("min_p")
@@ -106,34 +142,58 @@ class SamplingParams(BaseModel):
     @classmethod
     def _check_seed(cls, v: int | None) -> int | None:
         if v is not None and not _SEED_RANGE[0] <= v < _SEED_RANGE[1]:
-            raise ValueError(f"seed must fit in 64 bits, got {v}")
+            raise ValueError(f"seed must fit in 64 bits, got {_shown(v)}")
         return v
 
     @field_validator("max_tokens")
     @classmethod
     def _check_max_tokens(cls, v: int) -> int:
         if v < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {v}")
+            raise ValueError(f"max_tokens must be at least 1, got {_shown(v)}")
+        if v > INT64_MAX:
+            raise ValueError(f"max_tokens must be at most {INT64_MAX} (int64), got {_shown(v)}")
         return v
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _check_stop(cls, v: Any) -> Any:
+    def _wrap_stop(cls, v: Any) -> Any:
         if v is None:
             return ()
-        if isinstance(v, str):
-            v = (v,)
-        if isinstance(v, list | tuple) and any(isinstance(s, str) and not s for s in v):
-            raise ValueError("stop strings must be non-empty")
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(v)}")
+        for s in v:
+            if not s:
+                raise ValueError("stop strings must be non-empty")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, "
+                    f"got {len(s)}"
+                )
+            bad = invalid_text_at(s)
+            if bad is not None:
+                raise ValueError(f"a stop string is {describe_invalid(s, bad)}")
         return v
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod
-    def _check_stop_token_ids(cls, v: Any) -> Any:
-        if v is None:
-            return ()
-        if isinstance(v, list | tuple) and any(isinstance(t, int) and t < 0 for t in v):
-            raise ValueError(f"stop_token_ids must be token ids >= 0, got {list(v)}")
+    def _wrap_stop_token_ids(cls, v: Any) -> Any:
+        return () if v is None else v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_token_ids(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if len(v) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {len(v)}")
+        bad = [t for t in v if not 0 <= t <= INT64_MAX]
+        if bad:
+            raise ValueError(
+                f"stop_token_ids must be token ids >= 0 (and <= {INT64_MAX}), got {_shown(bad[0])}"
+            )
         return v
 
     @property

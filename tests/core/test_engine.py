@@ -146,3 +146,80 @@ def test_kv_cache_too_small_is_refused(tiny_llama: Path) -> None:
 def test_bf16_is_default_dtype(tiny_llama: Path) -> None:
     llm = LLM(model=str(tiny_llama))
     assert llm.engine.loaded.dtype == torch.bfloat16
+
+
+def byte_level_tokenizer() -> object:
+    """A byte-level BPE over ids 0..255 plus merges up to "aaaaaaaa" (8 characters)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from draftwise.formats.tokenizer import Tokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = [("a", "a"), ("aa", "aa"), ("aaaa", "aaaa")]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    backend = Backend(models.BPE(vocab, merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return Tokenizer(backend)
+
+
+@pytest.fixture
+def text_engine(tiny_llama: Path) -> LLMEngine:
+    """The tiny llama (no tokenizer of its own) given the byte-level tokenizer above."""
+    from draftwise.engine import prompt_char_limit
+
+    engine = LLMEngine(EngineArgs(model=str(tiny_llama), dtype="bfloat16", max_model_len=64))
+    engine.tokenizer = byte_level_tokenizer()
+    engine.max_prompt_chars = prompt_char_limit(engine.tokenizer, engine.max_model_len)
+    return engine
+
+
+def test_prompt_char_limit_is_context_times_longest_token(text_engine: LLMEngine) -> None:
+    assert text_engine.tokenizer.max_token_chars == 8
+    assert text_engine.max_prompt_chars == 64 * 8
+
+
+def test_too_long_text_is_refused_before_tokenizing(text_engine: LLMEngine, monkeypatch) -> None:
+    # at the bound the prompt still tokenizes (64 tokens of 8 characters) and is refused
+    # by its token count: the bound is tight, not a guess
+    with pytest.raises(RequestError, match="has 64 tokens"):
+        text_engine.add_request("a" * 512, greedy(1))
+    monkeypatch.setattr(text_engine.tokenizer, "encode", lambda *a, **k: pytest.fail("encoded"))
+    with pytest.raises(RequestError, match="513 characters; no more than 512") as err:
+        text_engine.add_request("a" * 513, greedy(1))
+    assert err.value.field == "prompt"
+    with pytest.raises(RequestError) as err:
+        text_engine.apply_chat_template([{"role": "user", "content": "a" * 600}])
+    assert err.value.field == "messages"
+    assert not text_engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("text", ["a\ud800b", b"caf\xe9".decode("utf-8", "surrogateescape")])
+def test_invalid_text_is_refused_by_field(text_engine: LLMEngine, text: str) -> None:
+    with pytest.raises(RequestError, match="lone surrogate") as err:
+        text_engine.add_request(text, greedy(1))
+    assert err.value.field == "prompt"
+    with pytest.raises(RequestError) as err:
+        text_engine.apply_chat_template([{"role": "system", "content": "ok"},
+                                         {"role": "user", "content": text}])
+    assert err.value.field == "messages[1].content"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "field"),
+    [
+        ([1, "2"], greedy(), "prompt_token_ids"),
+        ([1, 2.0], greedy(), "prompt_token_ids"),
+        ([1, 2, 3], greedy(stop_token_ids=[600]), "stop_token_ids"),
+        (list(range(10**6)), greedy(), "prompt"),  # refused by length before any scan
+    ],
+)
+def test_more_bad_requests_are_refused_by_field(
+    tiny_llama: Path, prompt: list, params: SamplingParams, field: str
+) -> None:
+    engine = LLMEngine(EngineArgs(model=str(tiny_llama), dtype="bfloat16", max_model_len=64))
+    with pytest.raises(RequestError) as err:
+        engine.add_request({"prompt_token_ids": prompt}, params)
+    assert err.value.field == field

@@ -63,6 +63,21 @@ def test_greedy_threshold_and_stop_normalisation():
         ({"stop_token_ids": [3, -1]}, "stop_token_ids", ">= 0"),
         ({"seed": 2**70}, "seed", "64 bits"),
         ({"best_of": 2}, "best_of", "Extra inputs"),
+        # the bounds the step's tensors need (int64 top-k, float32 temperature)
+        ({"top_k": 2**63}, "top_k", "int64"),
+        ({"top_k": 10**400}, "top_k", "int64"),
+        ({"temperature": float("inf")}, "temperature", "finite"),
+        ({"temperature": float("nan")}, "temperature", "finite"),
+        ({"temperature": 1e39}, "temperature", "float32"),
+        ({"top_p": float("nan")}, "top_p", "(0, 1]"),
+        ({"min_p": float("nan")}, "min_p", "[0, 1]"),
+        ({"max_tokens": 2**63}, "max_tokens", "int64"),
+        ({"n": 10**5000}, "n", "over 4000 digits"),
+        ({"stop": ["x"] * 65}, "stop", "at most 64"),
+        ({"stop": "y" * 1025}, "stop", "at most 1024 characters"),
+        ({"stop": "a\ud800"}, "stop", "lone surrogate U+D800"),
+        ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "at most 1024"),
+        ({"stop_token_ids": [2**63]}, "stop_token_ids", ">= 0"),
     ],
 )
 def test_bad_values_name_their_field(kwargs, field, words):
@@ -72,6 +87,17 @@ def test_bad_values_name_their_field(kwargs, field, words):
     assert err["loc"] == (field,)
     assert words in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_largest_accepted_values_build_sampling_tensors():
+    """Every value validation lets through must survive the step's tensor building."""
+    edge = SamplingParams(temperature=float(np.finfo(np.float32).max), top_k=2**63 - 1,
+                          top_p=1e-300, min_p=1.0, seed=2**64 - 1, max_tokens=2**63 - 1,
+                          stop=["s" * 1024] * 64, stop_token_ids=[2**63 - 1])
+    meta = SamplingMetadata.from_params([edge, SamplingParams(temperature=0)])
+    logits = torch.randn(2, 50)
+    tokens = sample(logits, meta, [make_generator(edge.seed), None])
+    assert 0 <= int(tokens[0]) < 50 and int(tokens[1]) == int(logits[1].argmax())
 
 
 def test_params_are_frozen():

@@ -303,6 +303,53 @@ def test_malformed_request_while_a_good_one_streams(served):
     )
 
 
+#: hostile requests (body bytes), the status and the field each must name
+HOSTILE: list[tuple[str, bytes, int, str]] = [
+    ("/v1/completions", b'{"prompt": "x", "temperature": 1, "top_k": 9223372036854775808}',
+     400, "top_k"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": 1e39}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": Infinity}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', 400, "top_p"),
+    ("/v1/completions", b'{"prompt": "x", "seed": 18446744073709551616}', 400, "seed"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 9223372036854775808}', 400,
+     "max_tokens"),
+    ("/v1/completions", b'{"prompt": "x", "stop_token_ids": [49152]}', 400, "stop_token_ids"),
+    ("/v1/completions", json.dumps({"prompt": "x", "stop": ["s"] * 65}).encode(), 400, "stop"),
+    ("/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("/v1/completions", b'{"prompt": "\xed\xa0\x80"}', 400, "prompt"),  # CESU-8
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', 400,
+     "messages[0].content"),
+    ("/v1/completions", b'{"prompt": "x", "user": ' + b"[" * 3000 + b"]" * 3000 + b"}", 400,
+     "user"),
+    ("/v1/completions", json.dumps({"prompt": "word " * 20_000}).encode(), 400, "prompt"),
+]
+
+
+def test_hostile_requests_fail_alone_by_name_and_a_greedy_stream_is_unchanged(
+        served, one_by_one):
+    """Each hostile request is a 4xx naming its field; a greedy stream running all the
+    while is token-identical to its solo run; the largest sampler that validation
+    accepts runs (its tensors built next to the greedy row); no KV block is left."""
+    url, engine = served["off"]
+    headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    prompt = next(iter(one_by_one))
+    stream = client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                            temperature=0, stream=True)
+    text = next(iter(stream)).choices[0].text
+    for path, body, status, param in HOSTILE:
+        r = httpx.post(f"{url}{path}", content=body, headers=headers, timeout=60)
+        assert r.status_code == status, (body[:80], r.text)
+        assert r.json()["error"]["param"] == param, r.text
+    widest = {"prompt": "Hi", "max_tokens": 3, "temperature": 3.4e38, "top_k": 2**63 - 1,
+              "top_p": 1e-300, "min_p": 1.0, "seed": 2**64 - 1, "stop": ["s" * 1024] * 64}
+    assert httpx.post(f"{url}/v1/completions", json=widest, headers=headers,
+                      timeout=60).status_code == 200
+    text += "".join(ch.choices[0].text for ch in stream)
+    assert text == one_by_one[prompt]
+    wait_idle(url)
+    assert engine.kv.num_used_blocks == 0
+
+
 def test_errors_and_auth(served):
     url, _ = served["off"]
     with pytest.raises(openai.AuthenticationError):

@@ -9,6 +9,7 @@ import click
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
+    from draftwise.sampling import SamplingParams
 
 
 def load_progress() -> Any:
@@ -46,6 +47,35 @@ def build_engine(
 
     args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype, **kwargs)
     return LLMEngine(args, progress=load_progress())
+
+
+def sampling_params(**fields: Any) -> SamplingParams:
+    """SamplingParams from option values; a refused value is a usage error naming its option.
+
+    Built before any weights load, so ``--top-k 9223372036854775808`` fails at once with
+    the bound (the same one the server and the Python API apply), never inside a step.
+    """
+    from pydantic import ValidationError
+
+    from draftwise.sampling import SamplingParams
+
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err.get("loc") else "sampling"
+        message = str(err.get("msg", exc)).removeprefix("Value error, ")
+        raise click.BadParameter(message, param_hint=f"--{field.replace('_', '-')}") from None
+
+
+def check_text_option(option: str, value: str | None) -> None:
+    """A text option must be valid Unicode (a non-UTF-8 argv byte arrives as a surrogate)."""
+    from draftwise.text import describe_invalid, invalid_text_at
+
+    if value is not None:
+        index = invalid_text_at(value)
+        if index is not None:
+            raise click.BadParameter(describe_invalid(value, index), param_hint=option)
 
 
 def fail(exc: BaseException) -> NoReturn:

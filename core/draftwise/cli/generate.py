@@ -48,11 +48,16 @@ def generate(
     num_threads: int | None,
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
-    from draftwise.cli.common import build_engine, fail
-    from draftwise.sampling import SamplingParams
+    from draftwise.cli.common import build_engine, check_text_option, fail, sampling_params
 
     if (prompt is None) == (prompt_token_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
+    check_text_option("--prompt", prompt)
+    check_text_option("--system", system)
+    params = sampling_params(
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        seed=seed, max_tokens=max_tokens,
+    )
     ids: list[int] | None = None
     if prompt_token_ids is not None:
         try:
@@ -63,10 +68,6 @@ def generate(
     try:
         engine = build_engine(
             model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
-        )
-        params = SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            seed=seed, max_tokens=max_tokens,
         )
         if ids is not None:
             engine.add_request({"prompt_token_ids": ids}, params, request_id="cli")

@@ -14,6 +14,13 @@ from typing import Any
 
 import click
 
+from draftwise.server.limits import ServerLimits
+
+#: the environment variable --api-key falls back to
+API_KEY_ENV = "DRAFTWISE_API_KEY"
+#: the limits' defaults, shown by --help
+_LIMITS = ServerLimits()
+
 
 def default_served_name(model: str | None, engine: Any) -> str:
     """The ``--model`` string as given (vLLM's default), else the checkpoint's name."""
@@ -41,14 +48,32 @@ def default_served_name(model: str | None, engine: Any) -> str:
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,
               help="Name(s) clients use as `model` (repeatable; default: --model as given).")
-@click.option("--api-key", default=None, envvar="DRAFTWISE_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1 (env: DRAFTWISE_API_KEY).")
+@click.option("--api-key", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 (env: DRAFTWISE_API_KEY); "
+                   "an empty key is an error, not 'no auth'.")
 @click.option("--return-spec-metrics", is_flag=True,
               help="Add per-request spec-decode metrics to every response (a request can "
                    "also ask with \"return_spec_metrics\": true).")
 @click.option("--shutdown-timeout", default=30.0, show_default=True,
               type=click.FloatRange(0.0),
               help="Seconds in-flight requests get to finish after SIGTERM/SIGINT.")
+@click.option("--max-request-bytes", default=_LIMITS.max_request_bytes, show_default=True,
+              type=click.IntRange(1024),
+              help="Largest request body; a bigger one is a 413 before it is read.")
+@click.option("--header-timeout", default=_LIMITS.header_timeout, show_default=True,
+              type=click.FloatRange(0.0, min_open=True),
+              help="Seconds a client has to send a request's headers (then 408 and close).")
+@click.option("--body-timeout", default=_LIMITS.body_timeout, show_default=True,
+              type=click.FloatRange(0.0, min_open=True),
+              help="Seconds a client has to send a request's body (then 408 and close).")
+@click.option("--keep-alive-timeout", default=_LIMITS.keep_alive_timeout,
+              show_default=True, type=click.FloatRange(0.0, min_open=True),
+              help="Seconds an idle keep-alive connection stays open.")
+@click.option("--max-connections", default=_LIMITS.max_connections, show_default=True,
+              type=click.IntRange(1),
+              help="Open connections served at once; beyond it a request gets 503.")
+@click.option("--enable-docs", is_flag=True,
+              help="Serve /docs, /redoc and /openapi.json (behind --api-key when set).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
@@ -63,11 +88,32 @@ def serve(
     api_key: str | None,
     return_spec_metrics: bool,
     shutdown_timeout: float,
+    max_request_bytes: int,
+    header_timeout: float,
+    body_timeout: float,
+    keep_alive_timeout: float,
+    max_connections: int,
+    enable_docs: bool,
     log_level: str,
     num_threads: int | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
-    from draftwise.cli.common import build_engine, fail
+    from draftwise.cli.common import build_engine, check_text_option, fail
+    from draftwise.server.serving import check_api_key
+
+    if api_key is None:
+        api_key = os.environ.get(API_KEY_ENV)  # set but empty is refused below, not "off"
+    try:
+        check_api_key(api_key)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"--api-key / {API_KEY_ENV}") from None
+    for name in served_names:
+        check_text_option("--served-model-name", name)
+    limits = ServerLimits(
+        max_request_bytes=max_request_bytes, header_timeout=header_timeout,
+        body_timeout=body_timeout, keep_alive_timeout=keep_alive_timeout,
+        max_connections=max_connections,
+    )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
@@ -86,8 +132,10 @@ def serve(
     names = served_names or (default_served_name(model, engine),)
     config = ServerConfig(
         served_model_names=tuple(names),
-        api_key=api_key or None,
+        api_key=api_key,
         return_spec_metrics=return_spec_metrics,
+        limits=limits,
+        enable_docs=enable_docs,
         model_root=str(getattr(getattr(engine, "loaded", None), "path", model or "")) or None,
     )
     app = create_app(engine, config)

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import draftwise
 from draftwise.request import RequestOutput
+from draftwise.server.body import BodyGuard
 from draftwise.server.engine_loop import EngineLoop
 from draftwise.server.errors import APIError, install_handlers
 from draftwise.server.metrics import ServerMetrics
@@ -55,17 +56,26 @@ logger = logging.getLogger("draftwise.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+#: the API routes whose bodies are JSON (vetted by the body guard before FastAPI parses)
+JSON_ROUTES = ("/v1/completions", "/v1/chat/completions")
+#: FastAPI's documentation routes, served only with ``enable_docs``
+DOCS_ROUTES = {"docs_url": "/docs", "redoc_url": "/redoc", "openapi_url": "/openapi.json"}
+
+
 class _Gate:
-    """Pure ASGI middleware: bearer-token check on /v1 and per-path request counts.
+    """Pure ASGI middleware: bearer-token check on /v1 (and the docs) and request counts.
 
     Pure ASGI (not ``BaseHTTPMiddleware``) so streaming and disconnect detection pass
     through untouched.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics,
+                 protected: tuple[str, ...] = ()) -> None:
         self.app = app
         self.api_key = api_key
         self.metrics = metrics
+        #: exact paths besides /v1/* that need the key (the docs, when served)
+        self.protected = frozenset(protected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,7 +91,8 @@ class _Gate:
             await send(message)
 
         try:
-            if self.api_key and path.startswith("/v1") and not self._authorized(scope):
+            needs_key = path.startswith("/v1") or path in self.protected
+            if self.api_key and needs_key and not self._authorized(scope):
                 err = APIError("missing or invalid API key: send 'Authorization: Bearer "
                                "<key>'", status=401, code="invalid_api_key")
                 await err.response()(scope, receive, send_counted)
@@ -249,10 +260,15 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         finally:
             await asyncio.to_thread(loop.stop)
 
-    app = FastAPI(title="draftwise", version=draftwise.__version__, lifespan=lifespan)
+    docs: dict[str, Any] = dict(DOCS_ROUTES) if config.enable_docs else dict.fromkeys(DOCS_ROUTES)
+    app = FastAPI(title="draftwise", version=draftwise.__version__, lifespan=lifespan, **docs)
     app.state.serving = ServingContext(config=config, loop=loop, metrics=server_metrics)
     install_handlers(app)
-    app.add_middleware(_Gate, api_key=config.api_key, metrics=server_metrics)
+    # the last added runs first: the gate (auth, counts), then the body guard
+    app.add_middleware(BodyGuard, limits=config.limits, json_paths=JSON_ROUTES)
+    protected = (*DOCS_ROUTES.values(), "/docs/oauth2-redirect") if config.enable_docs else ()
+    app.add_middleware(_Gate, api_key=config.api_key, metrics=server_metrics,
+                       protected=protected)
     app.add_api_route("/v1/completions", completions, methods=["POST"],
                       response_model=None)
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],

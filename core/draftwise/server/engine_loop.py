@@ -7,6 +7,11 @@ whatever arrived during a step joins the next one). Outputs go back to each requ
 ``asyncio.Queue`` through ``call_soon_threadsafe``, so the event loop never waits on a
 forward pass.
 
+Tokenizing (and rendering a chat template) is not the engine thread's work: a request's
+``build`` runs on a small pool of tokenizer threads first (the tokenizer releases the
+GIL and is safe to share), so a megabyte prompt cannot freeze the streams in flight;
+only the finished ids reach the engine thread, as an add command.
+
 Failure containment: an exception while preparing or adding a request fails that
 request only; so does a failure inside a step, which the engine pins on its row by
 re-running the rows alone (the output carries ``error``). Only an exception escaping
@@ -30,12 +35,19 @@ from draftwise.request import RequestOutput
 
 logger = logging.getLogger("draftwise.server")
 
-#: builds (prompt, SamplingParams) on the engine thread, where the tokenizer is safe to use
+#: builds (prompt, SamplingParams) from the engine's tokenizer, on a tokenizer thread
 BuildFn = Callable[[Any], tuple[Any, Any]]
+#: threads that tokenize prompts concurrently (each prompt is bounded by the body limit
+#: and the engine's prompt-length check, so two keep up with a CPU engine)
+TOKENIZER_THREADS = 2
 
 
 class LoopClosed(Exception):
     """The loop is shutting down (or died) and takes no new requests."""
+
+    def __init__(self, message: str, code: str = "shutting_down") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class RequestFailed(Exception):
@@ -105,7 +117,10 @@ class EngineLoop:
         self._aio: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: set when the shutdown timeout expired: queued adds are refused, not run
+        self._expired = False
         self.accepting = False
+        self._tokenizers: concurrent.futures.ThreadPoolExecutor | None = None
         #: submissions whose add command has not run yet (failed at shutdown)
         self._pending: set[concurrent.futures.Future[None]] = set()
         self._lock = threading.Lock()
@@ -118,6 +133,8 @@ class EngineLoop:
         """Start the engine thread; outputs are delivered on ``aio``."""
         self._aio = aio
         self.accepting = True
+        self._tokenizers = concurrent.futures.ThreadPoolExecutor(
+            TOKENIZER_THREADS, thread_name_prefix="draftwise-tokenize")
         self._publish()
         self._thread = threading.Thread(target=self._run, name="draftwise-engine", daemon=True)
         self._thread.start()
@@ -134,6 +151,8 @@ class EngineLoop:
     def stop(self, timeout: float = 10.0) -> None:
         """Abort whatever still runs (freeing its blocks) and join the engine thread."""
         self.accepting = False
+        if self._tokenizers is not None:
+            self._tokenizers.shutdown(wait=False)  # queued ones finish; their adds are refused
         if self._thread is None:
             return
         self._cmds.put(self._shutdown)
@@ -144,7 +163,19 @@ class EngineLoop:
     # -- the async API ------------------------------------------------------------------
 
     async def submit(self, request_id: str, build: BuildFn) -> RequestStream:
-        """Queue a request; raises what ``build`` or ``add_request`` raised (bad input)."""
+        """Tokenize on a worker thread, then add on the engine thread.
+
+        Raises what ``build`` or ``add_request`` raised (bad input), or :class:`LoopClosed`.
+        """
+        self._check_open()
+        tokenizers = self._tokenizers
+        if tokenizers is None:  # pragma: no cover - _check_open refuses an unstarted loop
+            raise LoopClosed("the engine loop is not running")
+        try:
+            tokenized = tokenizers.submit(build, self.engine)
+        except RuntimeError as exc:  # the pool was shut down under us
+            raise LoopClosed("the server is shutting down") from exc
+        prompt, params = await asyncio.wrap_future(tokenized)
         stream = _Stream(request_id, asyncio.Queue())
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
 
@@ -153,8 +184,10 @@ class EngineLoop:
                 self._pending.discard(added)
             if not added.set_running_or_notify_cancel():
                 return  # the client left before the request reached the engine
+            if self._expired:
+                added.set_exception(LoopClosed("the server is shutting down"))
+                return
             try:
-                prompt, params = build(self.engine)
                 self.engine.add_request(prompt, params, request_id)
             except Exception as exc:  # noqa: BLE001 - handed to the request's caller
                 added.set_exception(exc)
@@ -163,9 +196,8 @@ class EngineLoop:
             added.set_result(None)
 
         with self._lock:  # a request is either queued before shutdown or refused
-            if not self.accepting or self._stopping or not self.alive:
-                raise LoopClosed("the server is shutting down" if self._thread is not None
-                                 else "the engine loop is not running")
+            if self._stopping or not self.alive:
+                raise LoopClosed("the server is shutting down")
             self._pending.add(added)
             self._cmds.put(add)
         try:
@@ -174,6 +206,30 @@ class EngineLoop:
             self.abort(request_id)  # it may have been added just before the cancel
             raise
         return RequestStream(self, stream)
+
+    def _check_open(self) -> None:
+        """New requests are refused once a shutdown began (or before the loop started)."""
+        with self._lock:
+            if self.accepting and self.alive:
+                return
+            if self._thread is not None and not self.accepting:
+                raise LoopClosed("the server is shutting down")
+            raise LoopClosed("the engine loop is not running", "engine_unavailable")
+
+    def expire(self, message: str = "the server is shutting down: the shutdown timeout "
+               "expired") -> None:
+        """End every request now (their streams get an error event and ``[DONE]``).
+
+        Runs between steps like any command; later adds are refused. Used when the
+        shutdown timeout passes with requests still in flight.
+        """
+
+        def cmd() -> None:
+            self._expired = True
+            self._fail_all(RequestFailed(message, status=503))
+
+        self.accepting = False
+        self._cmds.put(cmd)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (client gone); non-blocking, so it is safe while cancelled."""
@@ -225,7 +281,7 @@ class EngineLoop:
         except BaseException as exc:  # pragma: no cover - a bug in the loop itself
             logger.exception("engine loop crashed")
             self._fail_all(RequestFailed(f"engine loop crashed: {exc}"))
-            self._close(LoopClosed("the engine loop crashed"))
+            self._close(LoopClosed("the engine loop crashed", "engine_unavailable"))
 
     def _drain(self, block: bool) -> None:
         """Run every pending command; wait for the first one when idle."""

@@ -26,6 +26,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
@@ -64,10 +65,12 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        """The HTTP response."""
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+    def response(self, close: bool = False) -> JSONResponse:
+        """The HTTP response; ``close`` ends the connection after it (unread body, cap)."""
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if close:
+            headers["Connection"] = "close"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
 
 
 def loc_to_param(loc: tuple[Any, ...]) -> str | None:

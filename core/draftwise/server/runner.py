@@ -1,35 +1,75 @@
 """Running an app under uvicorn: graceful SIGTERM/SIGINT for the CLI, a thread for tests.
 
-Shutdown order on SIGTERM or SIGINT: the engine loop stops admitting (new requests get
-503), uvicorn closes the listening socket and waits up to ``shutdown_timeout`` seconds
-for in-flight responses, then cancels the rest (their streams abort and free their KV
-blocks), and the lifespan stops the engine loop. The process then exits 0: uvicorn's
-habit of re-raising the signal afterwards (exit 143 / KeyboardInterrupt) is dropped
-because the shutdown it asked for has completed.
+Shutdown on SIGTERM or SIGINT is a drain the server runs itself, still listening:
+
+1. the engine loop stops admitting: a new request (on a new or a kept-alive connection)
+   gets the documented 503 ``shutting_down`` body, never a refused socket;
+2. in-flight requests get up to ``shutdown_timeout`` seconds to finish;
+3. if any are left then, the engine loop ends them all (``EngineLoop.expire``): each
+   stream gets an ``{"error": ...}`` event and ``data: [DONE]``, a non-streamed request
+   its 503, and their KV blocks are freed; they get :data:`FLUSH_GRACE_S` seconds to be
+   sent, then any connection still open (a client not reading) is dropped;
+4. uvicorn closes the socket and the lifespan stops the engine loop.
+
+Nothing is cancelled from outside the app, so no CancelledError reaches the log. The
+process then exits 0: uvicorn's habit of re-raising the signal afterwards (exit 143 /
+KeyboardInterrupt) is dropped because the shutdown it asked for has completed. A second
+SIGINT forces the exit.
+
+The uvicorn settings come from the app's ``ServerConfig.limits`` (keep-alive, header
+deadline and connection cap through :mod:`draftwise.server.connection`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from draftwise.server.connection import protocol_factory
+from draftwise.server.limits import ServerLimits
+
+logger = logging.getLogger("draftwise.server")
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: seconds ended streams get to send their error event and [DONE] after the timeout
+FLUSH_GRACE_S = 2.0
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn.Server that tells the app a shutdown began and does not re-raise signals."""
+    """uvicorn.Server that drains while still listening (see the module doc)."""
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None,
-                 ) -> None:
+    def __init__(self, config: uvicorn.Config, engine_loop: Any = None,
+                 shutdown_timeout: float | None = 30.0) -> None:
         super().__init__(config)
-        self.on_shutdown = on_shutdown
+        self.engine_loop = engine_loop
+        self.shutdown_timeout = shutdown_timeout
+        self._drain_deadline: float | None = None
+        self._flush_deadline: float | None = None
+
+    @property
+    def draining(self) -> bool:
+        """Whether a shutdown began."""
+        return self._drain_deadline is not None
+
+    def begin_drain(self) -> None:
+        """Stop admitting requests; in-flight ones go on until done or the timeout."""
+        if self._drain_deadline is not None:
+            return
+        timeout = math.inf if self.shutdown_timeout is None else self.shutdown_timeout
+        self._drain_deadline = time.monotonic() + timeout
+        if self.engine_loop is not None:
+            self.engine_loop.stop_accepting()
+        logger.info("shutting down: draining in-flight requests (up to %ss)", timeout)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -46,9 +86,35 @@ class GracefulServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """First signal: drain. A second SIGINT forces exit (uvicorn's behaviour)."""
-        if self.on_shutdown is not None:
-            self.on_shutdown()
-        super().handle_exit(sig, frame)
+        if self.draining and sig == signal.SIGINT:
+            self.should_exit = self.force_exit = True
+        else:
+            self.begin_drain()
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s); while draining, exit once the drain is over."""
+        if await super().on_tick(counter):
+            return True
+        return self.draining and self._drain_done()
+
+    def _drain_done(self) -> bool:
+        """Advance the drain: done when no request task is left."""
+        if not self.server_state.tasks:
+            return True
+        now = time.monotonic()
+        if self._flush_deadline is None and now >= (self._drain_deadline or now):
+            logger.warning("shutdown timeout: ending %d request(s) still in flight",
+                           len(self.server_state.tasks))
+            if self.engine_loop is not None:
+                self.engine_loop.expire()
+            self._flush_deadline = now + FLUSH_GRACE_S
+        if self._flush_deadline is not None and now >= self._flush_deadline:
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is not None:  # a client that is not reading its stream
+                    transport.abort()
+            return True
+        return False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -61,31 +127,39 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _config(app: Any, log_level: str, shutdown_timeout: float | None) -> uvicorn.Config:
-    """uvicorn settings shared by the CLI and the thread runner (h11, lifespan on)."""
+def _config(app: Any, log_level: str) -> uvicorn.Config:
+    """uvicorn settings shared by the CLI and the thread runner (guarded h11, lifespan on)."""
+    limits = _serving(app).config.limits if _serving(app) is not None else ServerLimits()
     return uvicorn.Config(
         app,
         log_level=log_level,
-        # typed int, but uvicorn hands it to asyncio.wait_for, which takes seconds as float
-        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
+        # the drain is ours (GracefulServer); this only backstops uvicorn's final wait
+        timeout_graceful_shutdown=int(FLUSH_GRACE_S),
+        # typed int, but uvicorn hands it to loop.call_later, which takes float seconds
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         lifespan="on",
         access_log=log_level == "debug",
-        http="h11",
+        http=protocol_factory(limits),  # type: ignore[arg-type]
     )
 
 
-def _on_shutdown(app: Any) -> Callable[[], None] | None:
-    """The hook that makes the engine loop refuse new requests once a shutdown begins."""
-    serving = getattr(getattr(app, "state", None), "serving", None)
-    return serving.loop.stop_accepting if serving is not None else None
+def _serving(app: Any) -> Any:
+    """The app's ServingContext, or None for a foreign ASGI app."""
+    return getattr(getattr(app, "state", None), "serving", None)
+
+
+def _server(app: Any, log_level: str, shutdown_timeout: float | None) -> GracefulServer:
+    serving = _serving(app)
+    return GracefulServer(_config(app, log_level), serving.loop if serving else None,
+                          shutdown_timeout)
 
 
 def serve(app: Any, host: str, port: int, *, log_level: str = "info",
           shutdown_timeout: float | None = 30.0,
           on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully and return."""
+    """Serve until SIGTERM/SIGINT, then drain (see the module doc) and return."""
     sock = bind_socket(host, port)
-    server = GracefulServer(_config(app, log_level, shutdown_timeout), _on_shutdown(app))
+    server = _server(app, log_level, shutdown_timeout)
     if on_ready is not None:
         bound = sock.getsockname()
         on_ready(f"http://{host}:{bound[1]}")
@@ -100,8 +174,7 @@ class ServerThread:
         self.app = app
         self.sock = bind_socket(host, 0)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = GracefulServer(_config(app, log_level, shutdown_timeout),
-                                     _on_shutdown(app))
+        self.server = _server(app, log_level, shutdown_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="draftwise-uvicorn", daemon=True)
 
@@ -118,11 +191,8 @@ class ServerThread:
         raise TimeoutError(f"server did not start within {timeout}s")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Graceful stop, as on SIGTERM."""
-        hook = _on_shutdown(self.app)
-        if hook is not None:
-            hook()
-        self.server.should_exit = True
+        """Graceful stop, as on SIGTERM (the drain runs on the server's own loop)."""
+        self.server.begin_drain()
         self.thread.join(timeout)
         self.sock.close()
 

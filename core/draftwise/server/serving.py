@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,8 +22,10 @@ from starlette.requests import Request
 from draftwise.errors import RequestError
 from draftwise.formats.errors import ChatTemplateError
 from draftwise.request import RequestOutput
+from draftwise.sampling import SamplingParams
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error
+from draftwise.server.limits import ServerLimits
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.protocol import (
     ChatCompletionRequest,
@@ -33,6 +35,7 @@ from draftwise.server.protocol import (
     now,
     unsupported_fields,
 )
+from draftwise.text import invalid_text_at, printable
 
 logger = logging.getLogger("draftwise.server")
 
@@ -41,19 +44,44 @@ AnyRequest = CompletionRequest | ChatCompletionRequest
 
 @dataclass(slots=True)
 class ServerConfig:
-    """What the app needs besides the engine."""
+    """What the app needs besides the engine; refused at construction if unusable."""
 
     #: names a request's ``model`` may use; the first is echoed in responses
     served_model_names: tuple[str, ...]
+    #: the bearer token /v1 (and the docs, when on) require; None = no auth. An empty
+    #: string is refused: it would silently mean "no auth"
     api_key: str | None = None
     #: default of the per-request ``return_spec_metrics`` field
     return_spec_metrics: bool = False
     model_root: str | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    #: serve /docs, /redoc and /openapi.json (behind the key when there is one)
+    enable_docs: bool = False
+
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key)
+        if not self.served_model_names:
+            raise ValueError("served_model_names: give at least one name")
+        for name in self.served_model_names:
+            if not name or invalid_text_at(name) is not None:
+                raise ValueError(f"served model name {printable(name)!r} must be non-empty "
+                                 "valid text")
 
     @property
     def model_name(self) -> str:
         """The name responses carry."""
         return self.served_model_names[0]
+
+
+def check_api_key(key: str | None) -> None:
+    """An API key is visible ASCII without spaces (what a Bearer token can carry)."""
+    if key is None:
+        return
+    if not key:
+        raise ValueError("api_key is empty, which would turn authentication off; give a key "
+                         "or leave it unset")
+    if not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise ValueError("api_key must be printable ASCII without spaces (a Bearer token)")
 
 
 @dataclass(slots=True)
@@ -94,44 +122,59 @@ def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def make_build(body: AnyRequest) -> Callable[[Any], tuple[Any, Any]]:
-    """The function the engine thread runs to tokenize and build SamplingParams."""
-    from draftwise.sampling import SamplingParams
+def sampling_params(body: AnyRequest) -> SamplingParams:
+    """The request's SamplingParams, checked before any tokenizing: a bad value is a 400.
+
+    The bounds are SamplingParams' own (the same for the CLI and the Python API). A chat
+    request without a limit gets "as many tokens as fit", filled in once the prompt's
+    length is known (:func:`make_build`); 1 stands in for it here.
+    """
+    max_tokens = _max_tokens(body)
+    fields: dict[str, Any] = {
+        "n": body.n if body.n is not None else 1,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "max_tokens": 1 if max_tokens is None else max_tokens,
+        "stop": body.stop,
+        "stop_token_ids": body.stop_token_ids,
+        "seed": body.seed,
+        "ignore_eos": bool(body.ignore_eos),
+        "include_stop_str_in_output": bool(body.include_stop_str_in_output),
+        "skip_special_tokens": body.skip_special_tokens is not False,
+    }
+    for name in ("top_p", "top_k", "min_p"):
+        if getattr(body, name) is not None:
+            fields[name] = getattr(body, name)
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        raise _rename(from_sampling_error(exc), body) from None
+
+
+def _max_tokens(body: AnyRequest) -> int | None:
+    """The requested limit (chat's ``max_completion_tokens`` wins), or None for "fill"."""
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        return body.max_completion_tokens
+    return body.max_tokens
+
+
+def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tuple[Any, Any]]:
+    """The function a tokenizer thread runs: the prompt's ids, and the final params."""
 
     def build(engine: Any) -> tuple[Any, Any]:
         if isinstance(body, ChatCompletionRequest):
             text = None
             ids = list(engine.apply_chat_template(_messages(body),
                                                   bool(body.add_generation_prompt)))
-            max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
-                          else body.max_tokens)
         else:
             prompt: Any = body.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
                 prompt = prompt[0]
             text, ids = engine.tokenize_prompt(prompt)
-            max_tokens = body.max_tokens
-        if max_tokens is None:  # OpenAI's "as many as fit"
-            max_tokens = max(1, engine.max_model_len - len(ids))
-        fields: dict[str, Any] = {
-            "n": body.n if body.n is not None else 1,
-            "temperature": 1.0 if body.temperature is None else body.temperature,
-            "max_tokens": max_tokens,
-            "stop": body.stop,
-            "stop_token_ids": body.stop_token_ids,
-            "seed": body.seed,
-            "ignore_eos": bool(body.ignore_eos),
-            "include_stop_str_in_output": bool(body.include_stop_str_in_output),
-            "skip_special_tokens": body.skip_special_tokens is not False,
-        }
-        for name in ("top_p", "top_k", "min_p"):
-            if getattr(body, name) is not None:
-                fields[name] = getattr(body, name)
-        try:
-            params = SamplingParams(**fields)
-        except ValidationError as exc:
-            raise _rename(from_sampling_error(exc), body) from None
-        return {"prompt_token_ids": ids, "prompt": text}, params
+        final = params
+        if _max_tokens(body) is None:  # OpenAI's "as many as fit"
+            final = params.model_copy(
+                update={"max_tokens": max(1, engine.max_model_len - len(ids))})
+        return {"prompt_token_ids": ids, "prompt": text}, final
 
     return build
 
@@ -148,8 +191,9 @@ def _rename(err: APIError, body: AnyRequest) -> APIError:
 async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> RequestStream:
     """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
     check_request(ctx, body)
+    params = sampling_params(body)
     try:
-        return await ctx.loop.submit(request_id, make_build(body))
+        return await ctx.loop.submit(request_id, make_build(body, params))
     except APIError as exc:
         raise _rename(exc, body) from None
     except RequestError as exc:
@@ -157,7 +201,7 @@ async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> Reque
     except ValidationError as exc:
         raise _rename(from_sampling_error(exc), body) from None
     except LoopClosed as exc:
-        raise APIError(str(exc), status=503) from None
+        raise APIError(str(exc), status=503, code=exc.code) from None
     except ChatTemplateError as exc:  # the template's raise_exception(): bad conversation
         raise APIError(f"messages: {exc}", param="messages", code="invalid_chat") from None
     except Exception as exc:

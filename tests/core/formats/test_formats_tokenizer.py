@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from draftwise.formats.default_model import DEFAULT_MODEL_FILE, default_model_path
 from draftwise.formats.errors import TokenizerError
 from draftwise.formats.gguf import GGUFCheckpoint
@@ -189,3 +191,44 @@ def test_broken_tokenizer_json_is_a_named_error(tmp_path, text, fragment: str) -
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(TokenizerError, match=fragment):
         Tokenizer.from_file(str(path))
+
+
+@pytest.mark.default_model
+def test_encode_matches_the_backend_and_releases_the_gil(default_tokenizers) -> None:
+    """``encode`` goes through ``encode_batch`` (same ids) so other threads run meanwhile."""
+    import threading
+    import time
+
+    ours, _ = default_tokenizers
+    for text in STRINGS:
+        assert ours.encode(text) == ours.backend.encode(text).ids
+    text = "hello world, this is a test of the tokenizer. " * 30000  # ~1.4M characters
+    worst, done = [0.0], threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            worst[0], last = max(worst[0], now - last), now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    t0 = time.perf_counter()
+    ids = ours.encode(text)
+    seconds = time.perf_counter() - t0
+    done.set()
+    ticker.join()
+    assert len(ids) > 100_000
+    # holding the GIL, the ticker would wait the whole encode (measured 0.8 s of 0.8 s)
+    assert worst[0] < max(0.5 * seconds, 0.05), (worst[0], seconds)
+
+
+@pytest.mark.default_model
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=200))
+def test_no_token_covers_more_than_max_token_chars(default_tokenizers, text: str) -> None:
+    """The engine's prompt-length check before tokenizing rests on this bound."""
+    ours, _ = default_tokenizers
+    ids = ours.encode(text, add_special_tokens=False)
+    assert len(ids) * ours.max_token_chars >= len(text)

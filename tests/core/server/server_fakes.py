@@ -3,7 +3,10 @@
 Deterministic and fast: one token per character, a greedy "model" whose next token is
 a function of the whole sequence so far (so batching cannot change it), a KV-block
 count that goes to zero only if every request is finished or aborted, and fault
-switches (a step that raises, a chat template that raises).
+switches (a step that raises, a chat template that raises, a prompt whose tokenizing
+takes seconds). Like LLMEngine, every step builds the batch's sampling tensors, so a
+value that passes validation but cannot be held by them fails the step here too.
+Tokenizing may run on any thread (as LLMEngine's may); everything else must run on one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from draftwise.errors import RequestError
 from draftwise.metrics import SpecDecodingStats
 from draftwise.request import CompletionOutput, RequestOutput
-from draftwise.sampling import SamplingParams
+from draftwise.sampling import SamplingMetadata, SamplingParams
 from draftwise.server import ServerConfig, create_app
 from draftwise.server.runner import ServerThread
 
@@ -26,6 +29,10 @@ MODEL = "fake-model"
 ALPHABET = "the quick brown fox jumps over the lazy dog. "
 EOS = 3
 BLOCK = 16
+#: a prompt containing this takes SLOW_TOKENIZE_S to tokenize (a huge prompt, simulated;
+#: the sleep releases the GIL as the real tokenizer does)
+SLOW = "!slow"
+SLOW_TOKENIZE_S = 2.0
 
 
 class FakeTokenizer:
@@ -99,6 +106,8 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.owner: threading.Thread | None = None
         self.loaded = None
+        #: names of the threads that tokenized (never the engine thread)
+        self.tokenize_threads: set[str] = set()
 
     def _check_thread(self) -> None:
         """The server must call the engine from one thread only."""
@@ -109,8 +118,14 @@ class FakeEngine:
 
     # -- requests ---------------------------------------------------------------------
 
+    def _tokenizing(self, text: str) -> None:
+        self.tokenize_threads.add(threading.current_thread().name)
+        if SLOW in text:
+            time.sleep(SLOW_TOKENIZE_S)
+
     def tokenize_prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            self._tokenizing(prompt)
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
@@ -118,11 +133,11 @@ class FakeEngine:
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True) -> list[int]:
-        self._check_thread()
         for m in messages:
             if m["role"] == "explode":
                 raise KeyError("template exploded")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        self._tokenizing(text)
         return self.tokenizer.encode(text + ("<assistant>" if add_generation_prompt else ""))
 
     def add_request(self, prompt: Any, params: SamplingParams | None = None,
@@ -167,8 +182,10 @@ class FakeEngine:
             self.fail_next_step = False
             raise RuntimeError("injected step failure")
         time.sleep(self.step_delay)
+        batch = list(self.requests.values())[: self.max_num_seqs]
+        SamplingMetadata.from_params([r.params for r in batch])  # as LLMEngine's step does
         outputs = []
-        for req in list(self.requests.values())[: self.max_num_seqs]:
+        for req in batch:
             new = self._advance(req)
             outputs.append(self._output(req, new))
             if req.finish is not None:

@@ -7,6 +7,7 @@ import json
 import httpx
 import openai
 import pytest
+from draftwise.server import ServerConfig
 from prometheus_client.parser import text_string_to_metric_families
 from server_fakes import MODEL, FakeEngine, serving
 
@@ -199,6 +200,34 @@ def test_api_key(serve_fake):
         ok = openai.OpenAI(base_url=f"{url}/v1", api_key="sekrit", max_retries=0, timeout=10)
         assert ok.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.total_tokens
         assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
+
+
+@pytest.mark.parametrize("key", ["", "two words", "caf\u00e9"])
+def test_unusable_api_key_is_refused_at_construction(key):
+    with pytest.raises(ValueError, match="api_key"):
+        ServerConfig(served_model_names=(MODEL,), api_key=key)
+
+
+DOCS = ("/docs", "/redoc", "/openapi.json")
+
+
+def test_docs_are_off_by_default(server):
+    for path in DOCS:
+        assert httpx.get(f"{server}{path}").status_code == 404
+
+
+def test_docs_with_the_flag_are_behind_the_key(serve_fake):
+    with serve_fake(FakeEngine(), api_key="sekrit", enable_docs=True) as url:
+        for path in DOCS:
+            err = _error(httpx.get(f"{url}{path}"), status=401)
+            assert err["code"] == "invalid_api_key"
+            ok = httpx.get(f"{url}{path}", headers={"Authorization": "Bearer sekrit"})
+            assert ok.status_code == 200, path
+        schema = httpx.get(f"{url}/openapi.json",
+                           headers={"Authorization": "Bearer sekrit"}).json()
+        assert "/v1/completions" in schema["paths"]
+    with serve_fake(FakeEngine(), enable_docs=True) as url:  # no key: open like /v1
+        assert httpx.get(f"{url}/docs").status_code == 200
 
 
 def test_return_spec_metrics_flag_and_field(serve_fake):

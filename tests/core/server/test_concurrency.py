@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from contextlib import ExitStack
 
 import httpx
 import openai
@@ -157,8 +158,13 @@ def test_graceful_stop_finishes_in_flight_stream():
         chunks = [next(line for line in lines if line.startswith("data: "))]
         stopper.start()
         time.sleep(0.1)
-        with pytest.raises(httpx.HTTPError):  # the listening socket is closed
-            httpx.post(f"{url}/v1/completions", json={"prompt": "late"}, timeout=2)
+        # still listening while it drains: a late request gets the documented 503 body
+        late = httpx.post(f"{url}/v1/completions", json={"prompt": "late"}, timeout=5)
+        assert late.status_code == 503
+        assert late.json()["error"] == {"message": "the server is shutting down",
+                                        "type": "service_unavailable_error", "param": None,
+                                        "code": "shutting_down"}
+        assert httpx.get(f"{url}/health", timeout=5).json()["status"] == "draining"
         chunks += [line for line in lines if line.startswith("data: ")]
     stopper.join(15)
     assert not thread.thread.is_alive()
@@ -168,16 +174,39 @@ def test_graceful_stop_finishes_in_flight_stream():
     assert engine.requests == {} and engine.aborted == []
 
 
-def test_shutdown_timeout_aborts_what_is_left():
+def test_shutdown_timeout_ends_every_stream_with_an_error_event_and_done():
     engine = FakeEngine(step_delay=0.01)
     thread = ServerThread(create_app(engine, ServerConfig(served_model_names=(MODEL,))),
                           shutdown_timeout=0.3)
     url = thread.start()
     body = {"prompt": "never ends", "max_tokens": 240, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=20) as r:
-        lines = r.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
+    with ExitStack() as streams:
+        readers = []
+        for i in range(2):
+            r = streams.enter_context(httpx.stream(
+                "POST", f"{url}/v1/completions", json={**body, "prompt": f"never ends {i}"},
+                timeout=20))
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            next(lines)
+            readers.append(lines)
+        answers: list[httpx.Response] = []
+        blocking = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{url}/v1/completions", json={"prompt": "waits", "max_tokens": 240}, timeout=20)))
+        blocking.start()
+        for _ in range(500):  # until the non-streamed one is in the engine too
+            if len(engine.requests) == 3:
+                break
+            time.sleep(0.01)
         thread.stop()
         assert not thread.thread.is_alive()
+        tails = [list(lines)[-2:] for lines in readers]
+    blocking.join(10)
+    assert answers[0].status_code == 503
+    assert "shutdown timeout expired" in answers[0].json()["error"]["message"]
+    for tail in tails:
+        assert tail[-1] == "data: [DONE]"
+        error = json.loads(tail[0][6:])["error"]
+        assert error["type"] == "service_unavailable_error"
+        assert "shutdown timeout expired" in error["message"]
     assert engine.requests == {}
-    assert len(engine.aborted) == 1
+    assert len(engine.aborted) == 3

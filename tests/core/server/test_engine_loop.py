@@ -148,3 +148,40 @@ def test_stop_fails_pending_and_refuses_new():
         return engine.requests
 
     assert run(go, engine) == {}
+
+
+def test_build_runs_on_a_tokenizer_thread():
+    engine = FakeEngine()
+    seen: list[str] = []
+
+    def build(engine):
+        seen.append(threading.current_thread().name)
+        return "abc", SamplingParams(temperature=0, max_tokens=3)
+
+    async def go(loop):
+        stream = await loop.submit("r", build)
+        async for _ in stream:
+            pass
+        return True
+
+    assert run(go, engine)
+    assert seen and seen[0].startswith("draftwise-tokenize")
+    assert engine.owner is not None and engine.owner.name == "draftwise-engine"
+
+
+def test_expire_ends_streams_and_refuses_queued_adds():
+    engine = FakeEngine(step_delay=0.01)
+
+    async def go(loop):
+        stream = await loop.submit("r", _build("abc", 200))
+        loop.expire()
+        with pytest.raises(RequestFailed, match="shutdown timeout expired") as info:
+            async for _ in stream:
+                pass
+        assert info.value.status == 503
+        with pytest.raises(LoopClosed) as closed:
+            await loop.submit("s", _build("abc", 2))
+        assert closed.value.code == "shutting_down"
+        return engine.requests
+
+    assert run(go, engine) == {}

@@ -64,3 +64,50 @@ def test_refusal_exits_2_before_serving(stubs):
     assert result.exit_code == 2
     assert "bogus" in result.output
     assert "run" not in stubs
+
+
+def test_limit_flags_reach_the_server_config(stubs):
+    result = CliRunner().invoke(serve, [
+        "--max-request-bytes", "65536", "--header-timeout", "2.5", "--body-timeout", "7",
+        "--keep-alive-timeout", "1.5", "--max-connections", "9", "--enable-docs"])
+    assert result.exit_code == 0, result.output
+    config = stubs["run"][0].state.serving.config
+    assert (config.limits.max_request_bytes, config.limits.header_timeout,
+            config.limits.body_timeout, config.limits.keep_alive_timeout,
+            config.limits.max_connections) == (65536, 2.5, 7.0, 1.5, 9)
+    assert config.enable_docs
+
+
+def test_defaults_are_the_documented_limits(stubs):
+    from draftwise.server.limits import ServerLimits
+
+    result = CliRunner().invoke(serve, [])
+    assert result.exit_code == 0, result.output
+    config = stubs["run"][0].state.serving.config
+    assert config.limits == ServerLimits() and not config.enable_docs
+    assert config.api_key is None
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--api-key", ""], {}),
+    ([], {"DRAFTWISE_API_KEY": ""}),
+    (["--api-key", "has space"], {}),
+])
+def test_unusable_api_key_is_a_startup_error(stubs, args, env):
+    result = CliRunner().invoke(serve, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "api_key" in result.output
+    assert "build" not in stubs  # refused before any weights load
+
+
+def test_api_key_from_the_environment(stubs):
+    result = CliRunner().invoke(serve, [], env={"DRAFTWISE_API_KEY": "k2"})
+    assert result.exit_code == 0, result.output
+    assert stubs["run"][0].state.serving.config.api_key == "k2"
+
+
+@pytest.mark.parametrize("args", [["--header-timeout", "0"], ["--max-connections", "0"],
+                                  ["--max-request-bytes", "10"]])
+def test_out_of_range_limits_are_usage_errors(stubs, args):
+    result = CliRunner().invoke(serve, args)
+    assert result.exit_code == 2 and "build" not in stubs
