@@ -94,7 +94,7 @@ def add_comparisons(rec: dict[str, Any], ours: list[str], peers: list[str]) -> N
     if conc:
         peer_c = _get(conc, PEER, "output_tok_per_s")
         for label in [OURS, *ours]:
-            figures[f"served_c{conc['concurrency']}_tok_per_s {label}"] = _pair(
+            figures[f"served c={conc['concurrency']} tok/s, {label}"] = _pair(
                 peer_c, _get(conc, label, "output_tok_per_s")
             )
     rec["figures"] = figures
@@ -114,7 +114,7 @@ def _bench_label(report: dict[str, Any], key: str) -> str:
     if key.startswith("decode"):
         return f"pure decode tg{n or ''} tok/s"
     if key.startswith("served"):
-        return key.replace("_tok_per_s", " tok/s").replace("_", " ")
+        return key
     return {"startup_to_first_token_s": "start-up to first token s",
             "peak_rss_mib": "peak RSS MiB (plain)"}[key]  # fmt: skip
 
@@ -141,7 +141,7 @@ def print_markdown(report: dict[str, Any]) -> None:
                 continue
             s = run["summary"]
             own = OURS if label.startswith("draftwise") else PEER
-            vs_peer = _get(rec["ratios"], f"{label} / {PEER}", "all")
+            vs_peer = 1.0 if label == PEER else _get(rec["ratios"], f"{label} / {PEER}", "all")
             vs_own = 1.0 if label == own else _get(rec["ratios"], f"{label} / {own}", "all")
             ident = _get(rec["identity"], f"{label} vs {own}")
             sd = run.get("spec_decode") or {}

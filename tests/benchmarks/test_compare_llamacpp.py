@@ -63,6 +63,9 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
                         "decode": {"tok_per_s": 40.0, "n_tokens": 64}},
         "draftwise_startup": {"startup_to_first_token_s": 30.0, "peak_rss_mib": 9000.0},
         "loadavg": {"start": [1.0, 1.0, 1.0]},
+        "concurrency": {"concurrency": 8, "llama.cpp plain": {"output_tok_per_s": 100.0},
+                        "draftwise plain": {"output_tok_per_s": 250.0},
+                        "draftwise draft_model k=4": {"error": "RefusedError: not yet"}},
     }
     lr.add_comparisons(rec, ["draftwise ngram k=4", "draftwise draft_model k=4"],
                        ["llama.cpp ngram-mod"])
@@ -79,6 +82,8 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert f["prefill_tok_per_s"]["draftwise/llama.cpp"] == pytest.approx(1.5)
     assert f["decode_tok_per_s"]["draftwise/llama.cpp"] == pytest.approx(0.75)
     assert f["startup_to_first_token_s"]["draftwise"] == 30.0
+    assert f["served c=8 tok/s, draftwise plain"]["draftwise/llama.cpp"] == pytest.approx(2.5)
+    assert f["served c=8 tok/s, draftwise draft_model k=4"]["draftwise"] is None
 
     report = {"model": "m.gguf", "num_prompts": 2, "max_tokens": 2, "repeat": 1,
               "llama_cpp": {"version": "version: 1 (abc)"}, "by_threads": {"2": rec}}
@@ -87,6 +92,8 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "### 2 threads" in out and "pure prefill pp256 tok/s" in out
     assert "| draftwise ngram k=4 | 30.0 | 30.0 | 0.75x | 1.50x | 2/2 | 0.50 |" in out
     assert "error: RefusedError: not yet" in out
+    assert "| served c=8 tok/s, draftwise plain | 100.0 | 250.0 | 2.50x |" in out
+    assert "| llama.cpp plain | 40.0 | 40.0 | 1.00x | 1.00x | - | - |" in out
 
 
 FAKE_SERVER = r'''#!PYTHON
