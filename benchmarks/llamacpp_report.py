@@ -145,11 +145,13 @@ def print_markdown(report: dict[str, Any]) -> None:
             vs_own = 1.0 if label == own else _get(rec["ratios"], f"{label} / {own}", "all")
             ident = _get(rec["identity"], f"{label} vs {own}")
             sd = run.get("spec_decode") or {}
+            drafted = sd.get("draft_n", sd.get("num_draft_tokens"))
+            accept = "none drafted" if sd and not drafted else _f(sd.get("draft_acceptance_rate"), ".2f")
             cells = [label, _f(s["all"]["tok_per_s"]),
                      *(_f(_get(s, k, "tok_per_s")) for k in kinds),
                      _f(vs_peer, ".2f", "x"), _f(vs_own, ".2f", "x"),
                      f"{ident['identical']}/{ident['of']}" if ident else "-",
-                     _f(sd.get("draft_acceptance_rate"), ".2f")]  # fmt: skip
+                     accept]  # fmt: skip
             print("| " + " | ".join(cells) + " |")
         print()
         print(f"| figure | llama.cpp | draftwise | draftwise/llama.cpp |")

@@ -53,11 +53,12 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         "runs": {
             "draftwise plain": _run(20.0, same, forward_bench={
                 "prefill": {"tok_per_s": 300.0}, "decode": {"tok_per_s": 30.0}}),
-            "draftwise ngram k=4": _run(30.0, same, spec_decode={"draft_acceptance_rate": 0.5}),
+            "draftwise ngram k=4": _run(30.0, same, spec_decode={"num_draft_tokens": 8,
+                                                                 "draft_acceptance_rate": 0.5}),
             "draftwise draft_model k=4": {"error": "RefusedError: not yet"},
             "llama.cpp plain": _run(40.0, other, startup={
                 "startup_to_first_token_s": 1.5, "peak_rss_mib": 1800.0}),
-            "llama.cpp ngram-mod": _run(44.0, same),
+            "llama.cpp ngram-mod": _run(44.0, same, spec_decode={"draft_n": 0}),
         },
         "llama_bench": {"prefill": {"tok_per_s": 200.0, "n_tokens": 256},
                         "decode": {"tok_per_s": 40.0, "n_tokens": 64}},
@@ -94,6 +95,7 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "error: RefusedError: not yet" in out
     assert "| served c=8 tok/s, draftwise plain | 100.0 | 250.0 | 2.50x |" in out
     assert "| llama.cpp plain | 40.0 | 40.0 | 1.00x | 1.00x | - | - |" in out
+    assert "| llama.cpp ngram-mod | 44.0 | 44.0 | 1.10x | 1.10x | 1/2 | none drafted |" in out
 
 
 FAKE_SERVER = r'''#!PYTHON
