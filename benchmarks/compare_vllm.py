@@ -38,6 +38,18 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared helpers beside this script
+
+from side_by_side import (  # noqa: E402
+    build_ours,
+    identity,
+    loadavg,
+    log,
+    measure_ours,
+    peer_results,
+    ratio,
+    with_retries,
+)
 
 # The script the vLLM venv runs. It must not import draftwise (not installed there) and its
 # body must sit under ``if __name__ == "__main__":`` because vLLM spawns worker processes.
@@ -120,17 +132,6 @@ if __name__ == "__main__":
 """
 
 
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover
-        return None
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # -- vLLM side ---------------------------------------------------------------------------
 
 
@@ -138,8 +139,7 @@ def ensure_hf_copy(path: str) -> str:
     """The HF-format copy vLLM loads; exported from the default GGUF when missing."""
     if (Path(path) / "config.json").is_file() and any(Path(path).glob("*.safetensors")):
         return path
-    _log(f"no HF copy at {path}; exporting the default GGUF there")
-    sys.path.insert(0, str(HERE))
+    log(f"no HF copy at {path}; exporting the default GGUF there")
     from export_hf_copy import export
 
     export(path)
@@ -207,33 +207,7 @@ def run_vllm(
 
 def vllm_results(raw: dict[str, Any], items: list[Any], prompts: list[dict[str, Any]]) -> list[Any]:
     """Raw vLLM runs as draftwise PromptResults, best (fastest) run per prompt."""
-    from draftwise.bench import PromptResult
-    from draftwise.bench.run import best_of
-
-    runs = []
-    for run in raw["runs"]:
-        rs = []
-        for item, p, r in zip(items, prompts, run):
-            assert r["id"] == item.id
-            n = len(r["token_ids"])
-            rs.append(
-                PromptResult(
-                    id=item.id,
-                    kind=item.kind,
-                    num_prompt_tokens=len(p["ids"]),
-                    num_output_tokens=n,
-                    seconds=r["seconds"],
-                    ttft=None,
-                    itl=None,
-                    tok_per_s=n / r["seconds"] if r["seconds"] else 0.0,
-                    token_ids=list(r["token_ids"]),
-                )
-            )
-        runs.append((rs, sum(x.seconds for x in rs)))
-    return best_of(runs)[0]
-
-
-# -- draftwise side ----------------------------------------------------------------------
+    return peer_results(raw["runs"], items, prompts)
 
 
 def vllm_preload(python: str) -> list[str]:
@@ -253,78 +227,7 @@ def vllm_preload(python: str) -> list[str]:
     return found
 
 
-def build_ours(model: str | None, spec: str | None, dtype: str, threads: int | None) -> Any:
-    from draftwise.engine import LLMEngine
-    from draftwise.engine_args import EngineArgs
-
-    args = EngineArgs(
-        model=model,
-        speculative_config=spec,
-        dtype=dtype,
-        max_num_seqs=1,
-        enable_prefix_caching=False,  # vLLM runs without it too: repeated runs stay fair
-        num_threads=threads,
-    )
-    return LLMEngine(args)
-
-
-def with_retries(fn: Any, what: str, tries: int = 3, wait: float = 60.0) -> Any:
-    """Our engine's code may be mid-edit on a shared checkout: wait and retry a failed run."""
-    for attempt in range(1, tries + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if attempt == tries:
-                raise
-            _log(f"{what} failed ({type(exc).__name__}: {exc}); retrying in {wait:.0f}s")
-            time.sleep(wait)
-    raise AssertionError("unreachable")
-
-
-def measure_ours(engine: Any, items: list[Any], max_tokens: int, repeat: int) -> dict[str, Any]:
-    from draftwise.bench import summarize, to_json
-    from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
-
-    warm_up(engine, items)
-    runs = [run_engine(engine, items, max_tokens, 1) for _ in range(repeat)]
-    results, wall = best_of(runs)
-    rec: dict[str, Any] = {
-        "dtype": str(next(engine.loaded.model.parameters()).dtype),
-        "summary": summarize(results, wall),
-        "per_prompt": to_json(results),
-        "profile": engine_profile(engine),
-        "_results": results,
-    }
-    if engine.spec is not None:
-        rec["spec_decode"] = engine.spec.metrics.summary()
-    return rec
-
-
 # -- report ------------------------------------------------------------------------------
-
-
-def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
-    """tok/s of run ``a`` over run ``b``, overall and per kind."""
-    sa, sb = a["summary"], b["summary"]
-    return {
-        k: (sa[k]["tok_per_s"] / sb[k]["tok_per_s"]) if sb[k]["tok_per_s"] else 0.0
-        for k in sa
-        if k in sb
-    }
-
-
-def identity(a: list[Any], b: list[Any]) -> dict[str, Any]:
-    """Prompts with identical greedy tokens, and where the others first diverge."""
-    same = 0
-    diverge: dict[str, int] = {}
-    for x, y in zip(a, b):
-        ta, tb = x["token_ids"], y["token_ids"]
-        if ta == tb:
-            same += 1
-            continue
-        n = next((i for i, (p, q) in enumerate(zip(ta, tb)) if p != q), min(len(ta), len(tb)))
-        diverge[x["id"]] = n
-    return {"identical": same, "of": len(a), "first_divergence": diverge}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -425,12 +328,12 @@ def main() -> None:
             "torch": torch.__version__,
         },
         "runs": {},
-        "loadavg": {"start": _loadavg()},
+        "loadavg": {"start": loadavg()},
     }
     runs = report["runs"]
 
     # -- draftwise, in this process (its tokenizer also fixes the prompt ids for vLLM) --
-    _log(f"draftwise plain ({args.dtype})")
+    log(f"draftwise plain ({args.dtype})")
     prompts: list[dict[str, Any]] = []
 
     def ours(spec: str | None) -> dict[str, Any]:
@@ -448,15 +351,15 @@ def main() -> None:
     rec = with_retries(lambda: ours(None), "draftwise plain")
     ours_plain = rec.pop("_results")
     runs["draftwise_plain"] = rec
-    report["loadavg"]["draftwise_plain"] = _loadavg()
-    _log(f"  {rec['summary']['all']['tok_per_s']:.1f} tok/s")
+    report["loadavg"]["draftwise_plain"] = loadavg()
+    log(f"  {rec['summary']['all']['tok_per_s']:.1f} tok/s")
 
-    _log(f"draftwise spec {spec_str}")
+    log(f"draftwise spec {spec_str}")
     rec = with_retries(lambda: ours(spec_str), "draftwise spec")
     ours_spec = rec.pop("_results")
     runs["draftwise_spec"] = rec
-    report["loadavg"]["draftwise_spec"] = _loadavg()
-    _log(f"  {rec['summary']['all']['tok_per_s']:.1f} tok/s")
+    report["loadavg"]["draftwise_spec"] = loadavg()
+    log(f"  {rec['summary']['all']['tok_per_s']:.1f} tok/s")
 
     # -- vLLM, in its own venv --
     from draftwise.bench import summarize
@@ -475,7 +378,7 @@ def main() -> None:
         model_dir = ensure_hf_copy(args.hf_model)
         raws = {}
         for label, cfg in (("vllm_plain", None), ("vllm_spec", spec_cfg)):
-            _log(f"{label} ({args.dtype}) in {args.vllm_python} (startup takes 1-2 minutes)")
+            log(f"{label} ({args.dtype}) in {args.vllm_python} (startup takes 1-2 minutes)")
             log_path = out_path.with_suffix(f".{label}.log")
             raws[label] = run_vllm(
                 args.vllm_python,
@@ -489,7 +392,7 @@ def main() -> None:
                 args.vllm_timeout,
                 log_path,
             )
-            report["loadavg"][label] = _loadavg()
+            report["loadavg"][label] = loadavg()
     vllm_res: dict[str, list[Any]] = {}
     for label, raw in raws.items():
         res = vllm_results(raw, items, prompts)
@@ -502,7 +405,7 @@ def main() -> None:
             "spec_decode_metrics": raw.get("spec_decode_metrics"),
             "info": raw.get("info"),
         }
-        _log(f"{label}: {runs[label]['summary']['all']['tok_per_s']:.1f} tok/s")
+        log(f"{label}: {runs[label]['summary']['all']['tok_per_s']:.1f} tok/s")
     report["vllm_raw"] = raws
     report["prompts"] = prompts
 
@@ -522,7 +425,7 @@ def main() -> None:
     }
     report["peak_rss_mib"] = peak_rss_mib()
     out_path.write_text(json.dumps(report, indent=2, default=str))
-    _log(f"wrote {out_path}")
+    log(f"wrote {out_path}")
     print_table(report)
     del ours_plain, ours_spec, vllm_res
 

@@ -48,11 +48,17 @@ class Sample:
 
 
 def request_body(item: Any, model: str | None, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The endpoint and body for a workload item (chat when it has messages)."""
+    """The endpoint and body for a workload item.
+
+    Prompt token ids go to ``/v1/completions`` as they are (every server then sees the same
+    ids, whatever its chat template); else chat when the item has messages.
+    """
     body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
+    if getattr(item, "prompt_token_ids", None) is not None:
+        return "/v1/completions", {**body, "prompt": list(item.prompt_token_ids)}
     if item.messages is not None:
         return "/v1/chat/completions", {**body, "messages": item.messages}
     return "/v1/completions", {**body, "prompt": item.prompt}

@@ -1,0 +1,383 @@
+"""Side-by-side benchmark: draftwise vs llama.cpp's own ``llama-server``, plain and speculative.
+
+At each thread count (``--threads 1,2``) one run measures, on the same prompt token ids (the
+chat template applied once, by draftwise's tokenizer), greedy, one request at a time:
+
+* draftwise plain and with each ``--speculative-config`` JSON, in this process;
+* ``llama-server`` plain and with each ``--llama-spec`` flag set, one server per mode started
+  here on 127.0.0.1 (``-t T -tb T -c 4096 -np 1 --no-webui``), fed ids on ``/completion``
+  with ``cache_prompt: false`` and stopped at the end;
+* ``llama-bench -p 256 -n 64`` and draftwise's equivalent (``decode_bench.py``): pure
+  prefill and decode of the forward alone;
+* start-up to first token and peak RSS of both, each as a fresh process;
+* optionally (``--concurrency N``) served throughput at N concurrent streaming requests:
+  ``llama-server -np N`` and draftwise's own server, through ``load_gen.py``.
+
+Every end-to-end figure is wall time per request including prefill, after a warm-up request,
+the fastest of ``--repeat`` runs per prompt (as ``compare_vllm.py``, ``draftwise bench`` and
+the peers table). The report leads with ratios taken in the same run, and per-prompt greedy
+token identity of each draftwise speculative mode against draftwise plain (the lossless
+check; llama.cpp comparisons are informative). Build the peer first with
+``benchmarks/setup_llamacpp.sh``; fetch real models with ``scripts/fetch_models.py``.
+
+Example (the target/draft pair of the peers table)::
+
+    python benchmarks/compare_llamacpp.py --model /work/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
+        --draft-model /work/models/qwen2.5-coder-0.5b-instruct.gguf --threads 1,2 \\
+        --out results/compare_llamacpp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared helpers beside this script
+
+from llamacpp import DEFAULT_BUILD, LlamaServer, binary_version, run_llama_bench  # noqa: E402
+from llamacpp_report import add_comparisons, print_markdown  # noqa: E402
+from side_by_side import build_ours, loadavg, log, measure_ours, peer_results  # noqa: E402
+
+DEFAULT_WORKLOAD = HERE / "workloads" / "llamacpp-6.jsonl"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 4}  # fmt: skip
+
+
+# -- modes -------------------------------------------------------------------------------
+
+
+def ours_mode(text: str) -> tuple[str, dict[str, Any]]:
+    """``[LABEL=]JSON`` -> (label, config); the label defaults to the method and its k."""
+    label, sep, rest = text.partition("=")
+    if not sep or text.lstrip().startswith("{"):
+        label, rest = "", text
+    cfg = json.loads(rest)
+    if not isinstance(cfg, dict):
+        raise SystemExit(f"--speculative-config must be a JSON object, got {rest!r}")
+    if not label:
+        k = cfg.get("num_speculative_tokens")
+        label = f"{cfg.get('method', '?')}" + (f" k={k}" if k is not None else "")
+    return label, cfg
+
+
+def llama_mode(text: str) -> tuple[str, list[str]]:
+    """``[LABEL=]FLAGS`` -> (label, argv); the label defaults to ``--spec-type`` (+ n-max)."""
+    label, sep, rest = text.partition("=")
+    if not sep or text.lstrip().startswith("-"):
+        label, rest = "", text
+    flags = shlex.split(rest)
+    if not label:
+        kind = flags[flags.index("--spec-type") + 1] if "--spec-type" in flags else "spec"
+        nmax = flags.index("--spec-draft-n-max") if "--spec-draft-n-max" in flags else None
+        label = kind + (f" n-max={flags[nmax + 1]}" if nmax is not None else "")
+    return label, flags
+
+
+# -- draftwise side ----------------------------------------------------------------------
+
+
+def run_ours(
+    args: argparse.Namespace, spec: dict[str, Any] | None, threads: int, items: list[Any],
+    prompts: list[dict[str, Any]], bench: bool,
+) -> dict[str, Any]:
+    """One draftwise mode at one thread count (and the pure forward bench on plain)."""
+    from draftwise.bench import prompt_ids
+    from draftwise.models.kernels import kernel_threads
+
+    from decode_bench import measure as decode_measure
+
+    engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype, threads)
+    ids = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(engine, i)} for i in items]
+    if prompts and ids != prompts:
+        raise RuntimeError("prompt ids changed between two draftwise engines")
+    prompts[:] = ids
+    rec = measure_ours(engine, items, args.max_tokens, args.repeat)
+    rec["speculative_config"] = spec
+    rec["threads"] = kernel_threads()
+    rec.pop("_results")
+    if bench:
+        rec["forward_bench"] = decode_measure(
+            engine.loaded, args.bench_prompt, args.bench_gen, args.bench_reps
+        )
+    del engine
+    gc.collect()
+    return rec
+
+
+def probe_ours(args: argparse.Namespace, threads: int, ids: list[int]) -> dict[str, Any]:
+    """Start-up to first token and peak RSS of a fresh draftwise process (plain)."""
+    cmd = [sys.executable, str(HERE / "startup_probe.py"), "--threads", str(threads),
+           "--dtype", args.dtype, "--prompt-ids", json.dumps(ids)]  # fmt: skip
+    if args.model:
+        cmd += ["--model", args.model]
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a chatty child never blocks
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        line = proc.stdout.readline() if proc.stdout else ""
+        first_at = time.perf_counter()
+        proc.communicate(timeout=args.startup_timeout)
+        if proc.returncode != 0 or not line.strip():
+            err.seek(0)
+            raise RuntimeError(f"startup probe failed ({proc.returncode}): {err.read()[-2000:]}")
+    out: dict[str, Any] = json.loads(line)
+    out["startup_to_first_token_s"] = first_at - t0
+    return out
+
+
+# -- llama.cpp side ----------------------------------------------------------------------
+
+
+def run_llama(
+    args: argparse.Namespace, flags: list[str], threads: int, items: list[Any],
+    prompts: list[dict[str, Any]], log_path: Path,
+) -> dict[str, Any]:
+    """One llama-server mode at one thread count: start-up, warm-up, ``--repeat`` runs."""
+    from draftwise.bench import summarize, to_json
+
+    server = LlamaServer(args.llama_bin / "llama-server", args.model_path, threads, flags,
+                         log_path, startup_timeout=args.startup_timeout)  # fmt: skip
+    with server:
+        first = server.complete(prompts[0]["ids"], 1)
+        startup = {"startup_to_first_token_s": first["_done_at"] - server.started_at,
+                   "ready_s": server.ready_at - server.started_at}  # fmt: skip
+        server.complete(prompts[0]["ids"], 16)  # warm-up, as draftwise's warm_up
+        runs = []
+        for _ in range(args.repeat):
+            run = []
+            for p in prompts:
+                r = server.complete(p["ids"], args.max_tokens)
+                run.append({"id": p["id"], "token_ids": r.get("tokens", []),
+                            "seconds": r["_seconds"], "timings": r.get("timings", {}),
+                            "stop_type": r.get("stop_type")})  # fmt: skip
+            runs.append(run)
+        startup["peak_rss_mib"] = server.peak_rss_mib()
+    results = peer_results(runs, items, prompts)
+    timings = [r["timings"] for run in runs for r in run]
+    drafted = sum(t.get("draft_n", 0) for t in timings)
+    accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
+    rec = {
+        "flags": flags,
+        "command": shlex.join(server.cmd),
+        "summary": summarize(results),
+        "per_prompt": to_json(results),
+        "startup": startup,
+        "spec_decode": {"draft_n": drafted, "draft_n_accepted": accepted,
+                        "draft_acceptance_rate": accepted / drafted if drafted else None}
+        if flags else None,  # fmt: skip
+        "raw_runs": runs,
+    }
+    return rec
+
+
+# -- served throughput at N concurrent requests ------------------------------------------
+
+
+def concurrency_runs(
+    args: argparse.Namespace, threads: int, prompts: list[dict[str, Any]],
+    ours_specs: list[tuple[str, dict[str, Any]]], out_base: Path,
+) -> dict[str, Any]:
+    """N streaming requests in flight against ``llama-server -np N`` and draftwise's server."""
+    from draftwise.bench import WorkloadItem
+    from draftwise.bench.run import warm_up
+    from draftwise.server import ServerConfig, create_app
+    from draftwise.server.runner import ServerThread
+
+    import load_gen
+
+    n = args.concurrency
+    items = [WorkloadItem(id=p["id"], kind=p["kind"], prompt_token_ids=p["ids"]) for p in prompts]
+    num = max(2 * n, len(items))
+
+    def load(url: str, model: str | None) -> dict[str, Any]:
+        samples, wall = asyncio.run(load_gen.run_load(url, items, model, args.max_tokens, n, num,
+                                                      None, args.request_timeout))  # fmt: skip
+        return load_gen.summarize_load(samples, wall)
+
+    out: dict[str, Any] = {"concurrency": n, "num_requests": num}
+    log(f"  c={n}: llama.cpp plain (-np {n})")
+    flags = ["--no-cache-prompt"]
+    with LlamaServer(args.llama_bin / "llama-server", args.model_path, threads, flags,
+                     out_base.with_suffix(f".t{threads}.c{n}.llama.log"), parallel=n,
+                     startup_timeout=args.startup_timeout) as server:  # fmt: skip
+        server.complete(prompts[0]["ids"], 16)
+        out["llama.cpp plain"] = load(server.url, None)
+        out["llama.cpp plain"]["peak_rss_mib"] = server.peak_rss_mib()
+    for label, spec in [("plain", None), *ours_specs]:
+        log(f"  c={n}: draftwise {label}")
+        try:
+            engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype,
+                                threads, max_num_seqs=n)  # fmt: skip
+            warm_up(engine, items)
+            app = create_app(engine, ServerConfig(served_model_names=("bench",)))
+            with ServerThread(app, shutdown_timeout=5) as url:
+                out[f"draftwise {label}"] = load(url, "bench")
+            del engine, app
+            gc.collect()
+        except Exception as exc:  # noqa: BLE001 - record it by name, go on with the others
+            out[f"draftwise {label}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+# -- one thread count --------------------------------------------------------------------
+
+
+def one_thread_count(
+    args: argparse.Namespace, threads: int, items: list[Any], prompts: list[dict[str, Any]],
+    out_path: Path,
+) -> dict[str, Any]:
+    """Every mode at one thread count; failures are recorded by name and the rest goes on."""
+    rec: dict[str, Any] = {"runs": {}, "loadavg": {"start": loadavg()}}
+    runs = rec["runs"]
+
+    def attempt(label: str, fn: Any) -> None:
+        log(f"t={threads}: {label}")
+        try:
+            runs[label] = fn()
+            s = runs[label]["summary"]["all"]
+            log(f"  {s['tok_per_s']:.1f} tok/s")
+        except Exception as exc:  # noqa: BLE001 - a refused mode is a finding, not a crash
+            log(f"  failed: {type(exc).__name__}: {exc}")
+            runs[label] = {"error": f"{type(exc).__name__}: {exc}"}
+        rec["loadavg"][label] = loadavg()
+
+    bench = not args.no_bench
+    attempt("draftwise plain", lambda: run_ours(args, None, threads, items, prompts, bench))
+    if not prompts:
+        raise SystemExit("draftwise plain failed, so there are no prompt ids to compare on")
+    for label, spec in args.ours_specs:
+        attempt(f"draftwise {label}",
+                lambda s=spec: run_ours(args, s, threads, items, prompts, False))  # fmt: skip
+    for label, flags in [("plain", []), *args.llama_specs]:
+        slug = label.replace(" ", "_").replace("=", "")
+        log_path = out_path.with_suffix(f".t{threads}.{slug}.llama.log")
+        attempt(f"llama.cpp {label}",
+                lambda f=flags, lp=log_path: run_llama(args, f, threads, items, prompts, lp))  # fmt: skip
+
+    if bench:
+        log(f"t={threads}: llama-bench -p {args.bench_prompt} -n {args.bench_gen}")
+        try:
+            rec["llama_bench"] = run_llama_bench(args.llama_bin / "llama-bench", args.model_path,
+                                                 threads, args.bench_prompt, args.bench_gen,
+                                                 args.bench_reps)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            rec["llama_bench"] = {"error": f"{type(exc).__name__}: {exc}"}
+        rec["loadavg"]["llama_bench"] = loadavg()
+    if not args.no_startup:
+        log(f"t={threads}: draftwise start-up probe")
+        try:
+            rec["draftwise_startup"] = probe_ours(args, threads, prompts[0]["ids"])
+        except Exception as exc:  # noqa: BLE001
+            rec["draftwise_startup"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if args.concurrency:
+        rec["concurrency"] = concurrency_runs(args, threads, prompts, args.ours_specs, out_path)
+        rec["loadavg"]["concurrency"] = loadavg()
+    return rec
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF for both engines (default: the embedded model)")
+    ap.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeat", type=int, default=2, help="runs per mode; best per prompt")
+    ap.add_argument("--threads", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--dtype", default="auto", help="draftwise weights dtype (llama.cpp reads the file as is)")
+    ap.add_argument("--speculative-config", action="append", default=None, metavar="[LABEL=]JSON",
+                    help="a draftwise mode (repeatable; default: n-gram k=4, lookup 1..4)")
+    ap.add_argument("--llama-spec", action="append", default=None, metavar="[LABEL=]FLAGS",
+                    help="llama-server flags of a speculative mode (repeatable; default: "
+                         "'--spec-type ngram-mod')")
+    ap.add_argument("--draft-model", default=None,
+                    help="adds llama.cpp '-md M --spec-type draft-simple --spec-draft-n-max K' "
+                         "and draftwise's draft_model with the same K")
+    ap.add_argument("--draft-k", type=int, default=4)
+    ap.add_argument("--llama-bin", type=Path, default=DEFAULT_BUILD,
+                    help=f"directory with llama-server and llama-bench (default {DEFAULT_BUILD})")
+    ap.add_argument("--bench-prompt", type=int, default=256, help="llama-bench -p")
+    ap.add_argument("--bench-gen", type=int, default=64, help="llama-bench -n")
+    ap.add_argument("--bench-reps", type=int, default=3, help="llama-bench -r (and ours)")
+    ap.add_argument("--no-bench", action="store_true", help="skip the pure prefill/decode bench")
+    ap.add_argument("--no-startup", action="store_true", help="skip draftwise's start-up probe")
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="also serve N concurrent streaming requests (llama-server -np N)")
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--request-timeout", type=float, default=1800.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    from draftwise.formats.default_model import default_model_path
+
+    args.model_path = args.model or default_model_path()  # llama.cpp needs a file
+    ours = args.speculative_config or [json.dumps(NGRAM)]
+    llama = args.llama_spec or ["--spec-type ngram-mod"]
+    if args.draft_model:
+        ours = [*ours, json.dumps({"method": "draft_model", "model": args.draft_model,
+                                   "num_speculative_tokens": args.draft_k})]  # fmt: skip
+        llama = [*llama, f"-md {shlex.quote(args.draft_model)} --spec-type draft-simple "
+                         f"--spec-draft-n-max {args.draft_k}"]  # fmt: skip
+    args.ours_specs = [ours_mode(s) for s in ours]
+    args.llama_specs = [llama_mode(s) for s in llama]
+    for what, modes in (("draftwise", args.ours_specs), ("llama.cpp", args.llama_specs)):
+        labels = [m[0] for m in modes]
+        if len(set(labels)) != len(labels) or "plain" in labels:
+            raise SystemExit(f"{what} mode labels must be unique and not 'plain': {labels}")
+    for binary in ("llama-server", "llama-bench"):
+        if not (args.llama_bin / binary).is_file():
+            raise SystemExit(f"no {binary} in {args.llama_bin}: build it with "
+                             "benchmarks/setup_llamacpp.sh DIR, then pass --llama-bin DIR/llama.cpp-build/bin")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    from draftwise.bench import load_workload, peak_rss_mib
+
+    items = load_workload(args.workload)[: args.limit]
+    report: dict[str, Any] = {
+        "model": args.model_path,
+        "workload": args.workload,
+        "num_prompts": len(items),
+        "max_tokens": args.max_tokens,
+        "repeat": args.repeat,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "draftwise_modes": {label: cfg for label, cfg in args.ours_specs},
+        "llama_modes": {label: flags for label, flags in args.llama_specs},
+        "llama_cpp": {"bin": str(args.llama_bin),
+                      "version": binary_version(args.llama_bin / "llama-server")},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "torch": torch.__version__},
+        "by_threads": {},
+    }  # fmt: skip
+    prompts: list[dict[str, Any]] = []
+    for t in args.threads:
+        report["by_threads"][str(t)] = one_thread_count(args, t, items, prompts, out_path)
+    report["prompts"] = prompts
+    for rec in report["by_threads"].values():
+        add_comparisons(rec, [f"draftwise {m}" for m, _ in args.ours_specs],
+                        [f"llama.cpp {m}" for m, _ in args.llama_specs])  # fmt: skip
+    report["peak_rss_mib_this_process"] = peak_rss_mib()
+    out_path.write_text(json.dumps(report, indent=2, default=str))
+    log(f"wrote {out_path}")
+    print_markdown(report)
+
+
+if __name__ == "__main__":
+    main()
