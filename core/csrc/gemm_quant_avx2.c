@@ -226,18 +226,27 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
         for (int c = 0; c < cpb; c++) {
             const int64_t ci = bi * cpb + c;
             const chunk_scales cs = chunk_of(T, &bs, c);
-            __m256i a16[DW_MAX_ROWS], isum[DW_MAX_ROWS];
+            /* the chunk's eight code vectors first, then each row's steps: written this
+             * way round the compiler keeps one row's sums in registers instead of
+             * spilling four rows' */
+            __m256i v[8], va[8];
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
-                const __m256i v = codes(T, b, c, s);
-                const __m256i va = T == DW_Q8_0 ? _mm256_abs_epi8(v) : v;
-                for (int r = 0; r < R; r++) {
-                    __m256i xb = bcast4(x[r][ci].q + 4 * s);
-                    if (T == DW_Q8_0) xb = _mm256_sign_epi8(xb, v);
-                    const __m256i prod = _mm256_maddubs_epi16(va, xb);
-                    a16[r] = s % fl == 0 ? prod : _mm256_add_epi16(a16[r], prod);
+                v[s] = codes(T, b, c, s);
+                va[s] = T == DW_Q8_0 ? _mm256_abs_epi8(v[s]) : v[s];
+            }
+            __m256i isum[DW_MAX_ROWS];
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x[r][ci].q;
+                __m256i a16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; s++) {
+                    __m256i xb = bcast4(xq + 4 * s);
+                    if (T == DW_Q8_0) xb = _mm256_sign_epi8(xb, v[s]);
+                    const __m256i prod = _mm256_maddubs_epi16(va[s], xb);
+                    a16 = s % fl == 0 ? prod : _mm256_add_epi16(a16, prod);
                     if ((s + 1) % fl == 0) {
-                        const __m256i w = _mm256_madd_epi16(a16[r], cs.p[s / 4]);
+                        const __m256i w = _mm256_madd_epi16(a16, cs.p[s / 4]);
                         isum[r] = s + 1 == fl ? w : _mm256_add_epi32(isum[r], w);
                     }
                 }

@@ -1,7 +1,10 @@
-"""GGUF checkpoints: metadata, dequantized tensors under HF names.
+"""GGUF checkpoints: metadata, stored tensor bytes and dequantized tensors under HF names.
 
-gguf-py's reader memory-maps the file; tensors are dequantized one at a time (numpy,
-``gguf.quants.dequantize``) so peak memory stays near one fp32 tensor above the model.
+The file is memory-mapped and parsed by ``formats.gguf_file`` (gguf-py's reader is
+seconds slower on vocabularies). A loader either takes a tensor's stored bytes
+(:meth:`GGUFCheckpoint.raw`, for the quantized kernels) or dequantizes it
+(``gguf.quants.dequantize``), one tensor at a time, so peak memory stays near one fp32
+tensor above the model.
 llama.cpp stores Q/K of llama-family models permuted for its adjacent-pair RoPE; that
 permutation is undone here (and only for those archs: qwen2/qwen3 use NEOX RoPE and are
 stored as HF has them).
@@ -16,16 +19,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
-from gguf.gguf_reader import ReaderField, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from draftwise.formats.errors import (
     ModelFormatError,
-    TruncatedFileError,
     UnexpectedTensorError,
     UnsupportedTensorTypeError,
 )
+from draftwise.formats.gguf_file import GGUFFile, TensorInfo
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -78,32 +80,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:  # [out, in] or [out
     return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-class _CheckedReader(GGUFReader):
-    """GGUFReader that names the tensor when the file is truncated or has an unknown type."""
-
-    def __init__(self, path: str) -> None:
-        self._checked_path = path
-        super().__init__(path)
-
-    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        size = len(self.data)
-        for field in fields:
-            _, name_data, _, dims, raw_dtype, offset = field.parts
-            name = bytes(name_data).decode("utf-8", "replace")
-            try:
-                qtype = GGMLQuantizationType(int(raw_dtype[0]))
-            except ValueError:
-                raise UnsupportedTensorTypeError(
-                    self._checked_path, name, f"#{int(raw_dtype[0])} (unknown)"
-                ) from None
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            n_bytes = int(np.prod(dims, dtype=np.int64)) * type_size // block
-            end = start_offs + int(offset[0]) + n_bytes
-            if end > size:
-                raise TruncatedFileError(self._checked_path, name, end, size)
-        super()._build_tensors(start_offs, fields)
-
-
 @dataclass(frozen=True, slots=True)
 class GGUFTensorInfo:
     """One tensor as stored: name, GGML type and PyTorch-order shape."""
@@ -114,15 +90,13 @@ class GGUFTensorInfo:
 
 
 class GGUFCheckpoint:
-    """An opened ``.gguf`` file: decoded metadata plus lazily dequantized tensors."""
+    """An opened ``.gguf`` file: decoded metadata, stored bytes, dequantized tensors."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
-        self._reader = _open(self.path)
-        self.metadata: dict[str, Any] = {
-            key: field.contents() for key, field in self._reader.fields.items()
-        }
-        self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+        self._file = _open(self.path)
+        self.metadata: dict[str, Any] = self._file.metadata
+        self._tensors: dict[str, TensorInfo] = self._file.tensors
 
     @property
     def architecture(self) -> str:
@@ -137,18 +111,42 @@ class GGUFCheckpoint:
     def info(self, name: str) -> GGUFTensorInfo:
         """Type and PyTorch-order shape of a stored tensor."""
         t = self._tensors[name]
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        return GGUFTensorInfo(name, t.tensor_type.name, shape)
+        return GGUFTensorInfo(name, t.qtype.name, t.shape)
+
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        """The stored GGML type of a tensor."""
+        return self._tensors[name].qtype
+
+    def nbytes(self, name: str) -> int:
+        """Stored bytes of a tensor."""
+        return self._tensors[name].nbytes
+
+    def raw(self, name: str) -> np.ndarray:  # [rows, row_bytes] uint8
+        """The stored bytes, one row per line, as a read-only view of the mapped file."""
+        return self._file.raw(name)
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's mapped pages from the process once its bytes were copied."""
+        self._file.release(name)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
         t = self._tensors[name]
         try:
-            arr = dequantize(t.data, t.tensor_type)
+            arr = dequantize(self._file.raw(name), t.qtype)
         except NotImplementedError:
-            raise UnsupportedTensorTypeError(self.path, name, t.tensor_type.name) from None
-        shape = self.info(name).shape
-        return np.asarray(arr, dtype=np.float32).reshape(shape)
+            raise UnsupportedTensorTypeError(self.path, name, t.qtype.name) from None
+        return np.asarray(arr, dtype=np.float32).reshape(t.shape)
+
+    def row_order(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> np.ndarray | None:
+        """The stored row each HF row comes from, where llama.cpp permuted Q/K (else None)."""
+        if self.architecture not in PERMUTED_QK_ARCHS or not gguf_name.startswith("blk."):
+            return None
+        kind = gguf_name.split(".")[-2]
+        heads = {"attn_q": num_heads, "attn_k": num_kv_heads}.get(kind)
+        if heads is None:
+            return None
+        return unpermute_qk(np.arange(self._tensors[gguf_name].shape[0]), heads)
 
     def rope_freq_factors(self) -> tuple[float, ...] | None:
         """llama3.1-style RoPE frequency factors, when the file carries them."""
@@ -174,12 +172,9 @@ class GGUFCheckpoint:
     def load_hf(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Dequantize one tensor and undo llama.cpp's Q/K permutation where it applies."""
         arr = self.dequantize(gguf_name)
-        if self.architecture in PERMUTED_QK_ARCHS:
-            kind = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else ""
-            if kind == "attn_q":
-                arr = unpermute_qk(arr, num_heads)
-            elif kind == "attn_k":
-                arr = unpermute_qk(arr, num_kv_heads)
+        order = self.row_order(gguf_name, num_heads, num_kv_heads)
+        if order is not None:
+            arr = arr[order]
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr).copy()
         return torch.from_numpy(arr)
@@ -190,20 +185,8 @@ class GGUFCheckpoint:
             yield target, self.load_hf(name, num_heads, num_kv_heads)
 
 
-def _open(path: str) -> GGUFReader:
-    """Open with typed errors: missing, empty, not GGUF, truncated header or tensor."""
+def _open(path: str) -> GGUFFile:
+    """Open with typed errors: missing, not GGUF, truncated header or tensor, unknown type."""
     if not os.path.isfile(path):
         raise ModelFormatError(path, "no such GGUF file")
-    size = os.path.getsize(path)
-    try:
-        return _CheckedReader(path)
-    except ModelFormatError:
-        raise
-    except (ValueError, IndexError, OverflowError, UnicodeDecodeError) as exc:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != b"GGUF":
-            raise ModelFormatError(path, f"not a GGUF file (magic {magic!r})") from exc
-        raise ModelFormatError(
-            path, f"GGUF header or metadata is truncated or corrupt ({size:,} bytes): {exc}"
-        ) from exc
+    return GGUFFile(path)

@@ -8,6 +8,7 @@ Nothing large is read before the checks pass.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint, read_json
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file
 from draftwise.models.config import ModelConfig
+from draftwise.models.gguf_weights import load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.registry import (
     HYBRID_ARCHITECTURES,
@@ -38,6 +40,8 @@ from draftwise.models.registry import (
 
 #: called after each tensor: (tensors done, tensors total, HF name of the last one)
 ProgressFn = Callable[[int, int, str], None]
+
+logger = logging.getLogger("draftwise")
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -67,6 +71,8 @@ class LoadedModel:
     bos_token_id: int | None
     path: str
     format: str  # "gguf" or "safetensors"
+    #: one line each for what the load could not keep as stored (logged when loading)
+    notices: tuple[str, ...] = ()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -135,17 +141,16 @@ def _load_gguf(
     model_class(config, path)
     available = ckpt.hf_shapes()
     names = _check_tensors(path, config, available)
-    model = LlamaForCausalLM(config, dtype, device)
-    tensors = (
-        (
-            name,
-            ckpt.load_hf(
-                available[name][0], config.num_attention_heads, config.num_key_value_heads
-            ),
-        )
-        for name in names
-    )
-    _copy_weights(model, tensors, len(names), progress)
+    plan = plan_quantized(ckpt, config, available, dtype, device)
+    for line in plan.notices:
+        logger.warning("draftwise: %s", line)
+    model = LlamaForCausalLM(config, dtype, device, external=frozenset(plan.groups))
+    dense = [n for n in names if n not in plan.hf_names]
+    tick = _ticker(len(names), progress)
+    load_quantized(ckpt, config, plan, available, model.set_quantized, tick)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    tensors = ((name, ckpt.load_hf(available[name][0], heads, kv_heads)) for name in dense)
+    _copy_weights(model, tensors, tick)
     tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, path)
     tokens = ckpt.metadata.get("tokenizer.ggml.tokens") or []
     template = ckpt.metadata.get("tokenizer.chat_template")
@@ -159,6 +164,7 @@ def _load_gguf(
         bos_token_id=config.bos_token_id,
         path=path,
         format="gguf",
+        notices=plan.notices,
     )
 
 
@@ -179,7 +185,7 @@ def _load_hf_dir(
         ckpt = SafetensorsCheckpoint(path)
         names = _check_tensors(path, config, ckpt.hf_shapes())
         model = LlamaForCausalLM(config, dtype, device)
-        _copy_weights(model, ckpt.iter_tensors(names), len(names), progress)
+        _copy_weights(model, ckpt.iter_tensors(names), _ticker(len(names), progress))
 
     eos = list(config.eos_token_ids)
     gen_path = os.path.join(path, "generation_config.json")
@@ -237,19 +243,30 @@ def _check_tensors(
     return list(expected)
 
 
+def _ticker(total: int, progress: ProgressFn | None) -> Callable[[str], None]:
+    """A per-tensor callback that counts and forwards to ``progress``."""
+    done = 0
+
+    def tick(name: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, name)
+
+    return tick
+
+
 def _copy_weights(
     model: LlamaForCausalLM,
     tensors: Iterable[tuple[str, torch.Tensor]],
-    total: int,
-    progress: ProgressFn | None,
+    tick: Callable[[str], None],
 ) -> None:
     """Copy each tensor into its (fused) slot, casting to the model dtype, then pack."""
     slots = model.weight_slots()
     with torch.no_grad():
-        for done, (name, tensor) in enumerate(tensors, start=1):
+        for name, tensor in tensors:
             slots[name].copy_(tensor)
-            if progress is not None:
-                progress(done, total, name)
+            tick(name)
     model.pack_weights()  # native or oneDNN layout for decode speed; weight_slots() is done with
 
 
