@@ -219,27 +219,28 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-/* quant_pack(type, row_pointers, dst, rows, k): GGUF rows (int64 array of addresses,
- * 0 for a zero row) to tiles at dst (quant_packed_bytes(type, rows, k) bytes). */
+/* quant_pack(type, row_pointers, dst, rows, k, threads): GGUF rows (int64 array of
+ * addresses, 0 for a zero row) to tiles at dst (models.quant.packed_bytes bytes). */
 PyObject *dw_quant_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *p[3];
-    int64_t v[2];
+    void *p[2];
+    int64_t v[3];
     /* argument order: type first, then pointers: parse type separately */
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "quant_pack takes 5 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "quant_pack takes 6 arguments");
         return NULL;
     }
     const long long qtype = PyLong_AsLongLong(args[0]);
     if (PyErr_Occurred()) return NULL;
-    if (dw_parse(args + 1, 4, 4, 2, p, v, "quant_pack") < 0) return NULL;
+    if (dw_parse(args + 1, 5, 5, 2, p, v, "quant_pack") < 0) return NULL;
     dw_qtype_info info;
     if (!dw_qtype_info_of((int)qtype, &info) || v[0] <= 0 || v[1] <= 0 || v[1] % info.block_k) {
         PyErr_SetString(PyExc_ValueError, "quant_pack: unsupported type or bad sizes");
         return NULL;
     }
     const uint8_t *const *rows = p[0];
-    Py_BEGIN_ALLOW_THREADS dw_quant_pack((int)qtype, rows, v[0], v[1], p[1]);
+    const int threads = v[2] > 0 && v[2] < 64 ? (int)v[2] : 1;
+    Py_BEGIN_ALLOW_THREADS dw_quant_pack((int)qtype, rows, v[0], v[1], p[1], threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 

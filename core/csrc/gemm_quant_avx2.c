@@ -22,6 +22,8 @@
 #include <immintrin.h>
 
 #define ALWAYS static inline __attribute__((always_inline))
+/* how far ahead the kernel asks for the weight stream (see tile_kernel) */
+#define PREFETCH_BYTES 2048
 
 ALWAYS __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 ALWAYS __m256 ld_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -219,8 +221,12 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
     const int64_t tb = (int64_t)DW_TILE * block_bytes(T);
     __m256 acc[DW_MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    /* prefetch whole tile blocks PREFETCH_BYTES ahead: a K-quant block's scales sit at
+     * its end (Q6_K, Q3_K, Q2_K), and reading them first defeats the hardware streamer */
+    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
     for (int64_t bi = 0; bi < chunks / cpb; bi++) {
         const uint8_t *b = tile + bi * tb;
+        for (int64_t line = 0; line < tb; line += 64) _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
         const blk_scales bs = block_scales(T, b);
 #pragma GCC unroll 8
         for (int c = 0; c < cpb; c++) {

@@ -24,8 +24,8 @@ static PyMethodDef methods[] = {
      "x_stride, y_stride, y_f32, threads, scalar): y = x @ W^T + b, W GGUF-quantized in "
      "tiles (quant.h); segments int64 [nseg, 4] = (ggml type, data, first column, columns)"},
     {"quant_pack", (PyCFunction)(void (*)(void))dw_quant_pack_py, METH_FASTCALL,
-     "quant_pack(ggml_type, row_pointers, dst, rows, k): GGUF rows (int64 addresses, 0 for "
-     "zero padding) into tiles at dst"},
+     "quant_pack(ggml_type, row_pointers, dst, rows, k, threads): GGUF rows (int64 "
+     "addresses, 0 for zero padding) into tiles at dst"},
     {"quant_dequant_rows", (PyCFunction)(void (*)(void))dw_quant_dequant_rows, METH_FASTCALL,
      "quant_dequant_rows(ggml_type, packed, ids, out, count, k, out_f32): rows of a packed "
      "weight to bf16 (or fp32)"},

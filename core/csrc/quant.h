@@ -71,8 +71,9 @@ int dw_qtype_info_of(int qtype, dw_qtype_info *info);
 
 /* Repack rows of GGUF blocks into tiles: ``rows`` row pointers (NULL: a zero row, for
  * the padding of the last tile), each ``k`` weights long; dst receives
- * ceil(rows / 8) tiles of (k / block_k) tile blocks. */
-void dw_quant_pack(int qtype, const uint8_t *const *rows, int64_t nrows, int64_t k, uint8_t *dst);
+ * ceil(rows / 8) tiles of (k / block_k) tile blocks. Tiles are split between threads. */
+void dw_quant_pack(int qtype, const uint8_t *const *rows, int64_t nrows, int64_t k, uint8_t *dst,
+                   int threads);
 
 /* Dequantize output row ``n`` of a packed weight to fp32 (embedding lookups, tests). */
 void dw_quant_dequant_row(int qtype, const uint8_t *packed, int64_t k, int64_t n, float *out);

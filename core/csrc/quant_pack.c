@@ -3,6 +3,7 @@
  * activation row to int8 blocks. The codes each kernel step reads are defined once here
  * (dw_quant_code) and used by the scalar kernel and by dequantization alike. */
 #include "quant_codes.h"
+#include "threadpool.h"
 
 #include <math.h>
 
@@ -78,44 +79,74 @@ static int fields_of(int qtype, field *f, int *plane_off) {
  * bit s for k = 4 s + j (so step s of the kernel shifts bit s of every byte into place). */
 static uint32_t high_bit_plane(uint32_t qh) {
     uint32_t out = 0;
-    for (int k = 0; k < 32; k++)
-        if (qh >> k & 1u) out |= 1u << (8 * (k % 4) + k / 4);
+    for (int k = 0; k < 32; k++) out |= (qh >> k & 1u) << (8 * (k % 4) + k / 4);
     return out;
 }
 
-void dw_quant_pack(int qtype, const uint8_t *const *rows, int64_t nrows, int64_t k, uint8_t *dst) {
+/* Interleave ``groups`` units of ``unit`` (2 or 4) bytes from eight rows: unit-sized
+ * copies with a constant size, so they compile to single loads and stores. */
+static void interleave(uint8_t *out, const uint8_t *const *in, int groups, int unit) {
+    for (int g = 0; g < groups; g++) {
+        for (int n = 0; n < DW_TILE; n++, out += unit) {
+            if (unit == 4) {
+                uint32_t v = 0;
+                if (in[n]) memcpy(&v, in[n] + 4 * g, 4);
+                memcpy(out, &v, 4);
+            } else {
+                uint16_t v = 0;
+                if (in[n]) memcpy(&v, in[n] + 2 * g, 2);
+                memcpy(out, &v, 2);
+            }
+        }
+    }
+}
+
+/* Tiles [begin, end) of one weight (see dw_quant_pack). */
+typedef struct {
+    int qtype;
+    const uint8_t *const *rows;
+    int64_t nrows, k;
+    uint8_t *dst;
+} pack_job;
+
+static void pack_tiles(void *ctx, int64_t begin, int64_t end) {
+    const pack_job *j = ctx;
     dw_qtype_info info;
     field f[5];
     int plane;
-    if (!dw_qtype_info_of(qtype, &info)) return;
-    const int nf = fields_of(qtype, f, &plane), bb = info.block_bytes;
-    const int64_t blocks = k / info.block_k, tiles = (nrows + DW_TILE - 1) / DW_TILE;
-    for (int64_t t = 0; t < tiles; t++) {
+    dw_qtype_info_of(j->qtype, &info);
+    const int nf = fields_of(j->qtype, f, &plane), bb = info.block_bytes;
+    const int64_t blocks = j->k / info.block_k;
+    for (int64_t t = begin; t < end; t++) {
+        uint8_t *dst = j->dst + t * blocks * DW_TILE * bb;
         const uint8_t *src[DW_TILE];
-        for (int n = 0; n < DW_TILE; n++) src[n] = t * DW_TILE + n < nrows ? rows[t * DW_TILE + n] : NULL;
+        for (int n = 0; n < DW_TILE; n++)
+            src[n] = t * DW_TILE + n < j->nrows ? j->rows[t * DW_TILE + n] : NULL;
         for (int64_t b = 0; b < blocks; b++, dst += DW_TILE * bb) {
             for (int i = 0; i < nf; i++) {
+                const uint8_t *in[DW_TILE];
+                for (int n = 0; n < DW_TILE; n++) in[n] = src[n] ? src[n] + b * bb + f[i].off : NULL;
                 uint8_t *out = dst + DW_TILE * f[i].off;
-                for (int g = 0; g < f[i].len / f[i].unit; g++) {
-                    for (int n = 0; n < DW_TILE; n++, out += f[i].unit) {
-                        if (!src[n]) {
-                            memset(out, 0, (size_t)f[i].unit);
-                            continue;
-                        }
-                        const uint8_t *in = src[n] + b * bb + f[i].off + g * f[i].unit;
-                        if (f[i].off == plane) {
-                            uint32_t qh;
-                            memcpy(&qh, in, 4);
-                            qh = high_bit_plane(qh);
-                            memcpy(out, &qh, 4);
-                        } else {
-                            memcpy(out, in, (size_t)f[i].unit);
-                        }
+                interleave(out, in, f[i].len / f[i].unit, f[i].unit);
+                if (f[i].off == plane) {
+                    for (int n = 0; n < DW_TILE; n++) {
+                        uint32_t qh;
+                        memcpy(&qh, out + 4 * n, 4);
+                        qh = high_bit_plane(qh);
+                        memcpy(out + 4 * n, &qh, 4);
                     }
                 }
             }
         }
     }
+}
+
+void dw_quant_pack(int qtype, const uint8_t *const *rows, int64_t nrows, int64_t k, uint8_t *dst,
+                   int threads) {
+    dw_qtype_info info;
+    if (!dw_qtype_info_of(qtype, &info)) return;
+    pack_job j = {qtype, rows, nrows, k, dst};
+    dw_parallel_for(threads, (nrows + DW_TILE - 1) / DW_TILE, pack_tiles, &j);
 }
 
 void dw_quant_dequant_row(int qtype, const uint8_t *packed, int64_t k, int64_t n, float *out) {

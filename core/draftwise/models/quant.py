@@ -153,7 +153,8 @@ def pack_quant(parts: Sequence[QuantPart], k: int, out: torch.Tensor | None = No
         rows = np.concatenate(pointers).astype(np.int64)
         nbytes = packed_bytes(qtype, len(rows), k)
         data = out[offset : offset + nbytes]
-        KERNELS.quant_pack(int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k)  # type: ignore[union-attr]
+        KERNELS.quant_pack(  # type: ignore[union-attr]
+            int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k, kernel_threads())
         segments.append(QuantSegment(qtype, start, len(rows), data))
         offset += nbytes
         start += len(rows)
