@@ -48,7 +48,7 @@ def generate(
     num_threads: int | None,
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
-    from draftwise.cli.common import build_engine, fail
+    from draftwise.cli.common import build_engine, fail, peak_rss_bytes
     from draftwise.sampling import SamplingParams
 
     if (prompt is None) == (prompt_token_ids is None):
@@ -94,9 +94,17 @@ def generate(
     completion = final.outputs[0]
     if as_json:
         n = len(completion.token_ids)
+        from draftwise.cli import STARTED
+
         metrics = dict(final.metrics)
         metrics["seconds"] = seconds
         metrics["tok_per_s"] = n / seconds if seconds else 0.0
+        # time_to_first_token counts from the request's arrival; a user also waits for
+        # the load, so both are reported, and the wall time from the command's start
+        metrics["load_seconds"] = engine.load_seconds
+        if final.metrics.get("first_token_time") is not None:
+            metrics["first_token_after_start_seconds"] = final.metrics["first_token_time"] - STARTED
+        metrics["peak_rss_bytes"] = peak_rss_bytes()
         click.echo(json.dumps({
             "text": completion.text,
             "token_ids": completion.token_ids,
