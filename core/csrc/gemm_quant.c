@@ -16,7 +16,7 @@
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
- * grouped four at a time only to share the weight decode, never the arithmetic; threads
+ * grouped up to six at a time only to share the weight decode, never the arithmetic; threads
  * split whole tiles. So an output's bits never depend on the row count, the row's
  * position or the thread count.
  */

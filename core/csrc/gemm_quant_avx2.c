@@ -1,6 +1,6 @@
 /*
  * The AVX2 tile kernel of the quantized GEMM: the contract of quant.h, eight outputs at
- * a time (one fp32 lane each) and up to four activation rows per pass over a tile.
+ * a time (one fp32 lane each) and up to six activation rows per pass over a tile.
  *
  * Per step (four k of eight outputs, one 32-byte vector of codes decoded with a shift
  * and a mask or two) each row costs one broadcast load, one vpmaddubsw (codes x the
@@ -279,7 +279,9 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
         case 1: tile_kernel(T, 1, t, c, x, out); break;                                           \
         case 2: tile_kernel(T, 2, t, c, x, out); break;                                           \
         case 3: tile_kernel(T, 3, t, c, x, out); break;                                           \
-        default: tile_kernel(T, 4, t, c, x, out); break;                                          \
+        case 4: tile_kernel(T, 4, t, c, x, out); break;                                           \
+        case 5: tile_kernel(T, 5, t, c, x, out); break;                                           \
+        default: tile_kernel(T, 6, t, c, x, out); break;                                          \
         }                                                                                         \
     }
 KERNEL(DW_Q4_0)
