@@ -18,10 +18,14 @@
  */
 #include "quant_layout.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* Built for AVX2 whatever the build's -march (function target attributes), and chosen
+ * at run time when the CPU has AVX2, FMA and F16C: a portable build
+ * (DRAFTWISE_PORTABLE_BUILD=1) still runs it on any AVX2 machine. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-#define ALWAYS static inline __attribute__((always_inline))
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define ALWAYS static inline __attribute__((always_inline)) TARGET
 /* how far ahead the kernel asks for the weight stream (see tile_kernel) */
 #define PREFETCH_BYTES 2048
 
@@ -273,7 +277,7 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
 }
 
 #define KERNEL(T)                                                                                 \
-    static void tile_avx2_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,      \
+    static TARGET void tile_avx2_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,      \
                               float (*out)[DW_TILE]) {                                            \
         switch (rows) {                                                                           \
         case 1: tile_kernel(T, 1, t, c, x, out); break;                                           \
@@ -295,7 +299,14 @@ KERNEL(DW_Q4_K)
 KERNEL(DW_Q5_K)
 KERNEL(DW_Q6_K)
 
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
 dw_tile_fn dw_tile_kernel_simd(int qtype) {
+    if (!cpu_has_avx2()) return NULL;
     switch (qtype) {
     case DW_Q4_0: return tile_avx2_DW_Q4_0;
     case DW_Q4_1: return tile_avx2_DW_Q4_1;
@@ -311,7 +322,7 @@ dw_tile_fn dw_tile_kernel_simd(int qtype) {
     }
 }
 
-const char *dw_quant_simd_name(void) { return "avx2"; }
+const char *dw_quant_simd_name(void) { return cpu_has_avx2() ? "avx2" : "scalar"; }
 
 #else
 
