@@ -19,8 +19,11 @@ setup(
         Extension(
             "draftwise._cpu_kernels",
             sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c",
-                     "core/csrc/gemm_bf16.c", "core/csrc/threadpool.c"],
-            depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h"],
+                     "core/csrc/gemm_bf16.c", "core/csrc/threadpool.c",
+                     "core/csrc/gemm_quant.c", "core/csrc/gemm_quant_avx2.c",
+                     "core/csrc/quant_pack.c"],
+            depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h",
+                     "core/csrc/quant.h", "core/csrc/quant_layout.h", "core/csrc/quant_codes.h"],
             extra_compile_args=flags,
             extra_link_args=["-pthread"],
             optional=True,  # no compiler: the torch attention path runs instead

@@ -16,7 +16,12 @@ PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t narg
 PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_argmax_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* AVX512-BF16 builds run vdpbf16ps; every other build the portable vec.h path. */
+/* gemm_quant.c: GGUF-quantized weights (every build; SIMD where the build has AVX2) */
+PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dw_quant_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* gemm_bf16.c: vdpbf16ps on AVX512-BF16 builds, AVX2 FMAs or the portable vec.h path elsewhere */
 #define DW_HAVE_LINEAR_BF16 1
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

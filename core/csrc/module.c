@@ -19,6 +19,18 @@ static PyMethodDef methods[] = {
      "rope(x, cos, sin_signed, positions, tokens, heads, head_dim, x_row_stride): in place"},
     {"argmax_f32", (PyCFunction)(void (*)(void))dw_argmax_f32, METH_FASTCALL,
      "argmax_f32(x, out_int64, rows, cols): torch.argmax(x, -1) of contiguous fp32 rows"},
+    {"linear_quant", (PyCFunction)(void (*)(void))dw_linear_quant, METH_FASTCALL,
+     "linear_quant(x, segments, bias_or_0, y, nseg, rows, in_features, out_features, "
+     "x_stride, y_stride, y_f32, threads, scalar): y = x @ W^T + b, W GGUF-quantized in "
+     "tiles (quant.h); segments int64 [nseg, 4] = (ggml type, data, first column, columns)"},
+    {"quant_pack", (PyCFunction)(void (*)(void))dw_quant_pack_py, METH_FASTCALL,
+     "quant_pack(ggml_type, row_pointers, dst, rows, k, threads): GGUF rows (int64 "
+     "addresses, 0 for zero padding) into tiles at dst"},
+    {"quant_dequant_rows", (PyCFunction)(void (*)(void))dw_quant_dequant_rows, METH_FASTCALL,
+     "quant_dequant_rows(ggml_type, packed, ids, out, count, k, out_f32): rows of a packed "
+     "weight to bf16 (or fp32)"},
+    {"quant_simd", (PyCFunction)(void (*)(void))dw_quant_simd, METH_FASTCALL,
+     "quant_simd(): the quantized GEMM's SIMD path in this build (avx2 or scalar)"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "

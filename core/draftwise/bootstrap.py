@@ -77,14 +77,16 @@ def resolve_num_threads(requested: int | None) -> int:
 def apply_threads(model: Any, threads: int) -> None:
     """Give the compute threads to whoever does the work: torch, or the native GEMM.
 
-    With native GEMM weights (``models.linear``) the GEMMs run on draftwise's own worker
-    pool and torch keeps one thread: torch's OpenMP workers spin-wait between its ops on
-    the cores the GEMM workers need. Measured on 2 cores, default model, 300-token
-    context: 2 GEMM threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9.
+    With native GEMM weights (``models.linear``: the bf16 kernel, or GGUF weights kept
+    quantized, ``models.quant``) the GEMMs run on draftwise's own worker pool and torch
+    keeps one thread: torch's OpenMP workers spin-wait between its ops on the cores the
+    GEMM workers need. Measured on 2 cores, default model, 300-token context: 2 GEMM
+    threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9.
     """
     from draftwise.models.kernels import set_kernel_threads
 
-    if getattr(model, "weight_backend", "dense") == "native":
+    backends = str(getattr(model, "weight_backend", "dense")).split("+")
+    if "native" in backends or "quant" in backends:
         set_kernel_threads(threads)
         torch.set_num_threads(1)
     else:

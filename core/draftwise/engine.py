@@ -63,7 +63,11 @@ class LLMEngine:
         from draftwise.bootstrap import build_engine_parts
 
         self.args = args
+        start = time.monotonic()
         parts = build_engine_parts(args, progress=progress)
+        #: seconds spent building the engine (weights, tokenizer, cache): reported apart
+        #: from a request's time_to_first_token, which starts when the request arrives
+        self.load_seconds = time.monotonic() - start
         self.loaded = parts.loaded
         self.tokenizer = parts.loaded.tokenizer
         self.runner = parts.runner

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ COMMANDS: dict[str, str] = {
 }
 #: exit status when the installed plugins themselves are broken (refusals exit 2)
 EXIT_PLUGIN_ERROR = 1
+#: time.monotonic() when the CLI started (the first module the ``draftwise`` script loads),
+#: so a command can report what a user waits for: start-up plus the first token
+STARTED = time.monotonic()
 
 
 @dataclass

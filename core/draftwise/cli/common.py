@@ -78,6 +78,14 @@ def check_text_option(option: str, value: str | None) -> None:
             raise click.BadParameter(describe_invalid(value, index), param_hint=option)
 
 
+def peak_rss_bytes() -> int:
+    """The process's peak resident set so far (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def fail(exc: BaseException) -> NoReturn:
     """Print a refusal or load error on stderr and exit 2 (no traceback for our own errors)."""
     from draftwise.errors import DraftwiseError

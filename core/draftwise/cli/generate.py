@@ -48,7 +48,9 @@ def generate(
     num_threads: int | None,
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
-    from draftwise.cli.common import build_engine, check_text_option, fail, sampling_params
+    from draftwise.cli.common import (
+        build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
+    )
 
     if (prompt is None) == (prompt_token_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
@@ -98,9 +100,17 @@ def generate(
     completion = final.outputs[0]
     if as_json:
         n = len(completion.token_ids)
+        from draftwise.cli import STARTED
+
         metrics = dict(final.metrics)
         metrics["seconds"] = seconds
         metrics["tok_per_s"] = n / seconds if seconds else 0.0
+        # time_to_first_token counts from the request's arrival; a user also waits for
+        # the load, so both are reported, and the wall time from the command's start
+        metrics["load_seconds"] = engine.load_seconds
+        if final.metrics.get("first_token_time") is not None:
+            metrics["first_token_after_start_seconds"] = final.metrics["first_token_time"] - STARTED
+        metrics["peak_rss_bytes"] = peak_rss_bytes()
         click.echo(json.dumps({
             "text": completion.text,
             "token_ids": completion.token_ids,

@@ -1,7 +1,10 @@
-"""GGUF checkpoints: metadata, dequantized tensors under HF names.
+"""GGUF checkpoints: metadata, stored tensor bytes and dequantized tensors under HF names.
 
-gguf-py's reader memory-maps the file; tensors are dequantized one at a time (numpy,
-``gguf.quants.dequantize``) so peak memory stays near one fp32 tensor above the model.
+The header is parsed and checked by ``formats.gguf_header`` (gguf-py's reader is seconds
+slower on vocabularies) and the data memory-mapped by ``formats.gguf_file``. A loader either takes a tensor's stored bytes
+(:meth:`GGUFCheckpoint.raw`, for the quantized kernels) or dequantizes it
+(``gguf.quants.dequantize``), one tensor at a time, so peak memory stays near one fp32
+tensor above the model.
 llama.cpp stores Q/K of llama-family models permuted for its adjacent-pair RoPE; that
 permutation is undone here (and only for those archs: qwen2/qwen3 use NEOX RoPE and are
 stored as HF has them).
@@ -12,13 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
-from gguf.gguf_reader import ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from draftwise.formats.errors import (
@@ -26,7 +27,7 @@ from draftwise.formats.errors import (
     UnexpectedTensorError,
     UnsupportedTensorTypeError,
 )
-from draftwise.formats.gguf_header import GGUFHeader, read_gguf_header
+from draftwise.formats.gguf_file import GGUFFile, TensorInfo
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -89,25 +90,14 @@ class GGUFTensorInfo:
 
 
 class GGUFCheckpoint:
-    """An opened ``.gguf`` file: decoded metadata plus lazily dequantized tensors.
-
-    The header, metadata and tensor infos are read and checked first
-    (:func:`~draftwise.formats.gguf_header.read_gguf_header`); gguf-py maps the tensor
-    data only when a tensor is first read, and must agree with that check.
-    """
+    """An opened ``.gguf`` file: decoded metadata, stored bytes, dequantized tensors."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
-        self.header: GGUFHeader = read_gguf_header(self.path)
-        self.metadata: dict[str, Any] = self.header.metadata
-
-    @cached_property
-    def _reader(self) -> GGUFReader:
-        return _open(self.header)
-
-    @cached_property
-    def _tensors(self) -> dict[str, ReaderTensor]:
-        return {t.name: t for t in self._reader.tensors}
+        self._file = _open(self.path)
+        self.header = self._file.header
+        self.metadata: dict[str, Any] = self._file.metadata
+        self._tensors: dict[str, TensorInfo] = self._file.tensors
 
     @property
     def architecture(self) -> str:
@@ -117,26 +107,51 @@ class GGUFCheckpoint:
     @property
     def tensor_names(self) -> list[str]:
         """Stored tensor names, in file order."""
-        return list(self.header.tensors)
+        return list(self._tensors)
 
     def info(self, name: str) -> GGUFTensorInfo:
         """Type and PyTorch-order shape of a stored tensor."""
-        t = self.header.tensors[name]
+        t = self._tensors[name]
         return GGUFTensorInfo(name, t.qtype.name, t.shape)
+
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        """The stored GGML type of a tensor."""
+        return self._tensors[name].qtype
+
+    def nbytes(self, name: str) -> int:
+        """Stored bytes of a tensor."""
+        return self._tensors[name].nbytes
+
+    def raw(self, name: str) -> np.ndarray:  # [rows, row_bytes] uint8
+        """The stored bytes, one row per line, as a read-only view of the mapped file."""
+        return self._file.raw(name)
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's mapped pages from the process once its bytes were copied."""
+        self._file.release(name)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
         t = self._tensors[name]
         try:
-            arr = dequantize(t.data, t.tensor_type)
+            arr = dequantize(self._file.raw(name), t.qtype)
         except NotImplementedError:
-            raise UnsupportedTensorTypeError(self.path, name, t.tensor_type.name) from None
-        shape = self.info(name).shape
-        return np.asarray(arr, dtype=np.float32).reshape(shape)
+            raise UnsupportedTensorTypeError(self.path, name, t.qtype.name) from None
+        return np.asarray(arr, dtype=np.float32).reshape(t.shape)
+
+    def row_order(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> np.ndarray | None:
+        """The stored row each HF row comes from, where llama.cpp permuted Q/K (else None)."""
+        if self.architecture not in PERMUTED_QK_ARCHS or not gguf_name.startswith("blk."):
+            return None
+        kind = gguf_name.split(".")[-2]
+        heads = {"attn_q": num_heads, "attn_k": num_kv_heads}.get(kind)
+        if heads is None:
+            return None
+        return unpermute_qk(np.arange(self._tensors[gguf_name].shape[0]), heads)
 
     def rope_freq_factors(self) -> tuple[float, ...] | None:
         """llama3.1-style RoPE frequency factors, when the file carries them."""
-        if "rope_freqs.weight" not in self.header.tensors:
+        if "rope_freqs.weight" not in self._tensors:
             return None
         return tuple(float(x) for x in self.dequantize("rope_freqs.weight").reshape(-1))
 
@@ -144,7 +159,7 @@ class GGUFCheckpoint:
         """HF name -> (GGUF name, shape) for every weight tensor; unknown names refused."""
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
         unknown = []
-        for name in self.header.tensors:
+        for name in self._tensors:
             target = hf_name(name)
             if target is None:
                 if name not in SIDE_TENSORS:
@@ -158,12 +173,9 @@ class GGUFCheckpoint:
     def load_hf(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Dequantize one tensor and undo llama.cpp's Q/K permutation where it applies."""
         arr = self.dequantize(gguf_name)
-        if self.architecture in PERMUTED_QK_ARCHS:
-            kind = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else ""
-            if kind == "attn_q":
-                arr = unpermute_qk(arr, num_heads)
-            elif kind == "attn_k":
-                arr = unpermute_qk(arr, num_kv_heads)
+        order = self.row_order(gguf_name, num_heads, num_kv_heads)
+        if order is not None:
+            arr = arr[order]
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr).copy()
         return torch.from_numpy(arr)
@@ -174,17 +186,8 @@ class GGUFCheckpoint:
             yield target, self.load_hf(name, num_heads, num_kv_heads)
 
 
-def _open(header: GGUFHeader) -> GGUFReader:
-    """gguf-py's reader over a checked file; it must see the tensors the check saw."""
-    path = header.path
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the header check passed: gguf-py disagrees with it
-        raise ModelFormatError(path, f"gguf-py cannot read the file: {exc}") from exc
-    mapped = [(t.name, t.tensor_type, t.data_offset, int(t.n_bytes)) for t in reader.tensors]
-    checked = [(t.name, t.qtype, t.offset, t.nbytes) for t in header.tensors.values()]
-    if mapped != checked:
-        raise ModelFormatError(
-            path, "gguf-py maps the tensors differently from draftwise's header check"
-        )
-    return reader
+def _open(path: str) -> GGUFFile:
+    """Open with typed errors: missing, not GGUF, truncated header or tensor, unknown type."""
+    if not os.path.isfile(path):
+        raise ModelFormatError(path, "no such GGUF file")
+    return GGUFFile(path)

@@ -21,6 +21,10 @@ is the step time. Three layouts, chosen once at load (:func:`weight_backend`):
   but not batch-invariant at any M (fp32 models are the oracle dtype, not the
   speculative one).
 
+GGUF-quantized weights are none of these: they stay in their stored type
+(:class:`draftwise.models.quant.QuantWeight`, packed by the loader) and :func:`linear`
+hands them to ``linear_quant``.
+
 ``DRAFTWISE_PACK_WEIGHTS`` picks one: ``auto`` (default: native, else onednn, else
 dense), ``native``, ``onednn``, or ``0`` (dense). Asking for one this build or dtype
 cannot run is an error that says why, not a quiet fallback.
@@ -37,6 +41,7 @@ import torch.nn.functional as F
 
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.kernels import KERNELS, kernel_threads
+from draftwise.models.quant import QuantWeight, linear_quant
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
 PACK_ENV = "DRAFTWISE_PACK_WEIGHTS"
@@ -129,7 +134,7 @@ def can_pack(weight: torch.Tensor) -> bool:
     return weight_backend(weight.dtype, weight.device) != "dense"
 
 
-Weight = torch.Tensor | BlockedWeight
+Weight = torch.Tensor | BlockedWeight | QuantWeight
 
 
 def _backend_of(weight: torch.Tensor) -> str:
@@ -166,8 +171,9 @@ def pack_weights(weights: Sequence[torch.Tensor]) -> list[Weight]:
 
 
 def is_packed(weight: Weight) -> bool:
-    """A weight :func:`pack_weight` reordered (it only works with :func:`linear`)."""
-    return isinstance(weight, BlockedWeight) or weight.is_mkldnn
+    """A weight :func:`pack_weight` reordered or a GGUF-quantized one (it only works with
+    :func:`linear`)."""
+    return isinstance(weight, (BlockedWeight, QuantWeight)) or weight.is_mkldnn
 
 
 def linear(
@@ -176,6 +182,8 @@ def linear(
     bias: torch.Tensor | None = None,  # [out]
 ) -> torch.Tensor:  # [T, out]
     """``x @ weight.T + bias`` whose rows do not depend on T (bf16/fp16; see module doc)."""
+    if isinstance(weight, QuantWeight):
+        return linear_quant(x, weight, bias)
     if isinstance(weight, BlockedWeight):
         return _linear_native(x, weight, bias)
     single = x.shape[0] == 1 and x.dtype != torch.float32

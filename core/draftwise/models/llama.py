@@ -20,6 +20,7 @@ from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import BlockedWeight, Weight, is_packed, linear, pack_weights
+from draftwise.models.quant import QuantWeight, dequant_rows, linear_quant
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 
 #: RoPE table rows built up front; more are built when a batch reaches past them
@@ -30,6 +31,10 @@ def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Pa
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
+#: a weight the loader sets after construction (GGUF-quantized): no memory until then
+_EXTERNAL = "meta"
+
+
 class DecoderLayer(nn.Module):
     """Attention + SwiGLU MLP, pre-norm, with fused projections."""
 
@@ -37,7 +42,12 @@ class DecoderLayer(nn.Module):
     _LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
     def __init__(
-        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: str | torch.device
+        self,
+        config: ModelConfig,
+        layer: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        external: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         c = config
@@ -56,18 +66,21 @@ class DecoderLayer(nn.Module):
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
 
+        def w(name: str, *shape: int) -> nn.Parameter:  # a projection, maybe set later
+            return _param(*shape, dtype=dtype, device=_EXTERNAL if name in external else device)
+
         self.input_norm = p(c.hidden_size)
-        self.qkv_weight = p(c.q_size + 2 * c.kv_size, c.hidden_size)
+        self.qkv_weight = w("qkv_weight", c.q_size + 2 * c.kv_size, c.hidden_size)
         self.qkv_bias = p(c.q_size + 2 * c.kv_size) if c.attention_bias else None
         # q_norm and k_norm side by side, one row per head, so one norm covers both
         heads = c.num_attention_heads + c.num_key_value_heads
         self.qk_norm = p(heads, c.head_dim) if c.qk_norm else None
-        self.o_weight = p(c.hidden_size, c.q_size)
+        self.o_weight = w("o_weight", c.hidden_size, c.q_size)
         self.o_bias = p(c.hidden_size) if c.o_proj_bias else None
         self.post_norm = p(c.hidden_size)
-        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size)
+        self.gate_up_weight = w("gate_up_weight", 2 * c.intermediate_size, c.hidden_size)
         self.gate_up_bias = p(2 * c.intermediate_size) if c.mlp_bias else None
-        self.down_weight = p(c.hidden_size, c.intermediate_size)
+        self.down_weight = w("down_weight", c.hidden_size, c.intermediate_size)
         self.down_bias = p(c.hidden_size) if c.mlp_bias else None
 
     def set_packed(self, name: str, packed: Weight) -> None:
@@ -120,22 +133,30 @@ class LlamaForCausalLM(nn.Module):
         config: ModelConfig,
         dtype: torch.dtype = torch.bfloat16,
         device: str | torch.device = "cpu",
+        external: frozenset[str] = frozenset(),
     ) -> None:
+        """``external``: weights the loader sets later with :meth:`set_quantized` (their
+        dense parameters get no memory): ``embed_weight``, ``lm_head_weight`` and
+        ``layers.<i>.<projection>`` names."""
         super().__init__()
         self.config = config
+        self._dtype, self._device = dtype, torch.device(device)
 
-        def p(*shape: int) -> nn.Parameter:
-            return _param(*shape, dtype=dtype, device=device)
+        def p(name: str, *shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=_EXTERNAL if name in external else device)
 
-        self.embed_weight = p(config.vocab_size, config.hidden_size)
+        self.embed_weight: nn.Parameter | QuantWeight = p(
+            "embed_weight", config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, dtype, device, frozenset(
+                n.split(".", 2)[2] for n in external if n.startswith(f"layers.{i}.")))
+            for i in range(config.num_hidden_layers)
         )
-        self.norm_weight = p(config.hidden_size)
-        self.lm_head_weight = (
+        self.norm_weight = p("norm_weight", config.hidden_size)
+        self.lm_head_weight: nn.Parameter | QuantWeight = (
             self.embed_weight
             if config.tie_word_embeddings
-            else p(config.vocab_size, config.hidden_size)
+            else p("lm_head_weight", config.vocab_size, config.hidden_size)
         )
         inv_freq, self._rope_scaling = inv_frequencies(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
@@ -175,16 +196,18 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Weight (and KV cache) dtype."""
-        return self.embed_weight.dtype
+        """Activation (and KV cache) dtype; dense weights have it too."""
+        return self._dtype
 
     @property
     def device(self) -> torch.device:
         """Where the weights live."""
-        return self.embed_weight.device
+        return self._device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        """Token embeddings (shared with drafters)."""
+        """Token embeddings (shared with drafters); a quantized table dequantizes the rows."""
+        if isinstance(self.embed_weight, QuantWeight):
+            return dequant_rows(self.embed_weight, ids, self._dtype)
         return F.embedding(ids, self.embed_weight)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
@@ -194,32 +217,86 @@ class LlamaForCausalLM(nn.Module):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         """float32 logits of already-normed hidden states (shared with drafters)."""
         head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        if isinstance(head, QuantWeight):  # fp32 straight from the accumulators
+            return linear_quant(hidden, head, out_f32=True)
         return linear(hidden, head).float()
 
-    def pack_weights(self) -> None:
-        """Pack every projection and the LM head for this machine (see ``models.linear``).
+    def set_quantized(self, name: str, weight: QuantWeight) -> None:
+        """Install a GGUF-quantized weight declared ``external`` at construction.
 
-        Called once after the weights are loaded. A tied LM head gets its own packed copy
-        (the embedding lookup needs the dense table).
+        ``name`` is ``embed_weight`` (a tied LM head shares it), ``lm_head_weight`` or
+        ``layers.<i>.<projection>``.
         """
-        slots = [(layer, name) for layer in self.decoder_layers() for name in layer._LINEARS]
-        packed = pack_weights([getattr(layer, name) for layer, name in slots] + [self.lm_head_weight])
+        if name == "embed_weight":
+            tied = self.lm_head_weight is self.embed_weight
+            del self._parameters["embed_weight"]
+            self.embed_weight = weight
+            if tied:
+                self._parameters.pop("lm_head_weight", None)
+                self.lm_head_weight = weight
+        elif name == "lm_head_weight":
+            del self._parameters["lm_head_weight"]
+            self.lm_head_weight = weight
+        else:
+            _, index, attr = name.split(".", 2)
+            self.decoder_layers()[int(index)].set_packed(attr, weight)
+
+    def pack_weights(self) -> None:
+        """Pack every dense projection and the LM head for this machine (see
+        ``models.linear``); quantized ones are packed already.
+
+        Called once after the weights are loaded. A tied dense LM head gets its own packed
+        copy (the embedding lookup needs the dense table).
+        """
+        slots = [(layer, name) for layer in self.decoder_layers() for name in layer._LINEARS
+                 if isinstance(getattr(layer, name), torch.Tensor)]
+        head = self.lm_head_weight
+        dense = [getattr(layer, name) for layer, name in slots]
+        if isinstance(head, torch.Tensor):
+            dense.append(head)
+        packed = pack_weights(dense)
         for (layer, name), weight in zip(slots, packed):
             layer.set_packed(name, weight)
-        head = packed[-1]
-        self._lm_head_packed = head if is_packed(head) else None
+        if isinstance(head, QuantWeight):
+            self._lm_head_packed = head
+        else:
+            self._lm_head_packed = packed[-1] if is_packed(packed[-1]) else None
 
     @property
     def packed(self) -> bool:
-        """Whether :meth:`pack_weights` reordered the weights (see ``models.linear``)."""
+        """Whether :meth:`pack_weights` ran and reordered the weights (see ``models.linear``)."""
         return self._lm_head_packed is not None
 
     @property
     def weight_backend(self) -> str:
-        """``native``, ``onednn`` or ``dense``: the layout the projections run in."""
-        if isinstance(self._lm_head_packed, BlockedWeight):
-            return "native"
-        return "onednn" if self.packed else "dense"
+        """How the projections and LM head run: ``quant`` (GGUF-quantized, ``models.quant``),
+        ``native``, ``onednn`` or ``dense``, joined with ``+`` when they differ."""
+        layers = self.decoder_layers()
+        weights = [getattr(layer, n) for layer in layers for n in layer._LINEARS]
+        head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        kinds = []
+        for w in [*weights, head]:
+            kind = ("quant" if isinstance(w, QuantWeight) else "native"
+                    if isinstance(w, BlockedWeight) else "onednn" if w.is_mkldnn else "dense")
+            if kind not in kinds:
+                kinds.append(kind)
+        return "+".join(kinds)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the projections and LM head one decode step streams."""
+        layers = self.decoder_layers()
+        weights = [getattr(layer, n) for layer in layers for n in layer._LINEARS]
+        head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        total = 0
+        for w in [*weights, head]:
+            if isinstance(w, QuantWeight):
+                total += w.nbytes
+            elif isinstance(w, BlockedWeight):
+                total += w.data.nbytes
+            else:
+                total += w.numel() * w.element_size()
+        return total
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""
@@ -263,11 +340,10 @@ class LlamaForCausalLM(nn.Module):
         if self.packed:
             raise RuntimeError("weights are packed for inference; weight_slots() is load-time only")
         c = self.config
-        slots: dict[str, torch.Tensor] = {
-            "model.embed_tokens.weight": self.embed_weight.data,
-            "model.norm.weight": self.norm_weight.data,
-        }
-        if not c.tie_word_embeddings:
+        slots: dict[str, torch.Tensor] = {"model.norm.weight": self.norm_weight.data}
+        if isinstance(self.embed_weight, torch.Tensor):
+            slots["model.embed_tokens.weight"] = self.embed_weight.data
+        if not c.tie_word_embeddings and isinstance(self.lm_head_weight, torch.Tensor):
             slots["lm_head.weight"] = self.lm_head_weight.data
         q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
         for i, layer in enumerate(self.decoder_layers()):
@@ -279,20 +355,24 @@ class LlamaForCausalLM(nn.Module):
                 ("k", slice(q, q + kv)),
                 ("v", slice(q + kv, None)),
             ):
-                slots[f"{p}self_attn.{name}_proj.weight"] = layer.qkv_weight.data[part]
+                if isinstance(layer.qkv_weight, torch.Tensor):
+                    slots[f"{p}self_attn.{name}_proj.weight"] = layer.qkv_weight.data[part]
                 if layer.qkv_bias is not None:
                     slots[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias.data[part]
-            slots[p + "self_attn.o_proj.weight"] = layer.o_weight.data
+            if isinstance(layer.o_weight, torch.Tensor):
+                slots[p + "self_attn.o_proj.weight"] = layer.o_weight.data
             if layer.o_bias is not None:
                 slots[p + "self_attn.o_proj.bias"] = layer.o_bias.data
             if layer.qk_norm is not None:
                 slots[p + "self_attn.q_norm.weight"] = layer.qk_norm.data[: c.num_attention_heads]
                 slots[p + "self_attn.k_norm.weight"] = layer.qk_norm.data[c.num_attention_heads :]
             for name, part in (("gate", slice(0, inter)), ("up", slice(inter, None))):
-                slots[f"{p}mlp.{name}_proj.weight"] = layer.gate_up_weight.data[part]
+                if isinstance(layer.gate_up_weight, torch.Tensor):
+                    slots[f"{p}mlp.{name}_proj.weight"] = layer.gate_up_weight.data[part]
                 if layer.gate_up_bias is not None:
                     slots[f"{p}mlp.{name}_proj.bias"] = layer.gate_up_bias.data[part]
-            slots[p + "mlp.down_proj.weight"] = layer.down_weight.data
+            if isinstance(layer.down_weight, torch.Tensor):
+                slots[p + "mlp.down_proj.weight"] = layer.down_weight.data
             if layer.down_bias is not None:
                 slots[p + "mlp.down_proj.bias"] = layer.down_bias.data
         return slots

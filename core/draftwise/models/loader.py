@@ -10,6 +10,7 @@ checks pass.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
 from draftwise.formats.values import ConfigValues
 from draftwise.models.config import ModelConfig
+from draftwise.models.gguf_weights import load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.registry import (
     HYBRID_ARCHITECTURES,
@@ -43,6 +45,8 @@ from draftwise.models.registry import (
 
 #: called after each tensor: (tensors done, tensors total, HF name of the last one)
 ProgressFn = Callable[[int, int, str], None]
+
+logger = logging.getLogger("draftwise")
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -72,6 +76,8 @@ class LoadedModel:
     bos_token_id: int | None
     path: str
     format: str  # "gguf" or "safetensors"
+    #: one line each for what the load could not keep as stored (logged when loading)
+    notices: tuple[str, ...] = ()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,18 +176,17 @@ def _load_gguf(
     path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
 ) -> LoadedModel:
     plan = plan_gguf(path)
-    config, available = plan.config, plan.available
-    model = LlamaForCausalLM(config, dtype, device)
-    tensors = (
-        (
-            name,
-            plan.ckpt.load_hf(
-                available[name][0], config.num_attention_heads, config.num_key_value_heads
-            ),
-        )
-        for name in plan.names
-    )
-    _copy_weights(model, tensors, len(plan.names), progress)
+    ckpt, config, available, names = plan.ckpt, plan.config, plan.available, plan.names
+    quant = plan_quantized(ckpt, config, available, dtype, device)
+    for line in quant.notices:
+        logger.warning("draftwise: %s", line)
+    model = LlamaForCausalLM(config, dtype, device, external=frozenset(quant.groups))
+    dense = [n for n in names if n not in quant.hf_names]
+    tick = _ticker(len(names), progress)
+    load_quantized(ckpt, config, quant, available, model.set_quantized, tick)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    tensors = ((name, ckpt.load_hf(available[name][0], heads, kv_heads)) for name in dense)
+    _copy_weights(model, tensors, tick)
     return LoadedModel(
         model=model,
         config=config,
@@ -193,6 +198,7 @@ def _load_gguf(
         bos_token_id=config.bos_token_id,
         path=path,
         format="gguf",
+        notices=quant.notices,
     )
 
 
@@ -272,7 +278,7 @@ def _load_hf_dir(
     else:
         config = plan.config
         model = LlamaForCausalLM(config, dtype, device)
-        _copy_weights(model, plan.ckpt.iter_tensors(plan.names), len(plan.names), progress)
+        _copy_weights(model, plan.ckpt.iter_tensors(plan.names), _ticker(len(plan.names), progress))
     return LoadedModel(
         model=model,
         config=config,
@@ -320,19 +326,30 @@ def _check_tensors(
     return list(expected)
 
 
+def _ticker(total: int, progress: ProgressFn | None) -> Callable[[str], None]:
+    """A per-tensor callback that counts and forwards to ``progress``."""
+    done = 0
+
+    def tick(name: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, name)
+
+    return tick
+
+
 def _copy_weights(
     model: LlamaForCausalLM,
     tensors: Iterable[tuple[str, torch.Tensor]],
-    total: int,
-    progress: ProgressFn | None,
+    tick: Callable[[str], None],
 ) -> None:
     """Copy each tensor into its (fused) slot, casting to the model dtype, then pack."""
     slots = model.weight_slots()
     with torch.no_grad():
-        for done, (name, tensor) in enumerate(tensors, start=1):
+        for name, tensor in tensors:
             slots[name].copy_(tensor)
-            if progress is not None:
-                progress(done, total, name)
+            tick(name)
     model.pack_weights()  # native or oneDNN layout for decode speed; weight_slots() is done with
 
 

@@ -17,6 +17,7 @@ from draftwise.models.batch import KVCache, build_forward_batch
 
 # the checkpoints themselves are shared with the engine tests
 from tiny_checkpoints import ARCHS, TINY, randomize_, save_tiny  # noqa: E402, F401
+from tiny_gguf import tiny_gguf  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

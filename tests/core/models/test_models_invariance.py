@@ -212,6 +212,20 @@ def test_tiny_models_bf16_bitwise(kind: str, tiny_checkpoint, paged_runner) -> N
         _assert_invariant(_scenarios(model, paged_runner, prefix_len))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_quantized_gguf_bf16_bitwise(arch: str, tiny_gguf, paged_runner) -> None:
+    """GGUF weights kept quantized (Q4_K_M's mix): the same five scenarios, bitwise."""
+    from gguf import GGMLQuantizationType as Q
+
+    t = tiny_gguf(arch=arch, matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=arch == "llama",
+                  tensor_types={"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K},
+                  hidden=256, heads=4, kv_heads=2, ffn=512)
+    model = load_model(str(t.path), dtype="bfloat16").model
+    assert model.weight_backend == "quant"
+    for prefix_len in (6, 61):
+        _assert_invariant(_scenarios(model, paged_runner, prefix_len))
+
+
 def test_tiny_model_fp32_close_not_bitwise(tiny_checkpoint, paged_runner) -> None:
     model = load_model(str(tiny_checkpoint("llama")), dtype="float32").model
     out = _scenarios(model, paged_runner, 30)

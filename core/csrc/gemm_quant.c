@@ -1,0 +1,286 @@
+/*
+ * y = x @ W^T (+ b) with W in a GGUF quantized type, kept quantized: the decoder's
+ * projections and the LM head of GGUF models.
+ *
+ * Why: a decode or verify step reads every weight once, so its time is bytes streamed.
+ * Q4_K_M is ~4.8 bits per weight where a bf16 copy is 16; the stored bytes are the stream.
+ *
+ * Layout and arithmetic: quant.h (tiles of eight output rows, int8 activation blocks of
+ * 32, the per-chunk contract). This file holds the entry point, the row and tile loops,
+ * and the scalar kernel (the portable path and the reference the SIMD kernel is tested
+ * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel.
+ *
+ * Activations: each row is quantized to int8 per block of 32 with an fp32 scale (as
+ * llama.cpp does, Q8_0-style but with an fp32 scale), once per call, shared by every
+ * weight segment of the call (a fused q|k|v may mix types).
+ *
+ * Batch invariance by construction: a row's int8 blocks depend only on that row; each
+ * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
+ * grouped up to six at a time only to share the weight decode, never the arithmetic; threads
+ * split whole tiles. So an output's bits never depend on the row count, the row's
+ * position or the thread count.
+ */
+#include "kernels.h"
+#include "quant_codes.h"
+#include "threadpool.h"
+
+#include <stdlib.h>
+
+/* The scalar kernel: the contract of quant.h, one output and one row at a time. */
+static void tile_scalar(int qtype, const uint8_t *tile, int64_t chunks, const dw_act *const *x,
+                        int rows, float (*out)[DW_TILE]) {
+    dw_qtype_info info;
+    dw_qtype_info_of(qtype, &info);
+    const int cpb = info.block_k / DW_CHUNK, tile_block = DW_TILE * info.block_bytes;
+    for (int r = 0; r < rows; r++) {
+        for (int n = 0; n < DW_TILE; n++) {
+            float acc = 0.0f;
+            for (int64_t ci = 0; ci < chunks; ci++) {
+                const uint8_t *blk = tile + (ci / cpb) * tile_block;
+                const int c = (int)(ci % cpb);
+                const dw_chunk_scales cs = dw_chunk_scales_of(qtype, blk, c, n);
+                const dw_act *a = x[r] + ci;
+                int32_t dot[2] = {0, 0};
+                for (int kk = 0; kk < DW_CHUNK; kk++)
+                    dot[kk / 16] += dw_quant_code(qtype, blk, c, kk / 4, n, kk % 4) * a->q[kk];
+                const int32_t isum = cs.p[0] * dot[0] + cs.p[1] * dot[1];
+                acc = fmaf((float)isum, cs.d * a->d, acc);
+                if (cs.n_min == 1) acc = fmaf(cs.m[0], a->s[0], acc);
+                if (cs.n_min == 2) {
+                    acc = fmaf(cs.m[0], a->s[1], acc);
+                    acc = fmaf(cs.m[1], a->s[2], acc);
+                }
+            }
+            out[r][n] = acc;
+        }
+    }
+}
+
+#define SCALAR_KERNEL(T)                                                                          \
+    static void tile_scalar_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,    \
+                                float (*out)[DW_TILE]) {                                          \
+        tile_scalar(T, t, c, x, rows, out);                                                       \
+    }
+SCALAR_KERNEL(DW_Q4_0)
+SCALAR_KERNEL(DW_Q4_1)
+SCALAR_KERNEL(DW_Q5_0)
+SCALAR_KERNEL(DW_Q5_1)
+SCALAR_KERNEL(DW_Q8_0)
+SCALAR_KERNEL(DW_Q2_K)
+SCALAR_KERNEL(DW_Q3_K)
+SCALAR_KERNEL(DW_Q4_K)
+SCALAR_KERNEL(DW_Q5_K)
+SCALAR_KERNEL(DW_Q6_K)
+
+dw_tile_fn dw_tile_kernel_scalar(int qtype) {
+    switch (qtype) {
+    case DW_Q4_0: return tile_scalar_DW_Q4_0;
+    case DW_Q4_1: return tile_scalar_DW_Q4_1;
+    case DW_Q5_0: return tile_scalar_DW_Q5_0;
+    case DW_Q5_1: return tile_scalar_DW_Q5_1;
+    case DW_Q8_0: return tile_scalar_DW_Q8_0;
+    case DW_Q2_K: return tile_scalar_DW_Q2_K;
+    case DW_Q3_K: return tile_scalar_DW_Q3_K;
+    case DW_Q4_K: return tile_scalar_DW_Q4_K;
+    case DW_Q5_K: return tile_scalar_DW_Q5_K;
+    case DW_Q6_K: return tile_scalar_DW_Q6_K;
+    default: return NULL;
+    }
+}
+
+/* One weight segment: output columns [start, start + rows) of y, in one type. */
+typedef struct {
+    dw_tile_fn fn;
+    const uint8_t *data;
+    int64_t start, rows, tiles, tile_bytes, first_tile; /* first_tile: global tile index */
+} segment;
+
+#define MAX_SEGMENTS 8
+/* Rows per pass over the tiles: their int8 blocks (K / 32 x 48 bytes each) stay in L2 */
+#define ROW_BLOCK 32
+
+typedef struct {
+    segment seg[MAX_SEGMENTS];
+    int nseg;
+    const dw_act *act; /* [m][chunks] */
+    const uint16_t *bias;
+    void *y;
+    int64_t m, chunks, y_stride, y_f32;
+} job;
+
+static void run_tiles(void *ctx, int64_t begin, int64_t end) {
+    const job *j = ctx;
+    for (int64_t r0 = 0; r0 < j->m; r0 += ROW_BLOCK) {
+        const int64_t r1 = r0 + ROW_BLOCK < j->m ? r0 + ROW_BLOCK : j->m;
+        int s = 0;
+        for (int64_t t = begin; t < end; t++) {
+            while (t >= j->seg[s].first_tile + j->seg[s].tiles) s++;
+            const segment *g = &j->seg[s];
+            const int64_t lt = t - g->first_tile, col = g->start + lt * DW_TILE;
+            const int cols = (int)(g->rows - lt * DW_TILE < DW_TILE ? g->rows - lt * DW_TILE : DW_TILE);
+            float bias[DW_TILE] = {0};
+            if (j->bias)
+                for (int n = 0; n < cols; n++) bias[n] = bf16_to_f32(j->bias[col + n]);
+            for (int64_t r = r0; r < r1; r += DW_MAX_ROWS) {
+                const int rows = (int)(r1 - r < DW_MAX_ROWS ? r1 - r : DW_MAX_ROWS);
+                const dw_act *x[DW_MAX_ROWS];
+                for (int i = 0; i < rows; i++) x[i] = j->act + (r + i) * j->chunks;
+                float out[DW_MAX_ROWS][DW_TILE];
+                g->fn(g->data + lt * g->tile_bytes, j->chunks, x, rows, out);
+                for (int i = 0; i < rows; i++) {
+                    if (j->y_f32) {
+                        float *y = (float *)j->y + (r + i) * j->y_stride + col;
+                        for (int n = 0; n < cols; n++) y[n] = out[i][n] + bias[n];
+                    } else {
+                        uint16_t *y = (uint16_t *)j->y + (r + i) * j->y_stride + col;
+                        for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(out[i][n] + bias[n]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    const uint16_t *x;
+    dw_act *act;
+    int64_t k, x_stride;
+} act_job;
+
+static void run_act(void *ctx, int64_t begin, int64_t end) {
+    const act_job *a = ctx;
+    for (int64_t r = begin; r < end; r++)
+        dw_quant_act_row(a->x + r * a->x_stride, a->k, a->act + r * (a->k / DW_CHUNK));
+}
+
+/* A per-thread buffer for the int8 activations, grown as needed and kept. */
+static dw_act *act_buffer(int64_t count) {
+    static _Thread_local dw_act *buf = NULL;
+    static _Thread_local int64_t cap = 0;
+    if (count > cap) {
+        free(buf);
+        buf = malloc((size_t)count * sizeof(dw_act));
+        cap = buf ? count : 0;
+    }
+    return buf;
+}
+
+/* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
+ * threads, scalar): segments is int64 [nseg, 4] of (ggml type, packed data pointer,
+ * first output column, output columns), together covering [0, n) in order. */
+PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[4];
+    int64_t v[9];
+    if (dw_parse(args, nargs, 13, 4, p, v, "linear_quant") < 0) return NULL;
+    const int64_t *table = p[1];
+    const int64_t nseg = v[0], m = v[1], k = v[2], n = v[3], x_stride = v[4], y_stride = v[5];
+    const int64_t threads = v[7], scalar = v[8];
+    if (nseg < 1 || nseg > MAX_SEGMENTS || m < 0 || k <= 0 || k % DW_CHUNK || n <= 0 ||
+        x_stride < k || y_stride < n) {
+        PyErr_SetString(PyExc_ValueError, "linear_quant: bad sizes, strides or segment count");
+        return NULL;
+    }
+    job j = {.nseg = (int)nseg, .bias = p[2], .y = p[3], .m = m, .chunks = k / DW_CHUNK,
+             .y_stride = y_stride, .y_f32 = v[6] != 0};
+    int64_t col = 0, tiles = 0;
+    for (int i = 0; i < nseg; i++) {
+        const int64_t *e = table + 4 * i;
+        dw_qtype_info info;
+        segment *g = &j.seg[i];
+        if (!dw_qtype_info_of((int)e[0], &info) || k % info.block_k || e[2] != col || e[3] <= 0 ||
+            !e[1]) {
+            PyErr_Format(PyExc_ValueError, "linear_quant: bad segment %d (type %lld)", i,
+                         (long long)e[0]);
+            return NULL;
+        }
+        g->fn = scalar ? dw_tile_kernel_scalar((int)e[0]) : dw_tile_kernel_simd((int)e[0]);
+        if (!g->fn) g->fn = dw_tile_kernel_scalar((int)e[0]);
+        g->data = (const uint8_t *)(intptr_t)e[1];
+        g->start = e[2], g->rows = e[3], g->first_tile = tiles;
+        g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;
+        g->tile_bytes = (k / info.block_k) * DW_TILE * info.block_bytes;
+        col += e[3], tiles += g->tiles;
+    }
+    if (col != n) {
+        PyErr_SetString(PyExc_ValueError, "linear_quant: segments do not cover the outputs");
+        return NULL;
+    }
+    if (m == 0) Py_RETURN_NONE;
+    dw_act *act = act_buffer(m * j.chunks);
+    if (!act) return PyErr_NoMemory();
+    j.act = act;
+    act_job a = {.x = p[0], .act = act, .k = k, .x_stride = x_stride};
+    const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
+    Py_BEGIN_ALLOW_THREADS
+    dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
+    dw_parallel_for(nt, tiles, run_tiles, &j);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* quant_pack(type, row_pointers, dst, rows, k, threads): GGUF rows (int64 array of
+ * addresses, 0 for a zero row) to tiles at dst (models.quant.packed_bytes bytes). */
+PyObject *dw_quant_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[2];
+    int64_t v[3];
+    /* argument order: type first, then pointers: parse type separately */
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "quant_pack takes 6 arguments");
+        return NULL;
+    }
+    const long long qtype = PyLong_AsLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    if (dw_parse(args + 1, 5, 5, 2, p, v, "quant_pack") < 0) return NULL;
+    dw_qtype_info info;
+    if (!dw_qtype_info_of((int)qtype, &info) || v[0] <= 0 || v[1] <= 0 || v[1] % info.block_k) {
+        PyErr_SetString(PyExc_ValueError, "quant_pack: unsupported type or bad sizes");
+        return NULL;
+    }
+    const uint8_t *const *rows = p[0];
+    const int threads = v[2] > 0 && v[2] < 64 ? (int)v[2] : 1;
+    Py_BEGIN_ALLOW_THREADS dw_quant_pack((int)qtype, rows, v[0], v[1], p[1], threads);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* quant_dequant_rows(type, packed, ids, out, count, k, out_f32): rows ``ids`` (int64) of a
+ * packed weight to out [count, k] (bf16, or fp32 when out_f32). The caller checks ids. */
+PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "quant_dequant_rows takes 7 arguments");
+        return NULL;
+    }
+    const long long qtype = PyLong_AsLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    void *p[3];
+    int64_t v[3];
+    if (dw_parse(args + 1, 6, 6, 3, p, v, "quant_dequant_rows") < 0) return NULL;
+    dw_qtype_info info;
+    const int64_t count = v[0], k = v[1];
+    if (!dw_qtype_info_of((int)qtype, &info) || count < 0 || k <= 0 || k % info.block_k) {
+        PyErr_SetString(PyExc_ValueError, "quant_dequant_rows: unsupported type or bad sizes");
+        return NULL;
+    }
+    float *row = malloc((size_t)k * sizeof(float));
+    if (!row) return PyErr_NoMemory();
+    const int64_t *ids = p[1];
+    for (int64_t i = 0; i < count; i++) {
+        dw_quant_dequant_row((int)qtype, p[0], k, ids[i], row);
+        if (v[2]) {
+            memcpy((float *)p[2] + i * k, row, (size_t)k * sizeof(float));
+        } else {
+            uint16_t *o = (uint16_t *)p[2] + i * k;
+            for (int64_t c = 0; c < k; c++) o[c] = f32_to_bf16(row[c]);
+        }
+    }
+    free(row);
+    Py_RETURN_NONE;
+}
+
+/* quant_simd(): which kernel the build runs ("avx2" or "scalar"). */
+PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self, (void)args, (void)nargs;
+    return PyUnicode_FromString(dw_quant_simd_name());
+}

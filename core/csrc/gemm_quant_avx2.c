@@ -1,0 +1,336 @@
+/*
+ * The AVX2 tile kernel of the quantized GEMM: the contract of quant.h, eight outputs at
+ * a time (one fp32 lane each) and up to six activation rows per pass over a tile.
+ *
+ * Per step (four k of eight outputs, one 32-byte vector of codes decoded with a shift
+ * and a mask or two) each row costs one broadcast load, one vpmaddubsw (codes x the
+ * row's int8 values, pairs summed to 16 bits) and one 16-bit add; the 16-bit sums are
+ * widened by vpmaddwd with the sub-block scale as often as their range requires (every
+ * 8 steps for 4-bit codes, 4 for 5-bit, 2 for 6-bit, every step for Q8_0's signed
+ * bytes, which take the usual abs/sign trick). Then per chunk: one convert and two
+ * fused multiply-adds per row. The decode is shared by the rows of a pass, so a verify
+ * step of five rows costs much less than five decode steps.
+ *
+ * Bitwise the scalar kernel (gemm_quant.c): the integer sums are exact (no 16-bit sum
+ * can saturate: the flush intervals above keep them within range for codes <= 63 and
+ * activations in [-127, 127]), and the float steps are the same IEEE operations per lane
+ * in the same order, so the tests compare the two with torch.equal.
+ */
+#include "quant_layout.h"
+
+/* Built for AVX2 whatever the build's -march (function target attributes), and chosen
+ * at run time when the CPU has AVX2, FMA and F16C: a portable build
+ * (DRAFTWISE_PORTABLE_BUILD=1) still runs it on any AVX2 machine. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define ALWAYS static inline __attribute__((always_inline)) TARGET
+/* how far ahead the kernel asks for the weight stream (see tile_kernel) */
+#define PREFETCH_BYTES 2048
+
+ALWAYS __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS __m256 ld_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+ALWAYS __m256i mask8(int m) { return _mm256_set1_epi8((char)m); }
+ALWAYS __m256 neg(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
+
+/* bits [from, from + width) of every byte moved to [to, to + width), the rest cleared.
+ * The 16-bit shifts carry bits between the two bytes of a word only into positions the
+ * mask clears (checked for every (from, to) the kernels use). */
+ALWAYS __m256i move_bits(__m256i v, int from, int to, int mask) {
+    const __m256i s = from < to   ? _mm256_slli_epi16(v, to - from)
+                      : from > to ? _mm256_srli_epi16(v, from - to)
+                                  : v;
+    return _mm256_and_si256(s, mask8(mask));
+}
+ALWAYS __m256i nib(__m256i v, int high) { return move_bits(v, high ? 4 : 0, 0, 0x0F); }
+
+/* vpshufb patterns picking byte b of each row's four (rows are 32-bit lanes):
+ * PICK16[b]: (b, -, b, -) zero-extended 16-bit pairs; PICK16S[b]: (-, b, -, b), the byte
+ * in the high half (shift right arithmetically for a signed pair); PICK32[b]: byte b
+ * alone in the low byte; PICK32S[b]: byte b in the high byte. */
+#define Z (char)0x80
+#define LANES4(a, b, c, d) a, b, c, d, a + 4, b + 4, c + 4, d + 4, a + 8, b + 8, c + 8, d + 8, \
+                           a + 12, b + 12, c + 12, d + 12
+#define PAT(a, b, c, d) {LANES4(a, b, c, d), LANES4(a, b, c, d)}
+static const char PICK16[4][32] = {PAT(0, Z, 0, Z), PAT(1, Z, 1, Z), PAT(2, Z, 2, Z), PAT(3, Z, 3, Z)};
+static const char PICK16S[4][32] = {PAT(Z, 0, Z, 0), PAT(Z, 1, Z, 1), PAT(Z, 2, Z, 2), PAT(Z, 3, Z, 3)};
+static const char PICK32[4][32] = {PAT(0, Z, Z, Z), PAT(1, Z, Z, Z), PAT(2, Z, Z, Z), PAT(3, Z, Z, Z)};
+static const char PICK32S[4][32] = {PAT(Z, Z, Z, 0), PAT(Z, Z, Z, 1), PAT(Z, Z, Z, 2), PAT(Z, Z, Z, 3)};
+#undef PAT
+#undef LANES4
+#undef Z
+ALWAYS __m256i pick(const char (*pat)[32], __m256i v, int b) {
+    return _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)pat[b]));
+}
+
+ALWAYS int is_k(const int T) { return T == DW_Q2_K || T == DW_Q3_K || T == DW_Q4_K || T == DW_Q5_K || T == DW_Q6_K; }
+
+ALWAYS int block_bytes(const int T) {
+    switch (T) {
+    case DW_Q4_0: return Q4_0_BYTES;
+    case DW_Q4_1: return Q4_1_BYTES;
+    case DW_Q5_0: return Q5_0_BYTES;
+    case DW_Q5_1: return Q5_1_BYTES;
+    case DW_Q8_0: return Q8_0_BYTES;
+    case DW_Q2_K: return Q2_K_BYTES;
+    case DW_Q3_K: return Q3_K_BYTES;
+    case DW_Q4_K: return Q4_K_BYTES;
+    case DW_Q5_K: return Q5_K_BYTES;
+    default: return Q6_K_BYTES;
+    }
+}
+
+/* Steps whose 16-bit sums may be added before widening (see the header). */
+ALWAYS int flush_steps(const int T) {
+    switch (T) {
+    case DW_Q4_0: case DW_Q4_1: case DW_Q4_K: return 8;
+    case DW_Q8_0: return 1;
+    case DW_Q6_K: return 2;
+    default: return 4; /* 5-bit codes; Q2_K/Q3_K widen per 16-k sub-block */
+    }
+}
+
+/* min terms per chunk: 1 (times s[0]) or 2 (times s[1], s[2]) or 0 */
+ALWAYS int min_terms(const int T) {
+    return T == DW_Q8_0 ? 0 : T == DW_Q2_K || T == DW_Q3_K || T == DW_Q6_K ? 2 : 1;
+}
+
+/* Step s of chunk c: the codes (dw_quant_code) of eight rows x four k. */
+ALWAYS __m256i codes(const int T, const uint8_t *b, const int c, const int s) {
+    switch (T) {
+    case DW_Q4_0: return nib(ld(b + 8 * Q4_0_QS + 32 * (s % 4)), s >= 4);
+    case DW_Q4_1: return nib(ld(b + 8 * Q4_1_QS + 32 * (s % 4)), s >= 4);
+    case DW_Q5_0:
+        return _mm256_or_si256(nib(ld(b + 8 * Q5_0_QS + 32 * (s % 4)), s >= 4),
+                               move_bits(ld(b + 8 * Q5_0_QH), s, 4, 0x10));
+    case DW_Q5_1:
+        return _mm256_or_si256(nib(ld(b + 8 * Q5_1_QS + 32 * (s % 4)), s >= 4),
+                               move_bits(ld(b + 8 * Q5_1_QH), s, 4, 0x10));
+    case DW_Q8_0: return ld(b + 8 * Q8_0_QS + 32 * s);
+    case DW_Q2_K: return move_bits(ld(b + 8 * Q2_K_QS + 32 * (8 * (c / 4) + s)), 2 * (c % 4), 0, 3);
+    case DW_Q3_K:
+        return _mm256_or_si256(move_bits(ld(b + 8 * Q3_K_QS + 32 * (8 * (c / 4) + s)), 2 * (c % 4), 0, 3),
+                               move_bits(ld(b + 8 * Q3_K_HM + 32 * s), c, 2, 0x04));
+    case DW_Q4_K: return nib(ld(b + 8 * Q4_K_QS + 32 * (8 * (c / 2) + s)), c % 2);
+    case DW_Q5_K:
+        return _mm256_or_si256(nib(ld(b + 8 * Q5_K_QS + 32 * (8 * (c / 2) + s)), c % 2),
+                               move_bits(ld(b + 8 * Q5_K_QH + 32 * s), c, 4, 0x10));
+    default: { /* Q6_K */
+        const int h = c / 4, f = c % 4;
+        return _mm256_or_si256(nib(ld(b + 8 * Q6_K_QL + 32 * (16 * h + 8 * (f % 2) + s)), f / 2),
+                               move_bits(ld(b + 8 * Q6_K_QH + 32 * (8 * h + s)), 2 * f, 4, 0x30));
+    }
+    }
+}
+
+/* A tile block's scales, decoded once and shared by its chunks. */
+typedef struct {
+    __m256 d, dmin;
+    __m256i sc[4]; /* per-row scale bytes, four per lane (type-specific, see block_scales) */
+} blk_scales;
+
+ALWAYS blk_scales block_scales(const int T, const uint8_t *b) {
+    blk_scales r;
+    r.d = r.dmin = _mm256_setzero_ps();
+    switch (T) {
+    case DW_Q4_0: r.d = ld_half8(b + 8 * Q4_0_D); break;
+    case DW_Q4_1: r.d = ld_half8(b + 8 * Q4_1_D), r.dmin = ld_half8(b + 8 * Q4_1_M); break;
+    case DW_Q5_0: r.d = ld_half8(b + 8 * Q5_0_D); break;
+    case DW_Q5_1: r.d = ld_half8(b + 8 * Q5_1_D), r.dmin = ld_half8(b + 8 * Q5_1_M); break;
+    case DW_Q8_0: r.d = ld_half8(b + 8 * Q8_0_D); break;
+    case DW_Q2_K:
+        r.d = ld_half8(b + 8 * Q2_K_D), r.dmin = ld_half8(b + 8 * Q2_K_DMIN);
+        for (int g = 0; g < 4; g++) r.sc[g] = ld(b + 8 * Q2_K_SC + 32 * g);
+        break;
+    case DW_Q3_K: { /* 16 six-bit scales from 12 bytes, then minus 32 (signed bytes) */
+        const __m256i a = ld(b + 8 * Q3_K_SC), bb = ld(b + 8 * Q3_K_SC + 32), c = ld(b + 8 * Q3_K_SC + 64);
+        const __m256i lo = mask8(0x0F), k32 = mask8(32);
+        r.d = ld_half8(b + 8 * Q3_K_D);
+        r.sc[0] = _mm256_or_si256(_mm256_and_si256(a, lo), move_bits(c, 0, 4, 0x30));
+        r.sc[1] = _mm256_or_si256(_mm256_and_si256(bb, lo), move_bits(c, 2, 4, 0x30));
+        r.sc[2] = _mm256_or_si256(nib(a, 1), move_bits(c, 4, 4, 0x30));
+        r.sc[3] = _mm256_or_si256(nib(bb, 1), move_bits(c, 6, 4, 0x30));
+        for (int g = 0; g < 4; g++) r.sc[g] = _mm256_sub_epi8(r.sc[g], k32);
+        break;
+    }
+    case DW_Q4_K:
+    case DW_Q5_K: { /* sc[0..1]: scales of sub-blocks 0-3, 4-7; sc[2..3]: their mins */
+        const int o = T == DW_Q4_K ? Q4_K_SC : Q5_K_SC;
+        const __m256i a = ld(b + 8 * o), bb = ld(b + 8 * o + 32), c = ld(b + 8 * o + 64);
+        r.d = ld_half8(b + 8 * Q4_K_D), r.dmin = ld_half8(b + 8 * Q4_K_DMIN);
+        r.sc[0] = _mm256_and_si256(a, mask8(63));
+        r.sc[1] = _mm256_or_si256(_mm256_and_si256(c, mask8(0x0F)), move_bits(a, 6, 4, 0x30));
+        r.sc[2] = _mm256_and_si256(bb, mask8(63));
+        r.sc[3] = _mm256_or_si256(nib(c, 1), move_bits(bb, 6, 4, 0x30));
+        break;
+    }
+    default: /* Q6_K: 16 signed scales */
+        r.d = ld_half8(b + 8 * Q6_K_D);
+        for (int g = 0; g < 4; g++) r.sc[g] = ld(b + 8 * Q6_K_SC + 32 * g);
+        break;
+    }
+    return r;
+}
+
+/* Chunk c's sub-block scales (16-bit pairs for vpmaddwd, per half) and min terms. */
+typedef struct {
+    __m256i p[2];
+    __m256 m[2];
+} chunk_scales;
+
+ALWAYS chunk_scales chunk_of(const int T, const blk_scales *bs, const int c) {
+    chunk_scales r;
+    switch (T) {
+    case DW_Q4_0: r.p[0] = r.p[1] = _mm256_set1_epi16(1), r.m[0] = _mm256_mul_ps(bs->d, _mm256_set1_ps(-8.0f)); break;
+    case DW_Q5_0: r.p[0] = r.p[1] = _mm256_set1_epi16(1), r.m[0] = _mm256_mul_ps(bs->d, _mm256_set1_ps(-16.0f)); break;
+    case DW_Q4_1:
+    case DW_Q5_1: r.p[0] = r.p[1] = _mm256_set1_epi16(1), r.m[0] = bs->dmin; break;
+    case DW_Q8_0: r.p[0] = r.p[1] = _mm256_set1_epi16(1); break;
+    case DW_Q4_K:
+    case DW_Q5_K: {
+        r.p[0] = r.p[1] = pick(PICK16, bs->sc[c / 4], c % 4);
+        const __m256 m = _mm256_cvtepi32_ps(pick(PICK32, bs->sc[2 + c / 4], c % 4));
+        r.m[0] = neg(_mm256_mul_ps(bs->dmin, m));
+        break;
+    }
+    case DW_Q2_K:
+        for (int h = 0; h < 2; h++) {
+            const int i = 2 * c + h;
+            r.p[h] = _mm256_and_si256(pick(PICK16, bs->sc[i / 4], i % 4), _mm256_set1_epi16(0x0F));
+            const __m256i m = _mm256_srli_epi32(pick(PICK32, bs->sc[i / 4], i % 4), 4);
+            r.m[h] = neg(_mm256_mul_ps(bs->dmin, _mm256_cvtepi32_ps(m)));
+        }
+        break;
+    default: /* Q3_K, Q6_K: signed scales, offset 4 or 32 */
+        for (int h = 0; h < 2; h++) {
+            const int i = 2 * c + h;
+            r.p[h] = _mm256_srai_epi16(pick(PICK16S, bs->sc[i / 4], i % 4), 8);
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_srai_epi32(pick(PICK32S, bs->sc[i / 4], i % 4), 24));
+            r.m[h] = _mm256_mul_ps(bs->d, _mm256_mul_ps(sc, _mm256_set1_ps(T == DW_Q6_K ? -32.0f : -4.0f)));
+        }
+        break;
+    }
+    return r;
+}
+
+ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t chunks,
+                        const dw_act *const *x, float (*out)[DW_TILE]) {
+    const int cpb = is_k(T) ? 8 : 1, fl = flush_steps(T), nm = min_terms(T);
+    const int64_t tb = (int64_t)DW_TILE * block_bytes(T);
+    __m256 acc[DW_MAX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    /* prefetch whole tile blocks PREFETCH_BYTES ahead: a K-quant block's scales sit at
+     * its end (Q6_K, Q3_K, Q2_K), and reading them first defeats the hardware streamer */
+    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
+    for (int64_t bi = 0; bi < chunks / cpb; bi++) {
+        const uint8_t *b = tile + bi * tb;
+        for (int64_t line = 0; line < tb; line += 64) _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
+        const blk_scales bs = block_scales(T, b);
+#pragma GCC unroll 8
+        for (int c = 0; c < cpb; c++) {
+            const int64_t ci = bi * cpb + c;
+            const chunk_scales cs = chunk_of(T, &bs, c);
+            /* the chunk's eight code vectors first, then each row's steps: written this
+             * way round the compiler keeps one row's sums in registers instead of
+             * spilling four rows' */
+            __m256i v[8], va[8];
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; s++) {
+                v[s] = codes(T, b, c, s);
+                va[s] = T == DW_Q8_0 ? _mm256_abs_epi8(v[s]) : v[s];
+            }
+            __m256i isum[DW_MAX_ROWS];
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x[r][ci].q;
+                __m256i a16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; s++) {
+                    __m256i xb = bcast4(xq + 4 * s);
+                    if (T == DW_Q8_0) xb = _mm256_sign_epi8(xb, v[s]);
+                    const __m256i prod = _mm256_maddubs_epi16(va[s], xb);
+                    a16 = s % fl == 0 ? prod : _mm256_add_epi16(a16, prod);
+                    if ((s + 1) % fl == 0) {
+                        const __m256i w = _mm256_madd_epi16(a16, cs.p[s / 4]);
+                        isum[r] = s + 1 == fl ? w : _mm256_add_epi32(isum[r], w);
+                    }
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                const dw_act *a = x[r] + ci;
+                const __m256 dd = _mm256_mul_ps(bs.d, _mm256_set1_ps(a->d));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                if (nm == 1) acc[r] = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[0]), acc[r]);
+                if (nm == 2) {
+                    acc[r] = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[1]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(cs.m[1], _mm256_set1_ps(a->s[2]), acc[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+#define KERNEL(T)                                                                                 \
+    static TARGET void tile_avx2_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,      \
+                              float (*out)[DW_TILE]) {                                            \
+        switch (rows) {                                                                           \
+        case 1: tile_kernel(T, 1, t, c, x, out); break;                                           \
+        case 2: tile_kernel(T, 2, t, c, x, out); break;                                           \
+        case 3: tile_kernel(T, 3, t, c, x, out); break;                                           \
+        case 4: tile_kernel(T, 4, t, c, x, out); break;                                           \
+        case 5: tile_kernel(T, 5, t, c, x, out); break;                                           \
+        default: tile_kernel(T, 6, t, c, x, out); break;                                          \
+        }                                                                                         \
+    }
+KERNEL(DW_Q4_0)
+KERNEL(DW_Q4_1)
+KERNEL(DW_Q5_0)
+KERNEL(DW_Q5_1)
+KERNEL(DW_Q8_0)
+KERNEL(DW_Q2_K)
+KERNEL(DW_Q3_K)
+KERNEL(DW_Q4_K)
+KERNEL(DW_Q5_K)
+KERNEL(DW_Q6_K)
+
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+dw_tile_fn dw_tile_kernel_simd(int qtype) {
+    if (!cpu_has_avx2()) return NULL;
+    switch (qtype) {
+    case DW_Q4_0: return tile_avx2_DW_Q4_0;
+    case DW_Q4_1: return tile_avx2_DW_Q4_1;
+    case DW_Q5_0: return tile_avx2_DW_Q5_0;
+    case DW_Q5_1: return tile_avx2_DW_Q5_1;
+    case DW_Q8_0: return tile_avx2_DW_Q8_0;
+    case DW_Q2_K: return tile_avx2_DW_Q2_K;
+    case DW_Q3_K: return tile_avx2_DW_Q3_K;
+    case DW_Q4_K: return tile_avx2_DW_Q4_K;
+    case DW_Q5_K: return tile_avx2_DW_Q5_K;
+    case DW_Q6_K: return tile_avx2_DW_Q6_K;
+    default: return NULL;
+    }
+}
+
+const char *dw_quant_simd_name(void) { return cpu_has_avx2() ? "avx2" : "scalar"; }
+
+#else
+
+dw_tile_fn dw_tile_kernel_simd(int qtype) {
+    (void)qtype;
+    return NULL;
+}
+
+const char *dw_quant_simd_name(void) { return "scalar"; }
+
+#endif

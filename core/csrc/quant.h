@@ -1,0 +1,123 @@
+/* GGUF-quantized weights for the native GEMM (gemm_quant.c): types, the tile layout the
+ * kernels stream, and the int8 activation records they multiply with.
+ *
+ * Weights stay in their stored GGUF type. At load (quant_pack.c) every eight output rows
+ * become one TILE: block by block along K, each field of the eight GGUF blocks is
+ * interleaved, fp16 scales two bytes per row (eight scales = one vcvtph2ps) and every
+ * byte array four bytes per row (one 32-byte vector = eight rows x four bytes). No byte
+ * is widened or decoded: a tile holds exactly the bytes of its eight GGUF blocks (Q5_0
+ * and Q5_1 re-order the bits of their 32-bit high-bit word, nothing more), so the stream
+ * is the file's own bits per weight.
+ *
+ * The kernels vectorise over the eight outputs of a tile (one fp32 lane each) and walk K
+ * in chunks of 32 (one activation block). A chunk has eight STEPS of four k each; step
+ * s of a chunk is one 32-byte vector whose lane n holds output n's four unsigned codes
+ * for k = 4s..4s+3, decoded from the tile with a few shifts and masks. The activation
+ * row is quantized to int8 per block of 32 (one fp32 scale), so a step is one
+ * vpmaddubsw of the codes with the row's four int8 values broadcast to every lane.
+ *
+ * One chunk, output n, activation row x (the exact contract; the scalar and SIMD
+ * paths both implement it and are compared bitwise by the tests):
+ *   I     = sum_h P_h * sum_{k in half h} q_k * x_k             (exact int32)
+ *   acc   = fma((float)I, D * x.d, acc)
+ *   acc   = fma(M_t, x.s[t], acc)   for each of the type's min terms t, in order
+ * where q are the unsigned codes (Q8_0: the signed bytes), P_h an integer sub-block
+ * scale (1 for the 32-blocks), D the fp16 block or super-block scale as fp32, M_t a
+ * per-output fp32 offset term (e.g. -8 * D for Q4_0, m for Q4_1, -dmin * m for Q4_K),
+ * and x.s the block's scaled activation sums. The output is acc after the last chunk
+ * (plus the bias), rounded once. Nothing in it depends on how many rows are multiplied,
+ * which row this is, or which thread runs the tile: bitwise batch invariance.
+ */
+#ifndef DRAFTWISE_QUANT_H
+#define DRAFTWISE_QUANT_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* GGML's type numbers (gguf.GGMLQuantizationType), so Python passes them through. */
+enum {
+    DW_Q4_0 = 2,
+    DW_Q4_1 = 3,
+    DW_Q5_0 = 6,
+    DW_Q5_1 = 7,
+    DW_Q8_0 = 8,
+    DW_Q2_K = 10,
+    DW_Q3_K = 11,
+    DW_Q4_K = 12,
+    DW_Q5_K = 13,
+    DW_Q6_K = 14,
+};
+
+#define DW_TILE 8    /* outputs per tile: one 8-lane fp32 vector */
+#define DW_CHUNK 32  /* k per activation block */
+
+/* One activation block: 32 int8 values with |q| <= 127 and their fp32 scale d (x ~ d q),
+ * plus the block sums the offset terms need, pre-scaled: s[0] = d * sum(q[0..31]),
+ * s[1] = d * sum(q[0..15]), s[2] = d * sum(q[16..31]). */
+typedef struct {
+    int8_t q[DW_CHUNK];
+    float d;
+    float s[3];
+} dw_act;
+
+/* Facts about a type: k per GGUF block, bytes per GGUF block (a tile block is eight). */
+typedef struct {
+    int block_k;
+    int block_bytes;
+} dw_qtype_info;
+
+/* 0 when the type is not one the kernels run. */
+int dw_qtype_info_of(int qtype, dw_qtype_info *info);
+
+/* Repack rows of GGUF blocks into tiles: ``rows`` row pointers (NULL: a zero row, for
+ * the padding of the last tile), each ``k`` weights long; dst receives
+ * ceil(rows / 8) tiles of (k / block_k) tile blocks. Tiles are split between threads. */
+void dw_quant_pack(int qtype, const uint8_t *const *rows, int64_t nrows, int64_t k, uint8_t *dst,
+                   int threads);
+
+/* Dequantize output row ``n`` of a packed weight to fp32 (embedding lookups, tests). */
+void dw_quant_dequant_row(int qtype, const uint8_t *packed, int64_t k, int64_t n, float *out);
+
+/* Quantize one activation row (k bf16 values, k a multiple of 32) into k / 32 blocks. */
+void dw_quant_act_row(const uint16_t *x, int64_t k, dw_act *out);
+
+/* The tile kernel: 8 outputs x ``rows`` (1..DW_MAX_ROWS) activation rows over the whole
+ * K (``chunks`` = k / 32), results to out[r][0..7] (fp32, before the bias). */
+#define DW_MAX_ROWS 6
+typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const dw_act *const *x, int rows,
+                           float (*out)[DW_TILE]);
+
+/* The portable C implementation of every type (the reference), and the SIMD one where
+ * the build has it (NULL otherwise); both follow the contract above bit for bit. */
+dw_tile_fn dw_tile_kernel_scalar(int qtype);
+dw_tile_fn dw_tile_kernel_simd(int qtype);
+/* "avx2" or "scalar": what dw_tile_kernel_simd runs in this build */
+const char *dw_quant_simd_name(void);
+
+/* fp16 bits -> fp32, exact (subnormals, inf and NaN included), like vcvtph2ps. */
+static inline float dw_half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int e = 113;
+        while (!(man & 0x400u)) man <<= 1, e--;
+        bits = sign | ((uint32_t)e << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t dw_load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#endif

@@ -1,0 +1,156 @@
+"""Which GGUF weights stay quantized, and packing them: one decision per load.
+
+A projection (fused as the model runs it: q|k|v, gate|up, o, down), the embedding table
+and an untied LM head each stay in their stored GGUF type when every stored part is a
+type the native kernels run (``models.quant.NATIVE_TYPES``) and the model computes in
+bf16 on the CPU with the kernels built. Everything else is dequantized to the model dtype
+as before, and a quantized type that is dequantized is never silent: one notice line
+names each such type and its share of the weight bytes (``QuantPlan.notices``, logged
+by ``models.loader``). F16/BF16/F32 tensors are dense by nature and need no notice.
+
+``DRAFTWISE_QUANT`` overrides the choice: ``auto`` (default), ``native`` (fail at start-up
+if the kernels cannot run here) or ``0`` (dequantize everything: the old behaviour, for
+comparisons).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from gguf import GGMLQuantizationType
+
+from draftwise.formats.gguf import GGUFCheckpoint
+from draftwise.models.config import ModelConfig
+from draftwise.models.hugepages import huge_page_tensor
+from draftwise.models.quant import NATIVE_TYPES, QuantPart, pack_quant, plan_bytes, quant_kernels_available
+
+#: ``auto`` | ``native`` | ``0``; see the module doc
+QUANT_ENV = "DRAFTWISE_QUANT"
+#: stored types that are dense already (no notice when they are widened or cast)
+_FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                          GGMLQuantizationType.BF16, GGMLQuantizationType.F64})
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """The weights that stay quantized: model weight name -> HF tensor names (fused order).
+
+    Model weight names are those ``LlamaForCausalLM.set_quantized`` takes:
+    ``embed_weight``, ``lm_head_weight``, ``layers.<i>.<projection>``.
+    """
+
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()
+
+    @property
+    def hf_names(self) -> frozenset[str]:
+        """HF tensors the quantized groups cover (not copied densely)."""
+        return frozenset(n for names in self.groups.values() for n in names)
+
+
+def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
+    """Whether quantized GGUF weights stay quantized here, and if not, why (for the notice).
+
+    Raises ``ValueError`` when ``DRAFTWISE_QUANT=native`` asks for what cannot run.
+    """
+    wanted = os.environ.get(QUANT_ENV, "auto")
+    if wanted not in ("auto", "1", "native", "0"):
+        raise ValueError(f"{QUANT_ENV}={wanted!r}: use auto, native or 0")
+    why = ""
+    if wanted == "0":
+        why = f"{QUANT_ENV}=0"
+    elif not quant_kernels_available():
+        why = "the quantized kernels are not built in this install (no C compiler)"
+    elif torch.device(device).type != "cpu":
+        why = f"device {torch.device(device).type} (the quantized kernels are CPU kernels)"
+    elif dtype != torch.bfloat16:
+        why = f"dtype {str(dtype).removeprefix('torch.')} (the quantized kernels take bf16 " \
+              "activations; use --dtype auto)"
+    if why and wanted == "native":
+        raise ValueError(f"{QUANT_ENV}=native cannot run: {why}")
+    return not why, why
+
+
+def _groups(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Model weight name -> the HF tensors fused into it, for every quantizable weight."""
+    out: dict[str, tuple[str, ...]] = {"embed_weight": ("model.embed_tokens.weight",)}
+    if not config.tie_word_embeddings:
+        out["lm_head_weight"] = ("lm_head.weight",)
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[f"layers.{i}.qkv_weight"] = tuple(f"{p}self_attn.{n}_proj.weight" for n in "qkv")
+        out[f"layers.{i}.o_weight"] = (f"{p}self_attn.o_proj.weight",)
+        out[f"layers.{i}.gate_up_weight"] = tuple(f"{p}mlp.{n}_proj.weight" for n in ("gate", "up"))
+        out[f"layers.{i}.down_weight"] = (f"{p}mlp.down_proj.weight",)
+    return out
+
+
+def plan_quantized(
+    ckpt: GGUFCheckpoint,
+    config: ModelConfig,
+    available: Mapping[str, tuple[str, tuple[int, ...]]],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> QuantPlan:
+    """Decide, for every weight, quantized or dense (see the module doc)."""
+    keep, why = keep_quantized(dtype, device)
+    groups: dict[str, tuple[str, ...]] = {}
+    dense_bytes: dict[str, int] = {}
+    total = sum(ckpt.nbytes(g) for g, _ in available.values())
+    for target, hf in _groups(config).items():
+        types = [ckpt.qtype(available[n][0]) for n in hf]
+        if keep and all(t in NATIVE_TYPES for t in types):
+            groups[target] = hf
+            continue
+        for n, t in zip(hf, types):
+            if t not in _FLOAT_TYPES:
+                dense_bytes[t.name] = dense_bytes.get(t.name, 0) + ckpt.nbytes(available[n][0])
+    notices = []
+    if dense_bytes:
+        listed = ", ".join(f"{name} ({100 * b / max(total, 1):.1f}% of the weight bytes)"
+                           for name, b in sorted(dense_bytes.items(), key=lambda kv: -kv[1]))
+        reason = why or "no native kernel for these types"
+        target_dtype = str(dtype).removeprefix("torch.")
+        notices.append(f"GGUF weights dequantized to {target_dtype} at load: {listed}; {reason}")
+    return QuantPlan(groups, tuple(notices))
+
+
+def load_quantized(
+    ckpt: GGUFCheckpoint,
+    config: ModelConfig,
+    plan: QuantPlan,
+    available: Mapping[str, tuple[str, tuple[int, ...]]],
+    install: Callable[[str, object], None],
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Pack every planned group into one huge-page arena and ``install(name, weight)`` it.
+
+    Each stored tensor's mapped pages are released once copied, so the file's bytes are
+    resident once (in the arena), not twice. Returns the arena's size in bytes.
+    """
+    parts_of: dict[str, list[QuantPart]] = {}
+    for target, hf in plan.groups.items():
+        parts = []
+        for n in hf:
+            name = available[n][0]
+            order = ckpt.row_order(name, config.num_attention_heads, config.num_key_value_heads)
+            parts.append(QuantPart(ckpt.qtype(name), ckpt.raw(name), order))
+        parts_of[target] = parts
+    k_of = {t: available[hf[0]][1][1] for t, hf in plan.groups.items()}
+    sizes = {t: plan_bytes(parts_of[t], k_of[t]) for t in plan.groups}
+    if not sizes:
+        return 0
+    arena = huge_page_tensor(sum(sizes.values()), torch.uint8)
+    offset = 0
+    for target, hf in plan.groups.items():
+        size = sizes[target]
+        install(target, pack_quant(parts_of[target], k_of[target], arena[offset : offset + size]))
+        offset += size
+        for n in hf:
+            ckpt.release(available[n][0])
+            if progress is not None:
+                progress(n)
+    return offset

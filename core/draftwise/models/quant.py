@@ -1,0 +1,229 @@
+"""GGUF-quantized weights kept quantized: repacked once at load, multiplied natively.
+
+A decode step streams every weight once, so bytes per weight are the step time: a
+Q4_K_M file is ~4.8 bits per weight where a bf16 copy is 16. :class:`QuantWeight` holds a
+projection in its stored GGUF type(s), repacked into the C kernel's tiles
+(``core/csrc/quant.h``: eight output rows interleaved block by block, the same bytes as
+the file) in huge-page memory; :func:`linear_quant` runs ``x @ W^T`` on it
+(``core/csrc/gemm_quant.c``), and :func:`dequant_rows` serves embedding lookups.
+
+Activations are quantized to int8 per block of 32 with an fp32 scale inside the call
+(llama.cpp's scheme, with an fp32 instead of an fp16 scale), which is what makes the dot
+products integer ``vpmaddubsw`` work; the error this adds is measured by
+``tests/core/models/test_models_quant.py`` against gguf-py's dequantization and an fp32
+matmul. Every output is one fp32 accumulation over K in a fixed order, so a row's bits do
+not depend on the batch, its position or the thread count (bitwise batch invariance).
+
+A fused projection (q|k|v, gate|up) may mix types (Q4_K_M stores ``attn_v`` in Q6_K):
+each part is a *segment* of output columns with its own type, all in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from draftwise.models.hugepages import huge_page_tensor
+from draftwise.models.kernels import KERNELS, kernel_threads
+
+#: the GGUF types the native kernels run (the rest are dequantized, with a notice)
+NATIVE_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+)
+#: outputs per tile of the packed layout
+TILE = 8
+#: fused parts per call the kernel accepts
+MAX_SEGMENTS = 8
+
+
+def quant_kernels_available() -> bool:
+    """Whether this install built the quantized GEMM (any C compiler: it has a scalar path)."""
+    return KERNELS is not None and hasattr(KERNELS, "linear_quant")
+
+
+def quant_simd() -> str:
+    """``avx2`` or ``scalar``: the kernel this build runs (``none`` without the C kernels)."""
+    return str(KERNELS.quant_simd()) if quant_kernels_available() else "none"  # type: ignore[union-attr]
+
+
+def packed_bytes(qtype: GGMLQuantizationType, rows: int, k: int) -> int:
+    """Bytes of ``rows`` x ``k`` weights in tiles: the stored bytes, rows padded to 8."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    return -(-rows // TILE) * TILE * (k // block) * size
+
+
+@dataclass(frozen=True)
+class QuantPart:
+    """One stored tensor to pack: ``raw`` is ``[rows, row_bytes]`` GGUF blocks (a view of
+    the mapped file), ``order`` the stored row each packed row takes (None: as stored)."""
+
+    qtype: GGMLQuantizationType
+    raw: np.ndarray  # [rows, row_bytes] uint8
+    order: np.ndarray | None = None  # [rows] int64
+
+
+@dataclass(frozen=True)
+class QuantSegment:
+    """Output columns ``[start, start + rows)`` of a :class:`QuantWeight`, in one type."""
+
+    qtype: GGMLQuantizationType
+    start: int
+    rows: int
+    data: torch.Tensor  # uint8, packed_bytes(qtype, rows, in_features)
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """A ``[out, in]`` weight in stored GGUF types, packed for ``linear_quant``."""
+
+    segments: tuple[QuantSegment, ...]
+    out_features: int
+    in_features: int
+    #: int64 [segments, 4] (type, data address, start, rows): the kernel's argument
+    table: torch.Tensor
+    #: ``table.data_ptr()``, read once (the weight keeps the tensor alive)
+    table_address: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes streamed per call (what decode bandwidth is measured against)."""
+        return sum(s.data.numel() for s in self.segments)
+
+    @property
+    def qtypes(self) -> tuple[str, ...]:
+        """Type names of the segments, in column order."""
+        return tuple(s.qtype.name for s in self.segments)
+
+
+def _segments(parts: Sequence[QuantPart]) -> list[list[QuantPart]]:
+    """Adjacent parts of one type share a segment when the earlier ones fill whole tiles."""
+    groups: list[list[QuantPart]] = []
+    for part in parts:
+        last = groups[-1] if groups else None
+        if last and last[0].qtype == part.qtype and sum(p.raw.shape[0] for p in last) % TILE == 0:
+            last.append(part)
+        else:
+            groups.append([part])
+    return groups
+
+
+def plan_bytes(parts: Sequence[QuantPart], k: int) -> int:
+    """Bytes :func:`pack_quant` will need for ``parts`` (to size one arena for a model)."""
+    return sum(
+        packed_bytes(g[0].qtype, sum(p.raw.shape[0] for p in g), k) for g in _segments(parts)
+    )
+
+
+def pack_quant(parts: Sequence[QuantPart], k: int, out: torch.Tensor | None = None) -> QuantWeight:
+    """Repack stored GGUF rows (fused parts in column order) into the kernel's tiles.
+
+    :param parts: the tensors, each ``[rows, row_bytes]`` in a type of :data:`NATIVE_TYPES`.
+    :param k: weights per row (``in_features``).
+    :param out: uint8 memory of :func:`plan_bytes` bytes (an arena slice), or None.
+    """
+    if not quant_kernels_available():
+        raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
+    groups = _segments(parts)
+    if len(groups) > MAX_SEGMENTS:
+        raise ValueError(f"at most {MAX_SEGMENTS} type segments per weight, got {len(groups)}")
+    total = plan_bytes(parts, k)
+    if out is None:
+        out = huge_page_tensor(total, torch.uint8)
+    if out.numel() != total or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"pack_quant needs {total} contiguous uint8 bytes, got {out.numel()}")
+    segments, offset, start = [], 0, 0
+    for group in groups:
+        qtype = group[0].qtype
+        block, size = GGML_QUANT_SIZES[qtype]
+        if qtype not in NATIVE_TYPES or k % block:
+            raise ValueError(f"{qtype.name} with {k} columns cannot be packed natively")
+        pointers = []
+        for part in group:
+            raw = part.raw
+            if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != k // block * size:
+                raise ValueError(f"{qtype.name} rows must be uint8 [rows, {k // block * size}]")
+            if raw.strides[1] != 1:
+                raise ValueError("stored rows must be contiguous")
+            order = np.arange(raw.shape[0]) if part.order is None else part.order
+            base = raw.__array_interface__["data"][0]
+            pointers.append(base + np.asarray(order, dtype=np.int64) * raw.strides[0])
+        rows = np.concatenate(pointers).astype(np.int64)
+        nbytes = packed_bytes(qtype, len(rows), k)
+        data = out[offset : offset + nbytes]
+        KERNELS.quant_pack(  # type: ignore[union-attr]
+            int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k, kernel_threads())
+        segments.append(QuantSegment(qtype, start, len(rows), data))
+        offset += nbytes
+        start += len(rows)
+    table = torch.tensor(
+        [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
+    )
+    return QuantWeight(tuple(segments), start, k, table, table.data_ptr())
+
+
+def linear_quant(
+    x: torch.Tensor,  # [T, in] bf16
+    weight: QuantWeight,
+    bias: torch.Tensor | None = None,  # [out] bf16
+    out_f32: bool = False,
+    scalar: bool = False,
+) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
+    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel.
+
+    Called ~120 times per decode step of a small model, so the checks read each tensor
+    property once (a few microseconds per call is a few percent of the step).
+    """
+    k, n = weight.in_features, weight.out_features
+    shape, strides = x.shape, x.stride()
+    if x.dtype != torch.bfloat16 or len(shape) != 2 or shape[1] != k:
+        raise ValueError(f"quantized linear takes bf16 [T, {k}], got {x.dtype} {list(shape)}")
+    if strides[1] != 1 or strides[0] < k:
+        x = x.contiguous()
+        strides = x.stride()
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()
+                             or bias.shape != (n,)):
+        raise ValueError(f"quantized linear bias must be contiguous bf16 [{n}]")
+    rows = shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32 if out_f32 else torch.bfloat16)
+    if rows:
+        KERNELS.linear_quant(  # type: ignore[union-attr]
+            x.data_ptr(), weight.table_address, 0 if bias is None else bias.data_ptr(),
+            out.data_ptr(), len(weight.segments), rows, k, n, strides[0], n, int(out_f32),
+            kernel_threads(), int(scalar))
+    return out
+
+
+def dequant_rows(
+    weight: QuantWeight,
+    ids: torch.Tensor,  # [T] int64
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:  # [T, in]
+    """Rows ``ids`` of the weight, dequantized (the embedding lookup of a quantized table)."""
+    if ids.dim() != 1:
+        ids = ids.reshape(-1)
+    ids = ids.to(torch.int64).contiguous()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.out_features):
+        raise IndexError(f"row id out of range [0, {weight.out_features})")
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dequant_rows gives bf16 or fp32, not {dtype}")
+    out = torch.empty(ids.numel(), weight.in_features, dtype=dtype)
+    f32 = int(dtype == torch.float32)
+    for seg in weight.segments:
+        inside = (ids >= seg.start) & (ids < seg.start + seg.rows)
+        if not bool(inside.any()):
+            continue
+        which = inside.nonzero().reshape(-1)
+        local = (ids[which] - seg.start).contiguous()
+        part = out if len(weight.segments) == 1 else torch.empty(
+            local.numel(), weight.in_features, dtype=dtype)
+        KERNELS.quant_dequant_rows(  # type: ignore[union-attr]
+            int(seg.qtype), seg.data.data_ptr(), local.data_ptr(), part.data_ptr(),
+            local.numel(), weight.in_features, f32)
+        if part is not out:
+            out[which] = part
+    return out
