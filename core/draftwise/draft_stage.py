@@ -147,7 +147,6 @@ def build_speculation(
             num_speculative_tokens=d.member.num_speculative_tokens or 0,
             vocab_size=target.config.vocab_size,
             max_model_len=max_model_len,
-            device=device,
             draft_sample_method=d.member.draft_sample_method,
             draft=None if draft is None else draft.weights,
             target=target,

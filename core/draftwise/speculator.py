@@ -206,7 +206,6 @@ class ProposerContext:
     #: the target's vocabulary: draft ids and ``draft_probs`` columns live in it
     vocab_size: int
     max_model_len: int
-    device: str = "cpu"
     #: "greedy" or "probabilistic" (vLLM's draft_sample_method)
     draft_sample_method: str = "greedy"
     #: model-based methods: :attr:`LoadedDraft.weights`

@@ -29,6 +29,7 @@ from draftwise.speculator import (
 )
 
 SEEN = []
+OUTCOMES = []
 MODE = {"kv_layout": True, "valid": "last", "too_many": False}
 
 
@@ -65,7 +66,7 @@ class Probe:
         return Drafts(np.asarray(ids, dtype=np.int64), counts, kv_valid=valid)
 
     def on_verified(self, outcome):
-        pass
+        OUTCOMES.append(outcome)
 
     def release(self, req_id):
         pass
@@ -93,6 +94,7 @@ def probe(make_dist: Any) -> Any:
     import acme_probe
 
     acme_probe.SEEN.clear()
+    acme_probe.OUTCOMES.clear()
     acme_probe.MODE.update(kv_layout=True, valid="last", too_many=False)
     return acme_probe
 
@@ -127,6 +129,12 @@ def test_k_from_the_checkpoint_frontiers_and_hidden_states(
         assert f2 == n - 1  # kv_valid=n-1 was kept: it is below what verify committed
         assert blocks * 16 >= n - 1 + 2
     assert llm.engine.spec.num_tracked_requests == 0 and llm.engine.kv.num_used_blocks == 0
+    # feedback: every drafted row's outcome, the accepted drafts then one more token
+    outcomes = probe.OUTCOMES
+    assert sum(len(o.req_ids) for o in outcomes) == llm.engine.spec.metrics.num_drafts
+    for o in outcomes:
+        for nd, acc, toks in zip(o.num_draft_tokens, o.num_accepted, o.output_token_ids):
+            assert 0 <= acc <= nd and len(toks) == acc + 1
 
 
 def test_kv_valid_past_the_accepted_drafts_is_cut_to_what_was_committed(

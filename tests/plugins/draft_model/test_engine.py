@@ -197,3 +197,36 @@ def test_a_gguf_checkpoint_drafts_too() -> None:
     sd = on.metrics["speculative_decoding"]
     assert sd["num_draft_tokens"] > 0 and sd["num_accepted_draft_tokens"] == sd["num_draft_tokens"]
     assert_clean(llm)
+
+
+def test_a_step_that_fails_before_commit_can_run_again(
+    target_dir, draft_dir, want, monkeypatch
+) -> None:
+    """Propose and forward change nothing the core cannot take back: after a failure in
+    verify, stepping on gives exactly the tokens of a run that never failed."""
+    from draftwise.engine import LLMEngine
+
+    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3),
+              max_num_seqs=4)
+    engine = llm.engine
+    ids = [engine.add_request({"prompt_token_ids": p}, greedy()) for p in PROMPTS]
+    real, calls = LLMEngine._verify, {"n": 0}
+
+    def flaky(self, rows, drafts, logits):
+        calls["n"] += 1
+        if calls["n"] in (3, 4):
+            raise RuntimeError("injected")
+        return real(self, rows, drafts, logits)
+
+    monkeypatch.setattr(LLMEngine, "_verify", flaky)
+    done: dict[str, list[int]] = {}
+    failures = 0
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except RuntimeError:
+            failures += 1
+            continue
+        done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
+    assert failures == 2 and [done[i] for i in ids] == want
+    assert_clean(llm)
