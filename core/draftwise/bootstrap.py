@@ -27,6 +27,7 @@ from draftwise.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from draftwise.config import ResolvedSpeculativeConfig
+    from draftwise.draft_stage import DetectedDraft
     from draftwise.models.loader import LoadedModel
     from draftwise.speculation import Speculation
     from draftwise.speculator import KVLayout
@@ -163,13 +164,14 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
     from draftwise.speculation import max_draft_len
 
     spec_config = parse_speculative_config(args.speculative_config)
-    registry = load_speculators()
-    if spec_config is not None:
+    registry = load_speculators() if spec_config is not None else None
+    if registry is not None and spec_config is not None:
         registry.ensure_buildable(spec_config)
     check_args(args)
-    detected = []
-    if spec_config is not None:  # the drafts' own files, before any weights
-        spec_config, detected = detect_drafts(spec_config, registry, resolve_model_path(args.model))
+    detected: list[DetectedDraft] = []
+    if registry is not None and spec_config is not None:  # the drafts' own files, no weights
+        target_path = resolve_model_path(args.model)
+        spec_config, detected = detect_drafts(spec_config, registry, target_path)
     threads = resolve_num_threads(args.num_threads)
     torch.set_num_threads(threads)  # for loading
     loaded = load_model(args.model, dtype=args.dtype, progress=progress)
@@ -197,7 +199,7 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
         enable_chunked_prefill=args.enable_chunked_prefill,
     )
     speculation = None
-    if spec_config is not None:
+    if registry is not None and spec_config is not None:
         speculation = build_speculation(
             spec_config, detected, drafts, registry, loaded,
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
