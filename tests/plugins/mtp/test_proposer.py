@@ -207,3 +207,26 @@ def test_prefix_cache_hits_drop_the_block_whose_head_entry_reads_the_next_token(
     alone, _ = run(plain_dir, shared + [50, 51], 8)
     assert b.outputs[0].token_ids == alone
     assert llm.engine.kv.num_used_blocks == 0 and llm.engine.spec.num_tracked_requests == 0
+
+
+def test_probabilistic_drafting_hands_verify_the_heads_q(hybrid_dir, monkeypatch) -> None:
+    """draft_sample_method "probabilistic": the head samples and returns its q (the same
+    pick_draft_tokens the draft_model chi-square test checks), greedy rows stay argmax."""
+    import draftwise.verify as verify_mod
+
+    seen: list[object] = []
+    real = verify_mod.verify
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("draft_probs"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verify_mod, "verify", spy)
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"}
+    llm = LLM(model=str(hybrid_dir), dtype="bfloat16", speculative_config=spec)
+    params = [SamplingParams(temperature=0.8, max_tokens=8, seed=i, ignore_eos=True)
+              for i in range(3)] + [greedy(8)]
+    llm.generate([{"prompt_token_ids": PROMPT}] * 4, params)
+    qs = [q for q in seen if q is not None]
+    assert qs and all(abs(float(row.sum()) - 1.0) < 1e-4 for q in qs for row in q)
+    assert llm.engine.spec.metrics.num_draft_tokens > 0
