@@ -74,3 +74,41 @@ def save_tiny(
         model.tie_weights()
     model.save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+def perturbed_copy(
+    src: Path, dst: Path, scale: float, seed: int = 1, lm_head_scale: float = 1.0
+) -> Path:
+    """A copy of a saved checkpoint with every tensor jittered by ``scale`` (relative std),
+    and the LM head multiplied by ``lm_head_scale`` (flatter or sharper logits, same order)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    for name, t in tensors.items():
+        noise = torch.randn(t.shape, generator=gen, dtype=torch.float32)
+        tensors[name] = (t.float() * (1 + scale * noise)).to(t.dtype)
+    if lm_head_scale != 1.0:
+        cfg = json.loads((dst / "config.json").read_text())
+        if cfg.get("tie_word_embeddings"):
+            raise ValueError("lm_head_scale needs an untied LM head")
+        tensors["lm_head.weight"] = tensors["lm_head.weight"] * lm_head_scale
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def write_wordlevel_tokenizer(directory: Path, tokens: list[str], unk: str = "[UNK]") -> Path:
+    """A ``tokenizer.json`` whose token i is ``tokens[i]`` (whitespace-split words)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if unk not in tokens:
+        raise ValueError(f"the vocabulary must hold the unknown token {unk!r}")
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(directory / "tokenizer.json"))
+    return directory

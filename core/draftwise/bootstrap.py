@@ -1,14 +1,19 @@
 """Build an engine's parts in the order that refuses early: config, then weights.
 
 The speculative config is parsed and checked against the installed plugins before a
-byte of weights is read; engine settings are checked next; only then is the model
-loaded, the KV cache sized and allocated once, and the proposers built.
+byte of weights is read; engine settings are checked next; then the draft stage detects
+each drafter's checkpoint from its own files and completes the config (k); only then is
+the target loaded, the drafts loaded, ONE KV pool sized for the target and every draft
+(one memory budget, stated in the startup log) and allocated once, and the proposers
+built over it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +27,13 @@ from draftwise.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from draftwise.config import ResolvedSpeculativeConfig
+    from draftwise.draft_stage import DetectedDraft
     from draftwise.models.loader import LoadedModel
     from draftwise.speculation import Speculation
+    from draftwise.speculator import KVLayout
 
 _DTYPES = ("auto", "bfloat16", "float32", "float16")
+logger = logging.getLogger("draftwise.bootstrap")
 
 
 @dataclass(slots=True)
@@ -107,9 +115,17 @@ def resolve_max_model_len(args: EngineArgs, loaded: LoadedModel) -> int:
     return min(model_len, args.default_max_model_len)
 
 
-def size_kv_cache(args: EngineArgs, loaded: LoadedModel, max_model_len: int) -> int:
-    """Blocks to allocate: the user's number, or what the memory budget holds."""
-    per_block = kv_bytes_per_token(loaded) * args.block_size
+def size_kv_cache(
+    args: EngineArgs, loaded: LoadedModel, max_model_len: int, drafts: Sequence[KVLayout] = ()
+) -> int:
+    """Blocks to allocate: the user's number, or what the memory budget holds.
+
+    One budget for everything that lives per block: the target's K/V and the K/V of every
+    draft that keeps its own cache in the pool (same block ids, same block size).
+    """
+    target = kv_bytes_per_token(loaded) * args.block_size
+    draft = sum(d.bytes_per_token for d in drafts) * args.block_size
+    per_block = target + draft
     need = math.ceil(max_model_len / args.block_size) + 1
     if args.num_kv_blocks is not None:
         blocks = args.num_kv_blocks
@@ -123,33 +139,58 @@ def size_kv_cache(args: EngineArgs, loaded: LoadedModel, max_model_len: int) -> 
             f"request of max_model_len {max_model_len} ({need} blocks); raise "
             "num_kv_blocks / kv_cache_memory_gib or lower max_model_len"
         )
+    mib = 2**20
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %.1f MiB (target %.1f MiB%s), %s",
+        blocks, args.block_size, blocks * per_block / mib, blocks * target / mib,
+        f", drafts {blocks * draft / mib:.1f} MiB in {len(drafts)} cache(s)" if drafts else "",
+        f"num_kv_blocks={args.num_kv_blocks}" if args.num_kv_blocks is not None
+        else f"budget kv_cache_memory_gib={args.kv_cache_memory_gib:g}",
+    )
     return blocks
 
 
 def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
-    """Config first, then weights, then cache, scheduler and proposers."""
+    """Config, draft detection, target weights, draft weights, one KV pool, proposers."""
     from draftwise.config import parse_speculative_config
+    from draftwise.draft_stage import (
+        build_speculation,
+        detect_drafts,
+        draft_kv_layouts,
+        load_drafts,
+        uses_next_token,
+    )
+    from draftwise.models.inspect import resolve_model_path
     from draftwise.models.loader import load_model
     from draftwise.plugins.manager import load_speculators
-    from draftwise.speculation import build_speculation, max_draft_len
+    from draftwise.speculation import max_draft_len
 
     spec_config = parse_speculative_config(args.speculative_config)
-    if spec_config is not None:
-        load_speculators().ensure_buildable(spec_config)
+    registry = load_speculators() if spec_config is not None else None
+    if registry is not None and spec_config is not None:
+        registry.ensure_buildable(spec_config)
     check_args(args)
+    detected: list[DetectedDraft] = []
+    if registry is not None and spec_config is not None:  # the drafts' own files, no weights
+        target_path = resolve_model_path(args.model)
+        spec_config, detected = detect_drafts(spec_config, registry, target_path)
     threads = resolve_num_threads(args.num_threads)
     torch.set_num_threads(threads)  # for loading
     loaded = load_model(args.model, dtype=args.dtype, progress=progress)
+    drafts = load_drafts(detected, loaded)
     apply_threads(loaded.model, threads)
     max_model_len = resolve_max_model_len(args, loaded)
-    num_blocks = size_kv_cache(args, loaded, max_model_len)
+    num_blocks = size_kv_cache(args, loaded, max_model_len, draft_kv_layouts(detected, drafts))
     k = max_draft_len(spec_config) if spec_config is not None else 0
     runner = ModelRunner(
         loaded, num_blocks, args.block_size, max_num_seqs=args.max_num_seqs, max_spec_positions=k
     )
     # recurrent state cannot be skipped to a cached prefix
     prefix = args.enable_prefix_caching and not runner.has_recurrent_state
-    kv = KVCacheManager(num_blocks, args.block_size, enable_prefix_caching=prefix)
+    kv = KVCacheManager(
+        num_blocks, args.block_size, enable_prefix_caching=prefix,
+        drop_last_cached_block=uses_next_token(detected),
+    )
     scheduler = Scheduler(
         kv,
         max_num_seqs=args.max_num_seqs,
@@ -159,7 +200,10 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
         k_for_batch=spec_config.k_for_batch if spec_config and spec_config.k_schedule else None,
         enable_chunked_prefill=args.enable_chunked_prefill,
     )
-    speculation = (
-        build_speculation(spec_config, loaded, max_model_len) if spec_config is not None else None
-    )
+    speculation = None
+    if registry is not None and spec_config is not None:
+        speculation = build_speculation(
+            spec_config, detected, drafts, registry, loaded,
+            max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
+        )
     return EngineParts(spec_config, loaded, runner, kv, scheduler, max_model_len, speculation)

@@ -1,9 +1,10 @@
 """LLMEngine: add_request / step / abort_request, the step-level API servers embed.
 
-One step, as in ``shared/design.md``: schedule -> propose -> ONE target forward ->
-verify -> commit/rollback -> feedback. With no speculative config there is no proposer
-and every row verifies zero drafts, which is plain sampling: the same code path, the
-same tokens.
+One step, as in ``shared/design.md``, reads top to bottom in :meth:`LLMEngine.step`:
+schedule -> propose -> ONE target forward -> verify -> commit/rollback -> feedback, each
+phase handing the next a typed record (``draftwise.step``). With no speculative config
+there is no proposer and every row verifies zero drafts, which is plain sampling: the
+same code path, the same tokens.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
-from draftwise.metrics import RequestSpecDecodeMetrics, SpecDecodingStats
+from draftwise.metrics import RequestSpecDecodeMetrics
+from draftwise.models.batch import ForwardBatch
 from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 from draftwise.text import check_text
+from draftwise.step import StepDrafts, StepOutcome
 
 logger = logging.getLogger("draftwise.engine")
 
@@ -201,7 +203,7 @@ class LLMEngine:
         if req is None:
             return False
         req.finished_time = time.monotonic()
-        self._release_state(request_id)
+        self._release(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -226,66 +228,168 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
-            self._release_state(victim.req_id)
+            self._release(victim.req_id)
+        self.stats.timings.schedule += time.perf_counter() - t0
         rows = sched.rows
         if not rows:
             return []
         try:
-            outputs = self._run_rows(rows, t0)
+            outputs = self._run_rows(rows)
         except Exception as exc:  # noqa: BLE001 - attributed to a row, or to all of them
             outputs = self._isolate(rows, exc)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
 
-    def _run_rows(self, rows: list[ScheduledRow], t0: float) -> list[RequestOutput]:
-        """schedule's rows -> propose -> one forward -> verify -> commit.
+    def _run_rows(self, rows: list[ScheduledRow]) -> list[RequestOutput]:
+        """propose -> forward -> verify -> commit -> feedback for scheduled rows.
 
-        Nothing before commit changes what a retry of these rows would compute (K/V past a
-        row's computed tokens is rewritten, proposals are recomputed), and commit fails a
-        row alone, so an exception escaping this method leaves every row retryable.
+        Nothing outside this step's own records changes before :meth:`_commit`, so a step
+        that raises earlier can be run again for any subset of ``rows``.
         """
-        t1 = time.perf_counter()
+        tm = self.stats.timings
+        t0 = time.perf_counter()
+        tables = [self.kv.block_table(row.request.req_id) for row in rows]
         drafts = (
-            self.spec.propose(rows) if self.spec is not None else [None] * len(rows)
+            self.spec.propose(rows, tables) if self.spec is not None
+            else StepDrafts.none(len(rows))
         )
+        t1 = time.perf_counter()
+        starts = [row.request.num_computed_tokens for row in rows]
+        output = self.runner.forward(self._batch(rows, drafts, tables, starts))
         t2 = time.perf_counter()
+        outcome = self._verify(rows, drafts, output.logits)
+        t3 = time.perf_counter()
+        outputs = self._commit(rows, drafts, outcome, output.hidden_states, starts)
+        tm.propose += t1 - t0
+        tm.forward += t2 - t1
+        tm.verify += t3 - t2
+        tm.commit += time.perf_counter() - t3
+        return outputs
 
+    def _batch(
+        self,
+        rows: list[ScheduledRow],
+        drafts: StepDrafts,
+        tables: list[list[int]],
+        starts: list[int],
+    ) -> ForwardBatch:
+        """ONE target forward: each row's new tokens then its drafts; logits where it samples."""
         token_ids: list[list[int]] = []
-        starts: list[int] = []
-        tables: list[list[int]] = []
         logits_rows: list[list[int]] = []
-        for row, draft in zip(rows, drafts):
-            req = row.request
-            start = req.num_computed_tokens
-            ids = req.token_buf[start : start + row.num_new_tokens].tolist()
-            nd = 0 if draft is None else len(draft)
+        for i, (row, start) in enumerate(zip(rows, starts)):
+            ids = row.request.token_buf[start : start + row.num_new_tokens].tolist()
+            nd = drafts.num_draft_tokens[i]
             if nd:
-                ids.extend(draft.tolist())
+                ids.extend(drafts.row(i).tolist())
             token_ids.append(ids)
-            starts.append(start)
-            tables.append(self.kv.block_table(req.req_id))
             n = row.num_new_tokens
             logits_rows.append(list(range(n - 1, n + nd)) if row.samples else [])
         hidden_layers = self.spec.hidden_layers if self.spec is not None else ()
         req_ids = [row.request.req_id for row in rows]
-        batch = self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)
-        output = self.runner.forward(batch)
-        t3 = time.perf_counter()
+        return self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)
 
-        sampling_rows = [(row, d) for row, d in zip(rows, drafts) if row.samples]
-        results = self._verify(output.logits, sampling_rows)
-        t4 = time.perf_counter()
+    def _verify(
+        self, rows: list[ScheduledRow], drafts: StepDrafts, logits: torch.Tensor
+    ) -> StepOutcome:
+        """Verify every sampling row (rows without drafts simply sample) in one call."""
+        from draftwise.verify import verify
 
-        outputs = self._commit(rows, sampling_rows, results, output.hidden_states, starts)
-        t5 = time.perf_counter()
-        tm = self.stats.timings
-        tm.schedule += t1 - t0
-        tm.propose += t2 - t1
-        tm.forward += t3 - t2
-        tm.verify += t4 - t3
-        tm.commit += t5 - t4
-        return outputs
+        sampling = [i for i, row in enumerate(rows) if row.samples]
+        outcome = StepOutcome([0] * len(rows), [None] * len(rows))
+        if not sampling:
+            return outcome
+        reqs = [rows[i].request for i in sampling]
+        # rows that do not sample never draft, so the flat drafts are the sampling rows'
+        result = verify(
+            logits,
+            drafts.token_ids,
+            [drafts.num_draft_tokens[i] for i in sampling],
+            [r.params for r in reqs],
+            [r.generator for r in reqs],
+            draft_probs=drafts.draft_probs,
+            method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
+        )
+        for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
+            outcome.output_token_ids[i] = toks
+            outcome.num_accepted[i] = n_acc
+        return outcome
+
+    def _commit(
+        self,
+        rows: list[ScheduledRow],
+        drafts: StepDrafts,
+        outcome: StepOutcome,
+        hidden_states: dict[int, torch.Tensor],
+        starts: list[int],
+    ) -> list[RequestOutput]:
+        """Append verified tokens, roll back rejected drafts, feed back, check stops."""
+        now = time.monotonic()
+        progressed: list[Request] = []
+        failed: list[tuple[Request, Exception]] = []
+        for row, toks in zip(rows, outcome.output_token_ids):
+            if toks is None:  # a prefill chunk that does not reach the end yet
+                continue
+            req = row.request
+            if req.first_token_time is None:
+                req.first_token_time = now
+            try:  # detokenizing, stop strings: a row's own failure fails that row alone
+                self._append_tokens(req, toks)
+            except Exception as exc:  # noqa: BLE001
+                failed.append((req, exc))
+                continue
+            progressed.append(req)
+        try:
+            self._commit_state(rows, drafts, outcome, hidden_states, starts)
+        except Exception as exc:  # noqa: BLE001 - tokens are appended: no retry can be right
+            logger.exception("committing a step failed; failing its rows")
+            return [self._fail(row.request, exc) for row in rows
+                    if not row.request.status.finished or row.request in progressed]
+        for req in progressed:
+            if req.status.finished:  # tokens past a stop are dropped with all the blocks
+                req.finished_time = now
+                self.scheduler.finish(req, req.status)
+                self._release(req.req_id)
+        return [self._make_output(req) for req in progressed] + [
+            self._fail(req, exc) for req, exc in failed
+        ]
+
+    def _commit_state(
+        self,
+        rows: list[ScheduledRow],
+        drafts: StepDrafts,
+        outcome: StepOutcome,
+        hidden_states: dict[int, torch.Tensor],
+        starts: list[int],
+    ) -> None:
+        """Feed the proposers, keep accepted K/V (and recurrent state), free the rest."""
+        from draftwise.cache.rollback import rollback
+
+        if self.spec is not None:
+            self.spec.commit(rows, drafts, outcome, hidden_states, starts)
+            self.spec.feedback(rows, drafts, outcome)
+        live = [i for i, row in enumerate(rows) if not row.request.status.finished]
+        computed = [starts[i] + rows[i].num_new_tokens + outcome.num_accepted[i] for i in live]
+        # keep the K/V of accepted drafts, free whole blocks past them, and take the
+        # recurrent state at the last accepted token (cache/rollback.py)
+        rollback(
+            self.kv,
+            [rows[i].request.req_id for i in live],
+            computed,
+            [drafts.num_draft_tokens[i] for i in live],
+            [outcome.num_accepted[i] for i in live],
+            self.runner.states,
+        )
+        for i, n in zip(live, computed):
+            req = rows[i].request
+            cacheable = self.spec.cacheable(req.req_id, n) if self.spec is not None else n
+            self.scheduler.commit(req, n, cacheable)
+
+    def _release(self, req_id: str) -> None:
+        """A request left the running set (finish, abort, preemption): drop its state."""
+        self.runner.release(req_id)
+        if self.spec is not None:
+            self.spec.release(req_id)
 
     def _isolate(self, rows: list[ScheduledRow], exc: Exception) -> list[RequestOutput]:
         """After a failed step: run each row alone; fail only the rows that fail alone.
@@ -306,12 +410,12 @@ class LLMEngine:
             req = row.request
             if req.status.finished:
                 continue
-            self._release_state(req.req_id)
+            self._release(req.req_id)
             retry = self.scheduler.restart(req)
             if retry is None:  # no blocks for it alone now: back to the queue, recomputed later
                 continue
             try:
-                outputs.extend(self._run_rows([retry], time.perf_counter()))
+                outputs.extend(self._run_rows([retry]))
             except Exception as row_exc:  # noqa: BLE001 - this row fails alone
                 outputs.append(self._fail(req, row_exc))
         return outputs
@@ -324,14 +428,8 @@ class LLMEngine:
         req.new_token_ids, req.new_text = [], ""
         req.finished_time = time.monotonic()
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        self._release_state(req.req_id)
+        self._release(req.req_id)
         return self._make_output(req)
-
-    def _release_state(self, req_id: str) -> None:
-        """Drop a request's runner-side (recurrent) and proposer-side state."""
-        self.runner.release(req_id)
-        if self.spec is not None:
-            self.spec.release(req_id)
 
     def _maybe_log_stats(self) -> None:
         """vLLM's periodic ``SpecDecoding metrics`` line, every ``log_stats_interval`` s."""
@@ -341,133 +439,6 @@ class LLMEngine:
         if time.monotonic() - self._last_log >= interval:
             self.spec.logging.log(logger.info)
             self._last_log = time.monotonic()
-
-    def _verify(
-        self, logits: torch.Tensor, sampling_rows: list[tuple[Any, np.ndarray | None]]
-    ) -> Any:
-        """Verify every sampling row (rows without drafts simply sample)."""
-        from draftwise.verify import verify
-
-        if not sampling_rows:
-            return None
-        reqs = [row.request for row, _ in sampling_rows]
-        draft_lists = [d if d is not None else np.zeros(0, dtype=np.int64) for _, d in sampling_rows]
-        num_draft = [len(d) for d in draft_lists]
-        flat = np.concatenate(draft_lists) if draft_lists else np.zeros(0, dtype=np.int64)
-        draft_probs = self.spec.draft_probs_for(reqs, draft_lists) if self.spec is not None else None
-        method = self.spec_config.rejection_sample_method if self.spec_config else "standard"
-        return verify(
-            logits,
-            flat,
-            num_draft,
-            [r.params for r in reqs],
-            [r.generator for r in reqs],
-            draft_probs=draft_probs,
-            method=method,
-        )
-
-    def _commit(
-        self,
-        rows: list[Any],
-        sampling_rows: list[tuple[Any, np.ndarray | None]],
-        results: Any,
-        hidden_states: dict[int, torch.Tensor],
-        starts: list[int],
-    ) -> list[RequestOutput]:
-        """Append verified tokens, roll back rejected drafts, check stops, build outputs."""
-        now = time.monotonic()
-        outputs: list[RequestOutput] = []
-        if self.spec is not None and hidden_states:
-            self._feed_hidden(rows, sampling_rows, results, hidden_states, starts)
-        for row in rows:
-            if not row.samples:  # a prefill chunk that does not reach the end yet
-                self.scheduler.commit(row.request, row.num_new_tokens, 0)
-        if results is None:
-            return outputs
-        step_stats = SpecDecodingStats(self.spec.k if self.spec is not None else 0)
-        spec_ids: list[str] = []
-        spec_draft: list[int] = []
-        spec_acc: list[int] = []
-        spec_out: list[list[int]] = []
-        for (row, draft), toks, n_acc in zip(
-            sampling_rows, results.output_token_ids, results.num_accepted
-        ):
-            req = row.request
-            nd = 0 if draft is None else len(draft)
-            try:
-                self._commit_row(req, row, toks, n_acc, nd, now)
-            except Exception as exc:  # noqa: BLE001 - this row fails alone
-                outputs.append(self._fail(req, exc))
-                continue
-            if nd and self.spec is not None and req.spec is not None:
-                req.spec.observe(nd, n_acc)
-                step_stats.observe_draft(nd, n_acc)
-                spec_ids.append(req.req_id)
-                spec_draft.append(nd)
-                spec_acc.append(n_acc)
-                spec_out.append(list(toks))
-            outputs.append(self._make_output(req))
-        if self.spec is not None and spec_ids:
-            try:
-                self.spec.on_verified(spec_ids, spec_draft, spec_acc, spec_out, hidden_states)
-            except Exception as exc:  # noqa: BLE001 - proposer state of these rows is lost
-                outputs = self._fail_committed(outputs, set(spec_ids), exc)
-            self.spec.observe_step(step_stats)
-        return outputs
-
-    def _commit_row(
-        self, req: Request, row: ScheduledRow, toks: list[int], n_acc: int, nd: int, now: float
-    ) -> None:
-        """Append one row's verified tokens; finish it, or keep accepted K/V and roll back."""
-        if req.first_token_time is None:
-            req.first_token_time = now
-        self._append_tokens(req, toks)
-        if req.status.finished:  # tokens past a stop are dropped with all the blocks
-            req.finished_time = now
-            self.scheduler.finish(req, req.status)
-            self._release_state(req.req_id)
-        else:  # keep the K/V of accepted drafts, roll back the rest
-            self.scheduler.commit(req, row.num_new_tokens, n_acc)
-            self.runner.commit_state(req.req_id, n_acc, nd)  # recurrent state too
-
-    def _fail_committed(
-        self, outputs: list[RequestOutput], req_ids: set[str], exc: Exception
-    ) -> list[RequestOutput]:
-        """Replace the outputs of ``req_ids`` (already committed) by failures."""
-        kept: list[RequestOutput] = []
-        for out in outputs:
-            req = self.scheduler.requests.get(out.request_id)
-            if out.request_id in req_ids and req is not None:
-                kept.append(self._fail(req, exc))
-            else:
-                kept.append(out)
-        return kept
-
-    def _feed_hidden(
-        self,
-        rows: list[Any],
-        sampling_rows: list[tuple[Any, np.ndarray | None]],
-        results: Any,
-        hidden_states: dict[int, torch.Tensor],
-        starts: list[int],
-    ) -> None:
-        """Each row's hidden states at its committed positions (fed + accepted), in order."""
-        if self.spec is None:
-            return
-        drafts = {id(r): d for r, d in sampling_rows}
-        accepted = {
-            id(r): n for (r, _), n in zip(sampling_rows, results.num_accepted if results else [])
-        }
-        offset = 0
-        for row, start in zip(rows, starts):
-            kept = row.num_new_tokens + accepted.get(id(row), 0)
-            self.spec.add_hidden(
-                row.request.req_id,
-                start,
-                {i: h[offset : offset + kept] for i, h in hidden_states.items()},
-            )
-            draft = drafts.get(id(row))
-            offset += row.num_new_tokens + (0 if draft is None else len(draft))
 
     def _append_tokens(self, req: Request, toks: list[int]) -> None:
         """Append tokens one by one, stopping at EOS, stop ids, stop strings or length."""

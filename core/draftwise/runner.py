@@ -3,8 +3,9 @@
 Models with linear-attention layers (the GDN hybrid) also get a ``RecurrentStatePool``:
 one slot per running request, taken the first time the request is fed and zeroed
 whenever it is fed from position 0 (a fresh prompt or a recompute after preemption),
-plus ``max_spec_positions`` per-position copies for speculative verify. The engine
-calls :meth:`commit_state` after verify and :meth:`release` when a request leaves.
+plus ``max_spec_positions`` per-position copies for speculative verify. After verify the
+engine rolls the pool back with ``cache.rollback.rollback`` (K/V and recurrent state in
+one call) and calls :meth:`release` when a request leaves.
 """
 
 from __future__ import annotations
@@ -91,11 +92,6 @@ class ModelRunner:
                 continue
             slots.append(pool.slot(req_id))
         return slots
-
-    def commit_state(self, req_id: str, num_accepted: int, num_drafts: int) -> None:
-        """After verify: keep the recurrent state after the last accepted token."""
-        if self.states is not None and num_drafts > 0:
-            self.states.commit([req_id], [num_accepted], [num_drafts])
 
     def release(self, req_id: str) -> None:
         """The request finished, was aborted or preempted: free its state slot."""

@@ -198,12 +198,12 @@ class Scheduler:
             return None
         return ScheduledRow(req, num_new, 0)
 
-    def commit(self, req: Request, num_fed: int, num_accepted: int) -> None:
-        """After a step: advance computed tokens and drop the KV of rejected drafts.
+    def commit(self, req: Request, num_computed_tokens: int, num_cacheable: int) -> None:
+        """After a step (and its rollback): record the request's new computed length and
+        register its blocks of verified tokens, up to ``num_cacheable``, for reuse.
 
-        ``num_fed`` is the row's non-draft tokens; the K/V of the first ``num_accepted``
-        drafts is kept, the rest is rolled back (whole blocks past the end are freed).
+        ``num_cacheable`` is at most ``num_computed_tokens``: with drafts keeping their own
+        KV in the pool, a block is cached only once every KV owner has written it.
         """
-        req.num_computed_tokens += num_fed + num_accepted
-        self.kv.truncate(req.req_id, req.num_computed_tokens)
-        self.kv.cache_blocks(req.req_id, req.all_token_ids, req.num_computed_tokens)
+        req.num_computed_tokens = num_computed_tokens
+        self.kv.cache_blocks(req.req_id, req.all_token_ids, min(num_cacheable, num_computed_tokens))

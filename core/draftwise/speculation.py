@@ -1,146 +1,305 @@
-"""The engine's side of speculation: the drafter chain, draft probabilities, feedback.
+"""The engine's side of speculation: the drafter chain, draft-KV frontiers, hidden states.
 
 A config names one speculator, or a ``drafter_chain`` of several in preference order;
 per row, the first proposer that produces a draft wins (an n-gram lookup that finds
 nothing hands the row to the next drafter). The engine calls the proposers directly
 through the :class:`~draftwise.speculator.Proposer` protocol, never through pluggy.
+
+Per request this module keeps what the core owes a model-based proposer:
+
+- its **KV frontier**: how many leading positions of the proposer's own KV (in the
+  core's block pool, indexed by the request's target block table) are right. It starts
+  at the request's prefix-cache hit on admission, moves to ``min(kv_valid, committed)``
+  after each verify, and the prefix cache registers a block only once every frontier
+  passed it (so a hit always brings right draft KV with it);
+- the **target hidden states** of committed positions from the lowest frontier of a
+  hidden-state consumer on, for the layers the loaded drafts asked for.
+
+Proposing reads this state and changes none of it; :meth:`Speculation.commit` moves it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from draftwise.errors import DraftwiseError
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
-from draftwise.speculator import (
-    DraftInput,
-    DraftRow,
-    HiddenStateConsumer,
-    Proposer,
-    ProposerContext,
-    VerifyOutcome,
-)
+from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, ReportsStats, VerifyOutcome
+from draftwise.step import StepDrafts, StepOutcome
 
 if TYPE_CHECKING:
     from draftwise.config import ResolvedSpeculativeConfig
-    from draftwise.models.loader import LoadedModel
-    from draftwise.request import Request
     from draftwise.scheduler import ScheduledRow
 
 
+class ProposerOutputError(DraftwiseError, ValueError):
+    """A proposer returned drafts that do not fit its batch; names the method."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """One chain member as the engine runs it."""
+
+    method: str
+    proposer: Proposer
+    #: the core allocated KV for it and tracks its frontier
+    own_kv: bool = False
+    #: target layers whose hidden states its rows carry (empty: none)
+    hidden_layers: tuple[int, ...] = ()
+    #: vLLM's draft ``max_model_len``: rows are drafted only while their drafts stay
+    #: below it (None: no limit besides the engine's own)
+    max_model_len: int | None = None
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """What the core keeps per request for the chain's model-based members."""
+
+    #: chain index -> leading positions of that member's KV that are right
+    frontier: dict[int, int]
+    #: position of the first buffered hidden row
+    hidden_start: int
+    #: layer -> [n, hidden]: target hidden states of positions hidden_start .. +n-1
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
 class Speculation:
-    """Proposers in preference order, plus the bookkeeping verify and feedback need."""
+    """Proposers in preference order, plus the per-request state the core owes them."""
 
     def __init__(
-        self,
-        config: ResolvedSpeculativeConfig,
-        proposers: list[Proposer],
-        vocab_size: int,
-        hidden_layers: tuple[int, ...] = (),
+        self, config: ResolvedSpeculativeConfig, drafters: list[Drafter], vocab_size: int
     ) -> None:
         self.config = config
         self.k = max_draft_len(config)
-        self.proposers = proposers
-        #: checked once here, not per row per step (a runtime Protocol check is slow)
-        self._hidden_consumers = [p for p in proposers if isinstance(p, HiddenStateConsumer)]
+        self.drafters = drafters
         self.vocab_size = vocab_size
-        self.hidden_layers = hidden_layers
+        #: every layer some member conditions on (requested from the target forward)
+        self.hidden_layers = tuple(sorted({h for d in drafters for h in d.hidden_layers}))
+        self._own_kv = [i for i, d in enumerate(drafters) if d.own_kv]
+        self._hidden_users = [i for i, d in enumerate(drafters) if d.hidden_layers]
+        self._states: dict[str, _RequestState] = {}
         #: cumulative since start; per-step stats are merged in by observe_step
         self.metrics = SpecDecodingStats(num_spec_tokens=self.k)
         self.logging = SpecDecodingLogging()
         #: called with each step's stats (the server's Prometheus counters subscribe here)
         self.observers: list[Callable[[SpecDecodingStats], None]] = []
-        #: which proposer drafted each request's current draft, and its probabilities
-        self._owner: dict[str, int] = {}
-        self._probs: dict[str, torch.Tensor] = {}
 
-    def propose(self, rows: list[ScheduledRow]) -> list[np.ndarray | None]:
-        """Drafts per scheduled row (None for rows that do not speculate this step)."""
-        drafts: list[np.ndarray | None] = [None] * len(rows)
-        self._owner.clear()
-        self._probs.clear()
+    @property
+    def proposers(self) -> list[Proposer]:
+        """The chain's proposers, in preference order."""
+        return [d.proposer for d in self.drafters]
+
+    # -- propose ------------------------------------------------------------------------
+
+    def propose(self, rows: list[ScheduledRow], tables: list[list[int]]) -> StepDrafts:
+        """Drafts for the step's rows (``tables``: each row's block ids), chain in order."""
+        n = len(rows)
+        pieces: list[np.ndarray | None] = [None] * n
+        probs: list[torch.Tensor | None] = [None] * n
+        owner: list[int | None] = [None] * n
+        kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
+        for row in rows:
+            self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
-        for pid, proposer in enumerate(self.proposers):
+        for pid, drafter in enumerate(self.drafters):
             if not pending:
                 break
-            batch = DraftInput(
-                rows=[
-                    DraftRow(
-                        req_id=rows[i].request.req_id,
-                        token_ids=rows[i].request.all_token_ids,
-                        max_draft=rows[i].max_draft,
-                        temperature=rows[i].request.params.temperature,
-                    )
-                    for i in pending
-                ]
-            )
-            out = proposer.propose(batch)
+            asked = [i for i in pending if self._room(drafter, rows[i]) > 0]
+            if not asked:
+                continue
+            batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in asked])
+            out = drafter.proposer.propose(batch)
+            self._check(drafter, batch, out)
             cu = out.cu_num_draft_tokens
-            still: list[int] = []
-            for j, i in enumerate(pending):
-                n = min(out.num_draft_tokens[j], rows[i].max_draft)
-                if n == 0:
+            still = [i for i in pending if self._room(drafter, rows[i]) <= 0]
+            for j, i in enumerate(asked):
+                if out.kv_valid is not None and drafter.own_kv:
+                    kv_valid[i][pid] = out.kv_valid[j]
+                if out.num_draft_tokens[j] == 0:
                     still.append(i)
                     continue
-                req_id = rows[i].request.req_id
-                drafts[i] = out.token_ids[cu[j] : cu[j] + n]
-                self._owner[req_id] = pid
+                pieces[i] = out.token_ids[cu[j] : cu[j + 1]]
+                owner[i] = pid
                 if out.draft_probs is not None:
-                    self._probs[req_id] = out.draft_probs[cu[j] : cu[j] + n]
-            pending = still
-        return drafts
+                    probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
+            pending = sorted(still)
+        counts = [0 if p is None else len(p) for p in pieces]
+        flat = [p for p in pieces if p is not None]
+        token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
+        return StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs), kv_valid)
 
-    def draft_probs_for(self, reqs: list[Request], drafts: list[np.ndarray]) -> torch.Tensor | None:
+    def _state(self, row: ScheduledRow) -> _RequestState:
+        """The request's state, made on its first row since admission (or preemption)."""
+        req = row.request
+        state = self._states.get(req.req_id)
+        if state is None:  # frontiers start at the prefix-cache hit: its blocks are complete
+            start = req.num_computed_tokens
+            state = _RequestState({pid: start for pid in self._own_kv}, start)
+            self._states[req.req_id] = state
+        return state
+
+    @staticmethod
+    def _room(drafter: Drafter, row: ScheduledRow) -> int:
+        """Drafts the member may make for the row: its ``max_draft``, cut so the row with
+        its drafts stays within the draft's ``max_model_len``."""
+        if drafter.max_model_len is None:
+            return row.max_draft
+        return min(row.max_draft, drafter.max_model_len - row.request.num_tokens)
+
+    def _draft_row(self, pid: int, row: ScheduledRow, table: list[int]) -> DraftRow:
+        """What chain member ``pid`` sees of one row."""
+        req, drafter = row.request, self.drafters[pid]
+        out = DraftRow(
+            req_id=req.req_id,
+            token_ids=req.all_token_ids,
+            max_draft=self._room(drafter, row),
+            params=req.params,
+            generator=req.generator,
+        )
+        if drafter.own_kv:
+            state = self._states[req.req_id]
+            out.num_kv_computed = state.frontier[pid]
+            out.block_table = table
+            if drafter.hidden_layers and state.hidden:
+                skip = out.num_kv_computed - state.hidden_start
+                out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers}
+        return out
+
+    def _check(self, drafter: Drafter, batch: DraftInput, out: Drafts) -> None:
+        """Refuse drafts that do not fit the batch, naming the method (a plugin bug)."""
+        rows, vocab = len(batch.rows), self.vocab_size
+        total = sum(out.num_draft_tokens)
+        bad = None
+        if len(out.num_draft_tokens) != rows:
+            bad = f"{len(out.num_draft_tokens)} draft counts for {rows} rows"
+        elif out.token_ids.shape != (total,):
+            bad = f"{out.token_ids.shape[0]} draft tokens but the counts sum to {total}"
+        elif any(c < 0 or c > r.max_draft for c, r in zip(out.num_draft_tokens, batch.rows)):
+            bad = "a row got more drafts than its max_draft (or a negative count)"
+        elif total and not 0 <= int(out.token_ids.min()) <= int(out.token_ids.max()) < vocab:
+            bad = f"a draft token id is outside the target vocabulary [0, {vocab})"
+        elif out.draft_probs is not None and tuple(out.draft_probs.shape) != (total, vocab):
+            bad = f"draft_probs has shape {tuple(out.draft_probs.shape)}, not ({total}, {vocab})"
+        elif out.kv_valid is not None and len(out.kv_valid) != rows:
+            bad = f"{len(out.kv_valid)} kv_valid entries for {rows} rows"
+        elif out.kv_valid is not None and any(
+            not r.num_kv_computed <= v <= len(r.token_ids) - 1 + r.max_draft
+            for v, r in zip(out.kv_valid, batch.rows)
+        ):
+            bad = "a kv_valid below the row's num_kv_computed or past its block table"
+        if bad is not None:
+            raise ProposerOutputError(f"the proposer of method '{drafter.method}' returned {bad}")
+
+    def _draft_probs(
+        self, pieces: list[np.ndarray | None], probs: list[torch.Tensor | None]
+    ) -> torch.Tensor | None:
         """``[total_drafts, vocab]`` q for verify, or None when every row's q is one-hot.
 
         In a chain only some proposers give probabilities; rows of the others get an
         explicit one-hot q, which verify treats exactly like "no probabilities".
         """
-        if not self._probs:
+        if all(p is None for p in probs):
             return None
         parts: list[torch.Tensor] = []
-        for req, draft in zip(reqs, drafts):
-            if len(draft) == 0:
+        for draft, q in zip(pieces, probs):
+            if draft is None:
                 continue
-            probs = self._probs.get(req.req_id)
-            if probs is None:
-                probs = torch.zeros((len(draft), self.vocab_size), dtype=torch.float32)
-                probs[torch.arange(len(draft)), torch.as_tensor(draft)] = 1.0
-            parts.append(probs.float())
-        return torch.cat(parts) if parts else None
+            if q is None:
+                q = torch.zeros((len(draft), self.vocab_size), dtype=torch.float32)
+                q[torch.arange(len(draft)), torch.as_tensor(draft)] = 1.0
+            parts.append(q.float())
+        return torch.cat(parts)
 
-    def on_verified(
+    # -- commit ---------------------------------------------------------------------------
+
+    def commit(
         self,
-        req_ids: list[str],
-        num_draft: list[int],
-        num_accepted: list[int],
-        output_token_ids: list[list[int]],
-        hidden_states: dict[int, torch.Tensor],
+        rows: list[ScheduledRow],
+        drafts: StepDrafts,
+        outcome: StepOutcome,
+        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the forward's rows
+        starts: list[int],
     ) -> None:
-        """Tell each proposer what happened to the drafts it made."""
-        by_owner: dict[int, list[int]] = {}
-        for j, req_id in enumerate(req_ids):
-            by_owner.setdefault(self._owner.get(req_id, 0), []).append(j)
-        for pid, idx in by_owner.items():
-            self.proposers[pid].on_verified(
-                VerifyOutcome(
-                    req_ids=[req_ids[j] for j in idx],
-                    num_draft_tokens=[num_draft[j] for j in idx],
-                    num_accepted=[num_accepted[j] for j in idx],
-                    output_token_ids=[output_token_ids[j] for j in idx],
-                    hidden_states=hidden_states or None,
-                )
-            )
+        """Move frontiers to what verify kept and buffer the committed hidden states.
 
-    def add_hidden(self, req_id: str, start: int, hidden_states: dict[int, torch.Tensor]) -> None:
-        """A row's target hidden states at its committed positions, to proposers that use them."""
-        for proposer in self._hidden_consumers:
-            layer = proposer.hidden_layers[-1]
-            if layer in hidden_states:
-                proposer.add_hidden(req_id, start, hidden_states[layer])
+        ``starts`` are the rows' first fed positions; finished rows are skipped (they are
+        released). Row ``i`` kept its fed tokens and ``num_accepted[i]`` drafts.
+        """
+        offset = 0
+        for i, (row, start) in enumerate(zip(rows, starts)):
+            fed = row.num_new_tokens + drafts.num_draft_tokens[i]
+            state = self._states.get(row.request.req_id)
+            kept = row.num_new_tokens + outcome.num_accepted[i]
+            if state is not None and not row.request.status.finished:
+                committed = start + kept
+                for pid in self._own_kv:
+                    valid = drafts.kv_valid[i].get(pid, state.frontier[pid])
+                    state.frontier[pid] = min(valid, committed)
+                if self._hidden_users:
+                    self._buffer_hidden(state, start, hidden_states, offset, kept)
+            offset += fed
+
+    def _buffer_hidden(
+        self,
+        state: _RequestState,
+        start: int,
+        hidden_states: dict[int, torch.Tensor],
+        offset: int,
+        kept: int,
+    ) -> None:
+        """Append positions ``start .. start+kept-1``; drop what every consumer is past."""
+        end = state.hidden_start + (
+            next(iter(state.hidden.values())).shape[0] if state.hidden else 0
+        )
+        if end != start:  # cannot happen: every fed position is buffered in order
+            raise RuntimeError(f"hidden states buffered to {end}, but the row fed from {start}")
+        floor = min(state.frontier[pid] for pid in self._hidden_users)
+        drop = floor - state.hidden_start
+        for layer in self.hidden_layers:
+            new = hidden_states[layer][offset : offset + kept]
+            old = state.hidden.get(layer)
+            rows = new if old is None else torch.cat((old, new))
+            state.hidden[layer] = rows[drop:].clone()
+        state.hidden_start = floor
+
+    def cacheable(self, req_id: str, num_computed: int) -> int:
+        """Tokens of the request the prefix cache may register: every KV owner is past them."""
+        state = self._states.get(req_id)
+        if state is None or not self._own_kv:
+            return num_computed
+        return min(num_computed, *(state.frontier[pid] for pid in self._own_kv))
+
+    # -- feedback -------------------------------------------------------------------------
+
+    def feedback(
+        self, rows: list[ScheduledRow], drafts: StepDrafts, outcome: StepOutcome
+    ) -> SpecDecodingStats:
+        """Tell each proposer what happened to its drafts; returns the step's stats."""
+        stats = SpecDecodingStats(self.k)
+        by_owner: dict[int, VerifyOutcome] = {}
+        for i, row in enumerate(rows):
+            pid, nd = drafts.owner[i], drafts.num_draft_tokens[i]
+            toks = outcome.output_token_ids[i]
+            if pid is None or nd == 0 or toks is None:
+                continue
+            acc = outcome.num_accepted[i]
+            stats.observe_draft(nd, acc)
+            if row.request.spec is not None:
+                row.request.spec.observe(nd, acc)
+            fb = by_owner.setdefault(pid, VerifyOutcome([], [], [], []))
+            fb.req_ids.append(row.request.req_id)
+            fb.num_draft_tokens.append(nd)
+            fb.num_accepted.append(acc)
+            fb.output_token_ids.append(list(toks))
+        for pid, fb in by_owner.items():
+            self.drafters[pid].proposer.on_verified(fb)
+        self.observe_step(stats)
+        return stats
 
     def observe_step(self, stats: SpecDecodingStats) -> None:
         """Fold one step's counts into the totals, the log window and any observers."""
@@ -150,49 +309,29 @@ class Speculation:
             observer(stats)
 
     def proposer_stats(self) -> list[dict[str, Any]]:
-        """What each proposer reports about itself (``stats()``, optional in the protocol)."""
+        """What each proposer reports about itself (``ReportsStats``, optional)."""
         out: list[dict[str, Any]] = []
-        for member, proposer in zip(self.config.drafters, self.proposers):
-            stats = getattr(proposer, "stats", None)
-            out.append({"method": member.method, **(stats() if callable(stats) else {})})
+        for drafter in self.drafters:
+            p = drafter.proposer
+            own = p.stats() if isinstance(p, ReportsStats) else {}
+            out.append({"method": drafter.method, **own})
         return out
 
     def release(self, req_id: str) -> None:
-        """A request left the running set: every proposer drops its state."""
-        for proposer in self.proposers:
-            proposer.release(req_id)
+        """A request left the running set: the core's state and every proposer's go."""
+        self._states.pop(req_id, None)
+        for drafter in self.drafters:
+            drafter.proposer.release(req_id)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        """Requests with draft state (0 once every request left: nothing leaks)."""
+        return len(self._states)
 
 
 def max_draft_len(config: ResolvedSpeculativeConfig) -> int:
     """k the scheduler reserves per row: the largest of the chain's members."""
     return max(m.num_speculative_tokens or 0 for m in config.drafters)
-
-
-def build_speculation(
-    config: ResolvedSpeculativeConfig, loaded: LoadedModel, max_model_len: int
-) -> Speculation:
-    """Build the proposer of each drafter (one, or a chain in preference order)."""
-    from draftwise.plugins.manager import load_speculators
-
-    registry = load_speculators()
-    proposers: list[Proposer] = []
-    hidden: set[int] = set()
-    for member in config.drafters:
-        ctx = ProposerContext(
-            num_speculative_tokens=member.num_speculative_tokens or 0,
-            vocab_size=loaded.config.vocab_size,
-            max_model_len=max_model_len,
-            dtype=str(loaded.dtype).removeprefix("torch."),
-            draft_sample_method=member.draft_sample_method,
-            target=loaded,
-        )
-        reg = registry.get(member.method or "")
-        hidden.update(reg.speculator.capabilities.target_hidden_layers)
-        proposer = registry.build_proposer(member, ctx)
-        if isinstance(proposer, HiddenStateConsumer):  # layers known once loaded (MTP)
-            hidden.update(proposer.hidden_layers)
-        proposers.append(proposer)
-    return Speculation(config, proposers, loaded.config.vocab_size, tuple(sorted(hidden)))
 
 
 def describe(spec: Speculation | None) -> dict[str, Any]:

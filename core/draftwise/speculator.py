@@ -1,22 +1,40 @@
 """The contract between the core and a speculator plugin.
 
 A plugin registers one frozen :class:`Speculator` per method. The core checks the
-user's config against it (options model, refusal list) before any weights are read,
-then builds a :class:`Proposer` through ``make_proposer``. On the per-step path the
-engine calls the proposer directly (never through pluggy):
+user's config against it (options model, refusals) before any weights are read. A
+method that reads a checkpoint also gives a :class:`Loader`; bootstrap's draft stage
+runs it in this order, so the cheapest refusal comes first:
 
-    drafts = proposer.propose(DraftInput(...))   # up to k tokens per row
-    ... one target forward, verification ...
-    proposer.on_verified(VerifyOutcome(...))     # what was accepted
+    ckpt = loader.detect(path)                     # the DRAFT's own files, no weights
+    k = options.check_checkpoint(k, ckpt.config)   # optional: the checkpoint decides k
+    ... the target is loaded ...
+    draft = loader.load(ckpt, options, target)     # weights; its KV layout, hidden layers
+    ... the KV pool is sized for the target and every draft, allocated once ...
+    proposer = make_proposer(options, ProposerContext(..., draft=draft.weights, kv_cache=...))
+
+On the per-step path the engine calls the proposer directly (never through pluggy):
+
+    drafts = proposer.propose(DraftInput(rows))    # up to max_draft tokens per row
+    ... one target forward, verification, commit ...
+    proposer.on_verified(VerifyOutcome(...))       # what was accepted
 
 Vocabulary follows vLLM: *draft* tokens are proposed, *accepted* ones matched, the
 *recovered* token replaces the first rejected draft, the *bonus* token follows a fully
 accepted draft; *output* tokens = accepted + (recovered or bonus).
+
+Draft KV (``own_kv_cache``): the core allocates the proposer's KV tensors in its own
+block pool. Block ids are the request's target block table (``DraftRow.block_table``),
+so prefix caching, rollback on rejection and release on finish/abort/preemption are the
+target's. The core tracks how many leading positions of that KV are right
+(``DraftRow.num_kv_computed``): the proposer writes from there on, and says in
+``Drafts.kv_valid`` how far its writes would be right if every draft were accepted;
+the core keeps ``min(kv_valid, tokens committed)`` after verify. Proposing changes no
+state the core cannot take back: a failed step can be run again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -26,11 +44,30 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.models.batch import KVCache
+    from draftwise.sampling import SamplingParams
+
+#: the speculative-config keys the core itself honours (vLLM's names). The one list:
+#: config/ validates them (``SpeculativeConfig`` must declare exactly these) and a
+#: plugin's options may not declare them.
+CORE_KEYS: tuple[str, ...] = (
+    "enforce_eager",
+    "num_speculative_tokens",
+    "model",
+    "method",
+    "draft_tensor_parallel_size",
+    "quantization",
+    "max_model_len",
+    "num_speculative_tokens_per_batch_size",
+    "rejection_sample_method",
+    "draft_sample_method",
+)
+#: the engine's own extension namespace in the speculative config (``"draftwise": {...}``)
+NAMESPACE = "draftwise"
+
 
 class _AnyValue:
     """Sentinel: a refusal that applies to any explicitly set value of its key."""
-
-    _instance: _AnyValue | None = None
 
     def __repr__(self) -> str:
         return "ANY_VALUE"
@@ -62,25 +99,103 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a proposer needs from the core, declared instead of sniffed by name."""
+    """What a proposer needs from the core, declared instead of sniffed by name.
 
-    #: the proposer needs a draft checkpoint (``model`` key or the target's own heads)
+    Each field has one effect, named here; the registry refuses combinations the core
+    cannot serve (own KV or hidden states without a loader to describe them).
+    """
+
+    #: reads a draft checkpoint: ``model`` is required (unless ``checkpoint_in_target``),
+    #: and bootstrap runs the speculator's :class:`Loader` on it
     needs_checkpoint: bool = False
-    #: target layers whose hidden states the proposer conditions on (empty: none)
-    target_hidden_layers: tuple[int, ...] = ()
-    #: the proposer keeps its own KV cache allocated through the core
-    own_kv_cache: bool = False
-    #: drafts a block of tokens in one forward (DFlash, DSpark)
-    parallel_drafting: bool = False
-    #: can return draft probabilities (needed for ``draft_sample_method="probabilistic"``)
-    draft_probs: bool = False
-    #: the draft weights may live inside the target checkpoint (MTP heads), so the
-    #: ``model`` key may be omitted; otherwise ``needs_checkpoint`` makes ``model`` required
+    #: the draft weights may live inside the target checkpoint (MTP heads): without
+    #: ``model`` the loader reads the target's own path
     checkpoint_in_target: bool = False
-    #: conditions on target hidden states; the layers are ``target_hidden_layers`` when the
-    #: method fixes them, else the loader reads them from the checkpoint (DFlash
-    #: ``target_layer_ids``; MTP: the target's last layer)
+    #: ``propose`` can return draft probabilities; without it ``draft_sample_method:
+    #: "probabilistic"`` is refused
+    draft_probs: bool = False
+    #: the core allocates the proposer's KV in its block pool (layout from
+    #: :attr:`LoadedDraft.kv_layout`) and hands it over as ``ProposerContext.kv_cache``
+    own_kv_cache: bool = False
+    #: rows carry the target's hidden states of the layers :attr:`LoadedDraft.hidden_layers`
+    #: names, for every committed position from ``num_kv_computed`` on (needs own_kv_cache)
     needs_target_hidden: bool = False
+    #: the proposer's KV entry at position p also depends on token p+1 (MTP pairs h_p with
+    #: x_{p+1}): a prefix-cache hit gives up its last block, as vLLM's EAGLE block drop
+    kv_uses_next_token: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCheckpoint:
+    """What :meth:`Loader.detect` found, before any weight is read."""
+
+    path: str
+    #: ``safetensors``, ``gguf``, ...
+    format: str
+    #: the draft's architecture as the loader names it (``Qwen2ForCausalLM``, ``mtp:qwen3_next``)
+    architecture: str
+    #: the draft's own config (``config.json``, or GGUF metadata): what
+    #: :meth:`ChecksCheckpoint.check_checkpoint` reads
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The shape of a proposer's own KV, per block position: the core sizes and allocates it."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one position over all layers."""
+        import torch
+
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedDraft:
+    """What :meth:`Loader.load` returns: the weights and what the core must provide for them."""
+
+    #: handed to ``make_proposer`` as ``ProposerContext.draft``
+    weights: Any
+    #: required with ``own_kv_cache``: the KV the core allocates for it
+    kv_layout: KVLayout | None = None
+    #: required (non-empty) with ``needs_target_hidden``: target layers whose output
+    #: (pre-final-norm) the proposer conditions on
+    hidden_layers: tuple[int, ...] = ()
+    #: the longest context the draft handles (its max_position_embeddings); rows past it
+    #: (or past the config's ``max_model_len``, which may not exceed it) are not drafted
+    max_model_len: int | None = None
+    #: one line for the startup log ("Qwen2ForCausalLM from draft.gguf, 24 layers")
+    summary: str = ""
+
+
+class Loader(Protocol):
+    """Detects and loads a draft checkpoint, or refuses it by name (typed errors)."""
+
+    def detect(self, path: str) -> DraftCheckpoint:
+        """Format and architecture from the draft's own files; reads no weights."""
+        ...
+
+    def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
+        """Read the weights for ``target`` (a ``LoadedModel``: its device, dtype, tokenizer)."""
+        ...
+
+
+@runtime_checkable
+class ChecksCheckpoint(Protocol):
+    """An options model that completes or checks k from the draft's config (draft stage)."""
+
+    def check_checkpoint(
+        self, num_speculative_tokens: int | None, checkpoint_config: Mapping[str, Any]
+    ) -> int:
+        """The k to use given the checkpoint's config; raises a ConfigError if it conflicts."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +203,26 @@ class ProposerContext:
     """The narrow view of the engine a proposer gets: never the engine itself."""
 
     num_speculative_tokens: int  # k
+    #: the target's vocabulary: draft ids and ``draft_probs`` columns live in it
     vocab_size: int
     max_model_len: int
-    device: str = "cpu"
-    dtype: str = "bfloat16"
     #: "greedy" or "probabilistic" (vLLM's draft_sample_method)
     draft_sample_method: str = "greedy"
-    #: model-based methods: the loaded draft weights (whatever their loader returned)
+    #: model-based methods: :attr:`LoadedDraft.weights`
     draft: Any = None
-    #: model-based methods: a view of the target (embedding, LM head, hidden size)
+    #: model-based methods: the target ``LoadedModel`` (embedding, LM head, tokenizer)
     target: Any = None
+    #: ``own_kv_cache``: this proposer's KV in the core's pool, indexed by block tables
+    kv_cache: KVCache | None = None
+    #: tokens per KV block (slot of position p: ``table[p // block_size]``)
+    block_size: int = 16
+
+
+def _default_params() -> SamplingParams:
+    """Greedy settings (imported late: ``draftwise.sampling`` brings torch)."""
+    from draftwise.sampling import SamplingParams
+
+    return SamplingParams(temperature=0.0)
 
 
 @dataclass(slots=True)
@@ -105,31 +230,44 @@ class DraftRow:
     """One running request as the proposer sees it at the start of a step."""
 
     req_id: str
-    #: every accepted token so far, prompt + output, ``[num_tokens]`` int64 (a view: do not keep)
+    #: every token so far, prompt then output, ``[num_tokens]`` int64 (a view: copy what
+    #: you keep). The last one has no target KV yet: the target computes it this step.
     token_ids: np.ndarray
     #: the most draft tokens this row may get this step (budget and length already applied)
     max_draft: int
-    #: the request's sampling temperature (0 = greedy), for probabilistic drafting
-    temperature: float = 0.0
+    #: the request's sampling settings (probabilistic drafting processes logits with them);
+    #: greedy defaults when a test builds a row by hand
+    params: SamplingParams = field(default_factory=lambda: _default_params())
+    #: the request's own generator (None: greedy or unseeded); verification draws after you
+    generator: torch.Generator | None = None
+    #: ``own_kv_cache``: leading positions whose entries in your KV are right
+    num_kv_computed: int = 0
+    #: ``own_kv_cache``: the request's block ids; covers every position up to
+    #: ``len(token_ids) - 1 + max_draft``
+    block_table: list[int] = field(default_factory=list)
+    #: ``needs_target_hidden``: layer -> ``[len(token_ids) - 1 - num_kv_computed, hidden]``,
+    #: the target's hidden states at positions ``num_kv_computed .. len(token_ids) - 2``
+    hidden: dict[int, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
 class DraftInput:
-    """The batch handed to :meth:`Proposer.propose`."""
+    """The batch handed to :meth:`Proposer.propose`: the rows still without a draft."""
 
     rows: list[DraftRow]
-    #: target hidden states by layer for the tokens committed last step (model-based methods)
-    hidden_states: dict[int, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
 class Drafts:
     """Flat draft tokens for a batch: row ``i`` owns ``token_ids[cu[i]:cu[i+1]]``."""
 
-    token_ids: np.ndarray  # [total_draft_tokens] int64
+    token_ids: np.ndarray  # [total_draft_tokens] int64, target vocabulary
     num_draft_tokens: list[int]  # [num_rows]; 0 means no speculation for that row
     #: ``[total_draft_tokens, vocab]`` float32 draft probabilities q, or None (one-hot q)
     draft_probs: torch.Tensor | None = None
+    #: ``own_kv_cache``: per row, how many leading positions of your KV are right if every
+    #: draft of the row is accepted (None: nothing written, ``num_kv_computed`` stands)
+    kv_valid: list[int] | None = None
 
     @property
     def cu_num_draft_tokens(self) -> list[int]:
@@ -158,15 +296,13 @@ class Drafts:
 
 @dataclass(slots=True)
 class VerifyOutcome:
-    """What verification decided for each row that the proposer drafted for."""
+    """What verification decided for each row this proposer drafted for."""
 
     req_ids: list[str]
     num_draft_tokens: list[int]
     num_accepted: list[int]
     #: tokens committed this step per row: accepted drafts + recovered or bonus token
     output_token_ids: list[list[int]]
-    #: target hidden states at the committed positions, by layer (model-based methods)
-    hidden_states: dict[int, torch.Tensor] | None = field(default=None)
 
 
 @runtime_checkable
@@ -178,7 +314,7 @@ class Proposer(Protocol):
         ...
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
-        """Feedback after verification, so the next proposal starts in the right place."""
+        """Feedback after verification (called before finished requests are released)."""
         ...
 
     def release(self, req_id: str) -> None:
@@ -187,27 +323,11 @@ class Proposer(Protocol):
 
 
 @runtime_checkable
-class HiddenStateConsumer(Protocol):
-    """A proposer that conditions on target hidden states (MTP): the engine hands it, for
-    every scheduled row, the hidden states of the positions committed that step."""
+class ReportsStats(Protocol):
+    """A proposer that reports about itself (``generate --json``'s ``proposers``, bench)."""
 
-    #: target layers it needs (output of that decoder layer, pre-final-norm)
-    hidden_layers: tuple[int, ...]
-
-    def add_hidden(self, req_id: str, start: int, hidden: torch.Tensor) -> None:
-        """Hidden states ``[n, hidden]`` of committed positions ``start .. start+n-1``."""
-        ...
-
-
-class Loader(Protocol):
-    """Detects and loads a draft checkpoint, or refuses it by name."""
-
-    def detect(self, path: str) -> str:
-        """The format name (``safetensors``, ``gguf``, ``nvfp4``, ``exl3``); raises if unusable."""
-        ...
-
-    def load(self, path: str, options: BaseModel, device: str, dtype: str) -> Any:
-        """Read the weights; called only after the config passed every check."""
+    def stats(self) -> dict[str, Any]:
+        """JSON-able counters, e.g. draft forwards run."""
         ...
 
 
@@ -222,9 +342,13 @@ class Speculator:
     #: pydantic model of the method-specific keys it honours; must use ``extra="forbid"``
     options: type[BaseModel]
     #: builds the proposer; ``None`` means the method is declared but not built yet
+    #: (its config is checked; the engine and ``draftwise plugins`` say it cannot run)
     make_proposer: ProposerFactory | None = None
     aliases: tuple[str, ...] = ()
     refusals: tuple[Refusal, ...] = ()
+    #: detects and loads the draft checkpoint (required with needs_checkpoint,
+    #: own_kv_cache or needs_target_hidden once make_proposer is set)
     loader: Loader | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
+    #: one line, shown by ``draftwise plugins``
     description: str = ""

@@ -74,3 +74,12 @@ def test_every_module_imports_with_warnings_as_errors() -> None:
     assert result.returncode == 0, result.stderr
     failures = json.loads(result.stdout.splitlines()[-1])
     assert not failures, "\n\n".join(f"{name}:\n{tb}" for name, tb in failures.items())
+
+
+def test_the_public_surface_imports_from_the_package() -> None:
+    """``from draftwise import X`` for every name in ``__all__`` (EngineArgs included)."""
+    import draftwise
+
+    for name in draftwise.__all__:
+        assert getattr(draftwise, name) is not None, name
+    assert "EngineArgs" in draftwise.__all__

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from stats import CHI2_9999, chi2_two_sample
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams
@@ -180,21 +181,7 @@ def sample_pairs(tiny: Path, config: dict[str, Any] | None, n: int, seed: int) -
     return Counter(tuple(o.outputs[0].token_ids[:2]) for o in outs)
 
 
-def chi2_two_sample(a: Counter, b: Counter) -> tuple[float, int]:
-    """Two-sample chi-square statistic and its degrees of freedom."""
-    cells = sorted(set(a) | set(b))
-    na, nb = sum(a.values()), sum(b.values())
-    stat = 0.0
-    for c in cells:
-        x, y = a.get(c, 0), b.get(c, 0)
-        if x + y:
-            stat += (x * np.sqrt(nb / na) - y * np.sqrt(na / nb)) ** 2 / (x + y)
-    return stat, len(cells) - 1
-
-
 N = 2500
-#: chi-square 0.9999 quantiles by degrees of freedom (p = 1e-4: a flaky-proof bound)
-CHI2_9999 = {1: 15.1, 2: 18.4, 3: 21.1, 4: 23.5, 5: 25.7, 6: 27.9, 7: 29.9, 8: 31.8}
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from draftwise.plugins.manager import DECLARED_ONLY
 
 PLUGIN_SOURCE = '''
 """acme-lookahead: a third-party draftwise speculator."""
@@ -146,6 +147,8 @@ def test_sixth_method_appears_in_plugins(lookahead: Path) -> None:
         "hooks": ["register_speculators"],
         "methods": ["lookahead"],
         "aliases": ["jacobi"],
+        "status": {"lookahead": DECLARED_ONLY},
+        "descriptions": {"lookahead": "Lookahead decoding (Jacobi iterations), no draft model."},
     }
     assert {m for r in rows.values() for m in r["methods"]} == {
         "dflash",
@@ -192,8 +195,12 @@ def test_sixth_method_options_and_refusals_are_checked(lookahead: Path) -> None:
 
 def test_two_distributions_claiming_ngram(tmp_path: Path) -> None:
     target = build_and_install(tmp_path, "acme-ngram", "2.0.0", "ngram", DUPLICATE_SOURCE)
-    result = draftwise(target, "plugins", "--json")
-    assert result.returncode == 1
-    assert result.stdout == ""
+    result = draftwise(target, "plugins", "--json")  # shows the conflict, still works
+    assert result.returncode == 0, result.stderr
+    rows = {r["distribution"]: r for r in json.loads(result.stdout)}
+    assert rows["acme-ngram"]["status"]["ngram"].startswith("conflict: 'ngram' also claimed")
     assert "'ngram' is claimed twice" in result.stderr
     assert "acme-ngram 2.0.0" in result.stderr and "draftwise-ngram 0.1.0" in result.stderr
+    assert draftwise(target, "--version").returncode == 0
+    refused = draftwise(target, "check-config", '{"method":"ngram","num_speculative_tokens":2}')
+    assert refused.returncode == 1 and "'ngram' is claimed twice" in refused.stderr

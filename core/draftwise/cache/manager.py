@@ -89,10 +89,15 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         hash_fn: HashFn = hash_block_tokens,
+        drop_last_cached_block: bool = False,
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, hash_fn)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        #: a hit gives up its last matched block: a drafter's KV at a block's last position
+        #: also depends on the next token, which the block's hash does not cover (MTP pairs
+        #: h_p with x_{p+1}); vLLM drops the block for EAGLE-like drafters the same way
+        self.drop_last_cached_block = drop_last_cached_block
         self._requests: dict[str, _RequestBlocks] = {}
         self._stats = PrefixCacheStats()
 
@@ -146,7 +151,8 @@ class KVCacheManager:
         """On (re)admission, attach the longest cached prefix; returns its length in tokens.
 
         Only full blocks match, and never the whole prompt: at least one token is left to
-        compute so the step has logits. Callable again while the request holds no blocks.
+        compute so the step has logits (with ``drop_last_cached_block``, one block less).
+        Callable again while the request holds no blocks.
         """
         req = self._requests.get(req_id)
         if req is not None and req.block_ids:
@@ -157,6 +163,8 @@ class KVCacheManager:
             return 0
         max_blocks = max(0, (len(token_ids) - 1) // self.block_size)
         entries = self.pool.find_cached_prefix(token_ids, max_blocks)
+        if self.drop_last_cached_block:
+            entries = entries[:-1]
         block_ids = [e.block_id for e in entries]
         self.pool.incref(block_ids)
         req.block_ids = block_ids

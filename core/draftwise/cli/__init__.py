@@ -2,8 +2,10 @@
 
 Built-in commands are listed in :data:`COMMANDS` (adding one is one line) and imported
 only when used, so ``draftwise check-config`` never imports torch. :func:`main` loads
-the plugins first, so a broken plugin or two distributions claiming one method fail at
-startup, then lets every plugin add commands through ``register_commands(cli)``.
+the plugins first and lets every plugin add commands through ``register_commands(cli)``.
+A broken plugin or two distributions claiming one method stop every command that needs
+the speculator registry, at startup, with the error; ``--help``, ``--version`` and
+``plugins`` still run (``plugins`` shows the conflict).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import click
 from draftwise import __version__
 
 if TYPE_CHECKING:
+    from draftwise.plugins.errors import PluginError
     from draftwise.plugins.manager import PluginHost
     from draftwise.plugins.registry import SpeculatorRegistry
 
@@ -43,10 +46,14 @@ class CliState:
     """What commands share through ``ctx.obj``: the plugin host (a test injects its own)."""
 
     host: PluginHost | None = None
+    #: what loading the plugins raised at startup (commands needing the registry refuse)
+    startup_error: PluginError | None = None
     _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
 
     def plugin_host(self) -> PluginHost:
         """The injected host, or the process's plugins."""
+        if self.host is None and self.startup_error is not None:
+            raise self.startup_error
         if self.host is None:
             from draftwise.plugins.manager import get_plugin_host
 
@@ -55,6 +62,8 @@ class CliState:
 
     def registry(self) -> SpeculatorRegistry:
         """The speculators of :meth:`plugin_host`, built once."""
+        if self.startup_error is not None:
+            raise self.startup_error
         if self._registry is None:
             from draftwise.plugins.manager import load_speculators
 
@@ -99,8 +108,26 @@ def make_cli() -> LazyGroup:
 cli = make_cli()
 
 
+#: arguments that never need the speculator registry
+_SAFE_FLAGS = frozenset({"--help", "-h", "--version", "-V"})
+#: commands that run with broken plugins (to show what is wrong)
+_SAFE_COMMANDS = frozenset({"plugins"})
+
+
+def _needs_registry(args: Sequence[str]) -> bool:
+    """Whether the command line runs something that needs every plugin to be sound."""
+    if _SAFE_FLAGS.intersection(args):
+        return False
+    command = next((a for a in args if not a.startswith("-")), None)
+    return command is not None and command not in _SAFE_COMMANDS
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """The console script: load plugins (startup errors exit 1), then run the command line."""
+    """The console script: load plugins, then run the command line.
+
+    A plugin error refuses (exit 1) only commands that need the registry; ``--help``,
+    ``--version`` and ``plugins`` run and show it.
+    """
     from draftwise.plugins.errors import PluginError, PluginSelectionError
     from draftwise.plugins.manager import (
         ENV_VAR,
@@ -110,17 +137,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
 
     group = make_cli()
+    args = list(argv) if argv is not None else sys.argv[1:]
+    state = CliState()
     try:
-        host = get_plugin_host()
+        state.host = get_plugin_host()
+        register_commands(group, state.host)
         load_speculators()
-        register_commands(group, host)
     except PluginError as exc:
-        click.echo(f"error: {exc}", err=True)
+        state.startup_error = exc
+        hint = None
         if not isinstance(exc, PluginSelectionError):
-            click.echo(f"(set {ENV_VAR} to load only some plugins)", err=True)
-        sys.exit(EXIT_PLUGIN_ERROR)
-    args = list(argv) if argv is not None else None
-    group.main(args=args, prog_name="draftwise", obj=CliState(host))
+            hint = f"(set {ENV_VAR} to load only some plugins)"
+        if _needs_registry(args):
+            click.echo(f"error: {exc}", err=True)
+            if hint:
+                click.echo(hint, err=True)
+            sys.exit(EXIT_PLUGIN_ERROR)
+        if "plugins" not in args:  # ``plugins`` shows it itself
+            click.echo(f"warning: {exc}", err=True)
+    group.main(args=args, prog_name="draftwise", obj=state)
 
 
 __all__ = ["COMMANDS", "EXIT_PLUGIN_ERROR", "CliState", "LazyGroup", "cli", "main", "make_cli"]

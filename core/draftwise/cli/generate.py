@@ -1,9 +1,17 @@
-"""``draftwise generate``: one prompt, streamed to the terminal (or JSON with metrics)."""
+"""``draftwise generate``: one prompt, streamed to the terminal (or JSON with metrics).
+
+Text streams to stdout as it is produced; speed and, with speculation, acceptance (mean
+acceptance length, rate per draft position) follow on stderr, so piped text stays clean.
+``--json`` prints ONE document when the request finishes instead of streaming: it holds
+totals only known at the end (speed, acceptance per position, proposer stats) and
+benchmark scripts parse it whole; stream with plain output, or the server's SSE.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -27,7 +35,8 @@ import click
               help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
-@click.option("--json", "as_json", is_flag=True, help="Print text, token_ids and metrics as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print text, token_ids and metrics as one JSON document at the end.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: cores - 1, at least 1).")
 def generate(
@@ -98,13 +107,15 @@ def generate(
         click.echo(f"\nerror: the request failed: {final.error}", err=True)
         raise SystemExit(1)
     completion = final.outputs[0]
+    n = len(completion.token_ids)
+    speed = n / seconds if seconds else 0.0
+    speculation = engine.spec.metrics.summary() if engine.spec is not None else None
     if as_json:
-        n = len(completion.token_ids)
         from draftwise.cli import STARTED
 
         metrics = dict(final.metrics)
         metrics["seconds"] = seconds
-        metrics["tok_per_s"] = n / seconds if seconds else 0.0
+        metrics["tok_per_s"] = speed
         # time_to_first_token counts from the request's arrival; a user also waits for
         # the load, so both are reported, and the wall time from the command's start
         metrics["load_seconds"] = engine.load_seconds
@@ -118,7 +129,25 @@ def generate(
             "prompt_token_ids": final.prompt_token_ids,
             "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
             "metrics": metrics,
+            "speculation": speculation,
             "proposers": engine.spec.proposer_stats() if engine.spec is not None else None,
         }, indent=2))
-    else:
-        click.echo()
+        return
+    click.echo()
+    click.echo(summary_line(n, seconds, speculation), err=True)
+
+
+def summary_line(num_tokens: int, seconds: float, speculation: dict[str, Any] | None) -> str:
+    """``32 tokens in 1.10 s (29.1 tok/s); acceptance ...`` for the terminal."""
+    speed = num_tokens / seconds if seconds else 0.0
+    line = f"{num_tokens} tokens in {seconds:.2f} s ({speed:.1f} tok/s)"
+    if speculation is None:
+        return line
+    if not speculation["num_drafts"]:
+        return line + "; speculation on, nothing was drafted"
+    per_pos = ", ".join(f"{r:.2f}" for r in speculation["acceptance_rate_per_pos"])
+    return (
+        f"{line}; {speculation['num_accepted_tokens']}/{speculation['num_draft_tokens']} drafts "
+        f"accepted ({100 * speculation['draft_acceptance_rate']:.0f}%), mean acceptance length "
+        f"{speculation['mean_acceptance_length']:.2f}, per position {per_pos}"
+    )

@@ -21,16 +21,19 @@ def _short(aliases: tuple[str, ...], shown: int = 2) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def plugins(ctx: click.Context, as_json: bool) -> None:
-    """List installed plugins: distribution, version, entry point, hooks, methods, aliases."""
+    """List installed plugins: distribution, version, hooks, methods, aliases, whether each
+    method runs (declared-only methods and methods two distributions claim cannot)."""
     from draftwise.plugins.errors import PluginError
     from draftwise.plugins.manager import summarize
 
     state = ctx.ensure_object(CliState)
     try:
-        rows = summarize(state.plugin_host(), state.registry())
+        rows = summarize(state.plugin_host())
     except PluginError as exc:
         click.echo(f"error: {exc}", err=True)
         ctx.exit(EXIT_PLUGIN_ERROR)
+    if state.startup_error is not None:  # e.g. a method claimed twice: shown, not fatal here
+        click.echo(f"warning: {state.startup_error}", err=True)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
@@ -38,14 +41,18 @@ def plugins(ctx: click.Context, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title="draftwise plugins", title_justify="left")
-    for column in ("Distribution", "Version", "Entry point", "Methods", "Aliases", "Registers"):
+    columns = ("Distribution", "Version", "Entry point", "Methods", "Aliases", "Registers")
+    for column in columns:
         table.add_column(column, no_wrap=column not in ("Aliases", "Registers"), overflow="fold")
+    table.add_column("Status", overflow="fold")
     for row in rows:
+        status = "\n".join(f"{m}: {s}" for m, s in row.status) or "-"
         table.add_row(
             row.dist.name, row.dist.version, row.dist.entry_point, ", ".join(row.methods),
             _short(row.aliases), ", ".join(h.removeprefix("register_") for h in row.hooks),
+            status,
         )
-    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     if rows:
         console.print(table)
     else:

@@ -232,10 +232,10 @@ def check_structure(spec: Speculator, core: SpeculativeConfig, notices: list[str
             key="model", reason="the method reads a draft checkpoint",
         )
     if core.num_speculative_tokens is None:
-        if core.model is not None and hasattr(spec.options, "check_checkpoint"):
-            notices.append(
-                "num_speculative_tokens not given: the draft checkpoint's config decides it"
-            )
+        reads_checkpoint = core.model is not None or caps.checkpoint_in_target
+        if caps.needs_checkpoint and reads_checkpoint and completes_k(spec.options):
+            where = "the draft checkpoint" if core.model is not None else "the target checkpoint"
+            notices.append(f"num_speculative_tokens not given: {where}'s config decides it")
         else:
             raise MissingKeyError(
                 f"method '{method}' needs 'num_speculative_tokens' (how many tokens to draft "
@@ -251,6 +251,11 @@ def check_structure(spec: Speculator, core: SpeculativeConfig, notices: list[str
             key="draft_sample_method", value="probabilistic",
             reason="no draft distribution", instead="use \"greedy\"",
         )
+
+
+def completes_k(options: type[BaseModel]) -> bool:
+    """Whether an options model completes k from the checkpoint (``ChecksCheckpoint``)."""
+    return callable(getattr(options, "check_checkpoint", None))
 
 
 def validate_options(

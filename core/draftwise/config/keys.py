@@ -12,15 +12,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from draftwise.config.errors import ConfigError, InvalidValueError, UnknownKeyError, show
-from draftwise.config.vllm_fields import FIELDS_BY_NAME, REMOVED_KEYS, VLLM_FIELDS, FieldKind
+from draftwise.config.vllm_fields import FIELDS_BY_NAME, REMOVED_KEYS
+from draftwise.speculator import CORE_KEYS, NAMESPACE
 
 if TYPE_CHECKING:
     from draftwise.plugins.registry import SpeculatorRegistry
 
-#: the vLLM fields the core itself honours (``SpeculativeConfig``'s fields)
-CORE_KEYS: tuple[str, ...] = tuple(f.name for f in VLLM_FIELDS if f.kind is FieldKind.CORE)
-#: the engine's own namespace key, and the keys it holds
-NAMESPACE = "draftwise"
+#: the keys the engine's own namespace (``"draftwise": {...}``) holds
 NAMESPACE_KEYS: tuple[str, ...] = ("drafter_chain",)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -43,6 +43,7 @@ from draftwise.config.keys import (
     normalize_keys,
 )
 from draftwise.config.methods import resolve_method
+from draftwise.speculator import ChecksCheckpoint
 
 if TYPE_CHECKING:
     from draftwise.plugins.registry import SpeculatorRegistry
@@ -51,25 +52,14 @@ if TYPE_CHECKING:
 CHAIN_INHERITED: tuple[str, ...] = tuple(k for k in CORE_KEYS if k not in ("method", "model"))
 
 
-@runtime_checkable
-class ChecksCheckpoint(Protocol):
-    """An options model that checks k against the draft's config.json (loader stage)."""
-
-    def check_checkpoint(
-        self, num_speculative_tokens: int | None, checkpoint_config: Mapping[str, Any]
-    ) -> int:
-        """The k to use given the checkpoint's config; raises ConfigError if it conflicts."""
-        ...
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResolvedSpeculativeConfig:
     """A checked speculative config: canonical method, defaults filled, options validated.
 
     A drafter_chain config has ``method=None`` and its members in ``chain``; iterate
     :attr:`drafters` to treat both shapes alike. ``num_speculative_tokens`` is None only
-    when the draft checkpoint decides it: call :meth:`with_checkpoint` once its
-    config.json is read.
+    when the draft checkpoint decides it: bootstrap's draft stage calls
+    :meth:`with_checkpoint` with the config :meth:`Loader.detect` read.
     """
 
     method: str | None
@@ -125,13 +115,34 @@ class ResolvedSpeculativeConfig:
         return out
 
     def with_checkpoint(self, checkpoint_config: Mapping[str, Any]) -> ResolvedSpeculativeConfig:
-        """Run the method's checks against the draft's config.json (before weights)."""
+        """Complete or check k from the draft's own config (the draft stage, before weights)."""
         if self.chain:
             raise ValueError("call with_checkpoint on each member of config.drafters")
         if isinstance(self.options, ChecksCheckpoint):
             k = self.options.check_checkpoint(self.num_speculative_tokens, checkpoint_config)
             return dataclasses.replace(self, num_speculative_tokens=k)
         return self
+
+    def with_drafters(
+        self, drafters: tuple[ResolvedSpeculativeConfig, ...]
+    ) -> ResolvedSpeculativeConfig:
+        """This config with its drafters as the draft stage completed them (every k known).
+
+        The k schedule is checked again against the final k: a chain or a checkpoint-decided
+        k could not be checked at parse time.
+        """
+        if len(drafters) != len(self.drafters):
+            raise ValueError(f"{len(drafters)} drafters for {len(self.drafters)} members")
+        missing = [m.method for m in drafters if m.num_speculative_tokens is None]
+        if missing:
+            raise ValueError(f"drafters {missing} still have no num_speculative_tokens")
+        k = max(m.num_speculative_tokens or 0 for m in drafters)
+        schedule = k_schedule(self.k_schedule or None, k)
+        if self.chain:
+            return dataclasses.replace(
+                self, chain=drafters, num_speculative_tokens=k, k_schedule=schedule
+            )
+        return dataclasses.replace(drafters[0], k_schedule=schedule)
 
 
 def parse_speculative_config(

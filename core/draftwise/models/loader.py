@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from draftwise.formats.chat import ChatTemplate, chat_template_from_dir
-from draftwise.formats.default_model import default_model_path
 from draftwise.formats.errors import (
     ConfigError,
     MissingTensorError,
@@ -119,19 +118,12 @@ def load_model(
     :param progress: called after each tensor is loaded.
     :returns: the model with its config, tokenizer, chat template and stop ids.
     """
-    path = default_model_path() if path is None else os.fspath(path)
+    from draftwise.models.inspect import resolve_model_path
+
+    path = resolve_model_path(path)
     target = resolve_dtype(dtype, device)
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return _load_hf_dir(path, target, device, progress)
-        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
-        if len(ggufs) != 1:
-            raise ModelFormatError(
-                path, "expected config.json + *.safetensors, or exactly one .gguf file"
-            )
-        path = os.path.join(path, ggufs[0])
-    if not os.path.exists(path):
-        raise ModelFormatError(path, "no such file or directory")
+        return _load_hf_dir(path, target, device, progress)
     return _load_gguf(path, target, device, progress)
 
 

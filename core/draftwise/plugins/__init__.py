@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from draftwise.plugins.errors import (
     DuplicateMethodError,
+    MethodNotInstalledError,
     PluginError,
     PluginImportError,
     PluginRegistrationError,
@@ -34,6 +35,7 @@ __all__ = [
     "GROUP",
     "DistInfo",
     "DuplicateMethodError",
+    "MethodNotInstalledError",
     "PluginError",
     "PluginHost",
     "PluginImportError",

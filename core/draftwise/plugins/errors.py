@@ -25,6 +25,22 @@ class PluginSelectionError(PluginError):
     """``DRAFTWISE_PLUGINS`` names a plugin that no installed distribution provides."""
 
 
+class MethodNotInstalledError(PluginError, KeyError):
+    """A method no installed plugin registers (configs refuse these earlier, with hints)."""
+
+    def __init__(self, method: str, installed: tuple[str, ...] = ()) -> None:
+        shown = ", ".join(installed) or "none"
+        super().__init__(f"no installed plugin provides method '{method}'; installed: {shown}")
+        self.method = method
+        self.installed = installed
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[str, ...]]]:
+        return (type(self), (self.method, self.installed))
+
+
 class ProposerNotBuiltError(PluginError, NotImplementedError):
     """The method is declared (its config checks run) but it ships no proposer yet."""
 
@@ -42,6 +58,7 @@ class ProposerNotBuiltError(PluginError, NotImplementedError):
 
 __all__ = [
     "DuplicateMethodError",
+    "MethodNotInstalledError",
     "PluginError",
     "PluginImportError",
     "PluginRegistrationError",

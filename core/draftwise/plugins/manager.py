@@ -14,7 +14,7 @@ import functools
 import importlib.metadata
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,12 @@ from draftwise.plugins.errors import (
     PluginRegistrationError,
     PluginSelectionError,
 )
-from draftwise.plugins.registry import DistInfo, Registration, SpeculatorRegistry
+from draftwise.plugins.registry import (
+    DistInfo,
+    Registration,
+    SpeculatorRegistry,
+    validate_speculator,
+)
 from draftwise.speculator import Speculator
 
 if TYPE_CHECKING:
@@ -207,6 +212,12 @@ def register_commands(cli: click.Group, host: PluginHost | None = None) -> None:
                 )
 
 
+#: what ``draftwise plugins`` says of a method that the engine can run
+RUNS = "runs"
+#: ... of a method declared without a proposer (its configs are checked, it cannot run)
+DECLARED_ONLY = "declared only: its proposer is not built yet, so the engine refuses it"
+
+
 @dataclass(frozen=True, slots=True)
 class PluginSummary:
     """One row of ``draftwise plugins``."""
@@ -215,6 +226,10 @@ class PluginSummary:
     hooks: tuple[str, ...]
     methods: tuple[str, ...]
     aliases: tuple[str, ...]
+    #: method -> whether it runs: ``RUNS``, ``DECLARED_ONLY`` or the conflict that stops it
+    status: tuple[tuple[str, str], ...] = ()
+    #: method -> its speculator's one-line description
+    descriptions: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object ``draftwise plugins --json`` prints."""
@@ -227,22 +242,48 @@ class PluginSummary:
             "hooks": list(self.hooks),
             "methods": list(self.methods),
             "aliases": list(self.aliases),
+            "status": dict(self.status),
+            "descriptions": dict(self.descriptions),
         }
 
 
-def summarize(host: PluginHost, registry: SpeculatorRegistry) -> list[PluginSummary]:
-    """What each loaded plugin provides, for ``draftwise plugins``."""
+def summarize(host: PluginHost) -> list[PluginSummary]:
+    """What each loaded plugin provides, for ``draftwise plugins``.
+
+    Built from the registrations themselves, not from a registry: two distributions
+    claiming one name are shown (each such method's status names the other claimant)
+    instead of making the listing fail. A malformed registration still raises.
+    """
+    regs = collect_registrations(host)
+    for reg in regs:
+        validate_speculator(reg.speculator, reg.dist)
+    claims: dict[str, list[Registration]] = {}
+    for reg in regs:
+        for name in (reg.speculator.method, *reg.speculator.aliases):
+            claims.setdefault(name, []).append(reg)
     out = []
     for plugin, dist in host.plugins():
         callers = host.pm.get_hookcallers(plugin) or []
-        regs: Iterable[Registration] = [r for r in registry if r.dist == dist]
-        specs = [r.speculator for r in regs]
+        specs = [r.speculator for r in regs if r.dist == dist]
+        status = []
+        for spec in specs:
+            others = sorted(
+                {f"'{name}' also claimed by {other.dist}"
+                 for name in (spec.method, *spec.aliases)
+                 for other in claims[name] if other.dist != dist}
+            )
+            if others:
+                status.append((spec.method, "conflict: " + "; ".join(others)))
+            else:
+                status.append((spec.method, RUNS if spec.make_proposer else DECLARED_ONLY))
         out.append(
             PluginSummary(
                 dist=dist,
                 hooks=tuple(sorted(c.name for c in callers)),
                 methods=tuple(s.method for s in specs),
                 aliases=tuple(a for s in specs for a in s.aliases),
+                status=tuple(status),
+                descriptions=tuple((s.method, s.description) for s in specs),
             )
         )
     return sorted(out, key=lambda s: (s.dist.name, s.dist.entry_point))
@@ -270,8 +311,10 @@ def reset_plugin_cache() -> None:
 
 
 __all__ = [
+    "DECLARED_ONLY",
     "ENV_VAR",
     "GROUP",
+    "RUNS",
     "PluginHost",
     "PluginSummary",
     "collect_registrations",

@@ -7,31 +7,36 @@ directly from :class:`Registration` values in tests. Immutable after constructio
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel
 
 from draftwise.plugins.errors import (
     DuplicateMethodError,
+    MethodNotInstalledError,
     PluginRegistrationError,
     ProposerNotBuiltError,
 )
-from draftwise.speculator import Proposer, ProposerContext, Speculator
-
-if TYPE_CHECKING:
-    from draftwise.config.speculative import ResolvedSpeculativeConfig
+from draftwise.speculator import CORE_KEYS, NAMESPACE, Proposer, ProposerContext, Speculator
 
 _METHOD_NAME = re.compile(r"[a-z][a-z0-9_]*")
-#: option names a plugin may not declare: the core owns them
-RESERVED_OPTION_NAMES = frozenset(
-    {
-        "method", "model", "num_speculative_tokens", "draft_sample_method",
-        "rejection_sample_method", "max_model_len", "enforce_eager", "quantization",
-        "draft_tensor_parallel_size", "tensor_parallel_size", "draftwise",
-    }
-)
+#: option names a plugin may not declare: the core owns them (one list, ``CORE_KEYS``)
+RESERVED_OPTION_NAMES = frozenset({*CORE_KEYS, NAMESPACE})
+
+
+class MethodConfig(Protocol):
+    """What building needs from a resolved config (the registry never imports config/)."""
+
+    @property
+    def method(self) -> str | None: ...
+
+    @property
+    def options(self) -> BaseModel | None: ...
+
+    @property
+    def drafters(self) -> Sequence[MethodConfig]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,33 @@ def validate_speculator(spec: object, dist: DistInfo) -> Speculator:
             f"{dist}: options of method '{spec.method}' declare core keys "
             f"{sorted(reserved)}; the core owns those"
         )
+    _check_capabilities(spec, dist)
     return spec
+
+
+def _check_capabilities(spec: Speculator, dist: DistInfo) -> None:
+    """Refuse declarations the core cannot serve: each capability's input must exist."""
+    caps = spec.capabilities
+    where = f"{dist}: method '{spec.method}'"
+    if caps.needs_target_hidden and not caps.own_kv_cache:
+        raise PluginRegistrationError(
+            f"{where} declares needs_target_hidden without own_kv_cache: the core hands "
+            "hidden states over from the proposer's KV frontier, so declare own_kv_cache"
+        )
+    if caps.kv_uses_next_token and not caps.own_kv_cache:
+        raise PluginRegistrationError(
+            f"{where} declares kv_uses_next_token without own_kv_cache"
+        )
+    if (caps.own_kv_cache or caps.checkpoint_in_target) and not caps.needs_checkpoint:
+        raise PluginRegistrationError(
+            f"{where} declares own_kv_cache or checkpoint_in_target without needs_checkpoint: "
+            "the KV layout comes from the loaded draft checkpoint"
+        )
+    if spec.make_proposer is not None and caps.needs_checkpoint and spec.loader is None:
+        raise PluginRegistrationError(
+            f"{where} reads a checkpoint but registers no loader: give "
+            "Speculator(loader=...), whose load() also reports the KV layout and hidden layers"
+        )
 
 
 class SpeculatorRegistry:
@@ -152,13 +183,20 @@ class SpeculatorRegistry:
         return hit[0] if hit else None
 
     def get(self, method_or_alias: str) -> Registration:
-        """The registration for a method or alias; refuses an unknown one helpfully."""
+        """The registration for a method or alias; an unknown one is a typed error.
+
+        Configs are resolved (and unknown methods refused with install hints) by
+        ``draftwise.config`` before anything asks the registry for a proposer.
+        """
         reg = self.lookup(method_or_alias)
         if reg is None:
-            from draftwise.config.methods import unknown_method_error
-
-            raise unknown_method_error(method_or_alias, self)
+            raise MethodNotInstalledError(method_or_alias, self.methods())
         return reg
+
+    def runnable(self, method_or_alias: str) -> bool:
+        """Whether the method ships a proposer (declared-only methods are refused to run)."""
+        reg = self.lookup(method_or_alias)
+        return reg is not None and reg.speculator.make_proposer is not None
 
     def option_keys(self) -> frozenset[str]:
         """Every option name some installed method declares."""
@@ -170,14 +208,14 @@ class SpeculatorRegistry:
         regs = self._regs
         return tuple(m for m in self.methods() if key in regs[m].speculator.options.model_fields)
 
-    def ensure_buildable(self, config: ResolvedSpeculativeConfig) -> None:
+    def ensure_buildable(self, config: MethodConfig) -> None:
         """Refuse, before any weights are read, a config whose proposer is not built yet."""
         for member in config.drafters:
             reg = self.get(member.method or "")
             if reg.speculator.make_proposer is None:
                 raise ProposerNotBuiltError(reg.speculator.method, str(reg.dist))
 
-    def build_proposer(self, config: ResolvedSpeculativeConfig, ctx: ProposerContext) -> Proposer:
+    def build_proposer(self, config: MethodConfig, ctx: ProposerContext) -> Proposer:
         """Build the proposer of a single-method config (build a chain member by member)."""
         if config.method is None:
             raise ValueError(
@@ -202,6 +240,7 @@ class SpeculatorRegistry:
 __all__ = [
     "RESERVED_OPTION_NAMES",
     "DistInfo",
+    "MethodConfig",
     "Registration",
     "SpeculatorRegistry",
     "validate_speculator",

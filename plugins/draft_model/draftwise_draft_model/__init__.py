@@ -1,4 +1,4 @@
-"""draftwise-draft-model: a smaller model as the drafter (declared; proposer to come)."""
+"""draftwise-draft-model: a smaller model drafts autoregressively, batched over rows."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
 from draftwise.speculator import Speculator
+from draftwise_draft_model.loader import DraftModelLoader
 from draftwise_draft_model.options import (
     CAPABILITIES,
     DESCRIPTION,
@@ -14,7 +15,22 @@ from draftwise_draft_model.options import (
 )
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from draftwise.plugins.hookspecs import RegisterSpeculator
+    from draftwise.speculator import Proposer, ProposerContext
+
+
+def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
+    """The draft the loader read (``ctx.draft``) over the KV the core allocated for it."""
+    from draftwise_draft_model.proposer import DraftModelProposer
+
+    if ctx.kv_cache is None:
+        raise ValueError("draft_model keeps its KV in the core's pool; ctx.kv_cache is missing")
+    return DraftModelProposer(
+        ctx.draft, ctx.kv_cache, ctx.num_speculative_tokens, ctx.block_size,
+        probabilistic=ctx.draft_sample_method == "probabilistic",
+    )
 
 
 @hookimpl
@@ -24,8 +40,9 @@ def register_speculators(register: RegisterSpeculator) -> None:
         Speculator(
             method="draft_model",
             options=DraftModelOptions,
-            make_proposer=None,
+            make_proposer=make_proposer,
             refusals=REFUSALS,
+            loader=DraftModelLoader(),
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
         )

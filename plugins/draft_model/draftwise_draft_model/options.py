@@ -1,9 +1,10 @@
 """Method draft_model's declaration: options, refusals, capabilities.
 
-A smaller model of the target's family drafts autoregressively with its own KV cache.
-``model`` (the draft checkpoint) and ``num_speculative_tokens`` are required. vLLM's
-``use_heterogeneous_vocab`` (a draft with another tokenizer) needs greedy drafting, as
-in vLLM; whether the two vocabularies match is checked by the loader.
+A smaller model drafts autoregressively with its KV in the core's pool. ``model`` (a
+GGUF file or safetensors directory of any architecture the engine loads) and
+``num_speculative_tokens`` are required. vLLM's ``use_heterogeneous_vocab`` (a draft
+with another tokenizer: token-level intersection) needs greedy drafting, as in vLLM;
+without it the loader refuses vocabularies of different sizes, by name.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 from draftwise.config import RefusedValueError
 from draftwise.speculator import Capabilities, Refusal
 
-DESCRIPTION = "A smaller model of the target's family drafts autoregressively (own KV cache)."
+DESCRIPTION = (
+    "A smaller model drafts autoregressively (KV in the core's pool); other tokenizers "
+    "through use_heterogeneous_vocab."
+)
 CAPABILITIES = Capabilities(needs_checkpoint=True, own_kv_cache=True, draft_probs=True)
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(

@@ -25,7 +25,6 @@ CAPABILITIES = Capabilities(
     needs_checkpoint=True,
     needs_target_hidden=True,
     own_kv_cache=True,
-    parallel_drafting=True,
     draft_probs=True,
 )
 REFUSALS: tuple[Refusal, ...] = (

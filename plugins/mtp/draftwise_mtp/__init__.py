@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
 from draftwise.speculator import Speculator
+from draftwise_mtp.loader import MtpLoader
 from draftwise_mtp.options import ALIASES, CAPABILITIES, DESCRIPTION, REFUSALS, MtpOptions
 
 if TYPE_CHECKING:
@@ -16,15 +17,15 @@ if TYPE_CHECKING:
 
 
 def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
-    """Load the head from the target's checkpoint (weights are read only here)."""
-    from draftwise_mtp.loader import head_path, load_head
+    """The head the draft stage loaded (``ctx.draft``), over the KV the core allocated."""
     from draftwise_mtp.proposer import MtpProposer
 
-    head = load_head(head_path(ctx.target, None), ctx.target, ctx.device)
-    k = MtpOptions().check_checkpoint(
-        ctx.num_speculative_tokens or None, {"n_predict": head.num_layers}
+    if ctx.kv_cache is None:
+        raise ValueError("mtp keeps its KV in the core's pool; ctx.kv_cache is missing")
+    return MtpProposer(
+        ctx.draft, ctx.target.model, ctx.num_speculative_tokens, ctx.kv_cache, ctx.block_size,
+        probabilistic=ctx.draft_sample_method == "probabilistic",
     )
-    return MtpProposer(head, ctx.target.model, k)
 
 
 @hookimpl
@@ -37,6 +38,7 @@ def register_speculators(register: RegisterSpeculator) -> None:
             make_proposer=make_proposer,
             aliases=ALIASES,
             refusals=REFUSALS,
+            loader=MtpLoader(),
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
         )

@@ -2,8 +2,9 @@
 
 Multi-token-prediction heads (DeepSeek, Qwen3-Next, Qwen3.5/3.6, MiMo, GLM ...) draft
 from the target's last hidden state. The heads usually ship inside the target
-checkpoint, so ``model`` may be omitted; ``num_speculative_tokens`` is then required,
-as in vLLM. Every vLLM ``MTPModelTypes`` entry other than ``mtp`` is an alias.
+checkpoint, so ``model`` may be omitted (the target's path is read). k defaults to the
+head depth (vLLM's n_predict rule), with or without ``model``. Every vLLM
+``MTPModelTypes`` entry other than ``mtp`` is an alias.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CAPABILITIES = Capabilities(
     checkpoint_in_target=True,
     needs_target_hidden=True,
     own_kv_cache=True,
+    kv_uses_next_token=True,
     draft_probs=True,
 )
 REFUSALS: tuple[Refusal, ...] = ()

@@ -2,12 +2,15 @@
 
 Position p of the head pairs token ``x_{p+1}`` with the target's last hidden state
 ``h_p`` (pre-final-norm): ``fc([norm(E[x_{p+1}]) ; norm(h_p)])`` -> MTP layer (own KV) ->
-``norm`` -> the target's LM head predicts ``x_{p+2}``. Each propose first writes the
-head's KV for every position whose target hidden state arrived since the last step
-(the prompt, then each step's accepted tokens), which yields draft 1; then it feeds
-its own output back ``k-1`` times (vLLM ``llm_base_proposer.propose``; layer
-``step % num_layers``). Those k-1 entries are scratch: the next propose overwrites them
-with real pairs. Target hidden states come in through :meth:`add_hidden`.
+``norm`` -> the target's LM head predicts ``x_{p+2}``. The head's KV lives in the core's
+block pool (``ProposerContext.kv_cache``, one layer per MTP layer, indexed by the
+request's block table). Each propose first writes the head's KV for the positions from
+``row.num_kv_computed`` to the last one with a target hidden state (``row.hidden``: the
+prompt, then each step's committed tokens), which yields draft 1; then it feeds its own
+output back ``k-1`` times (vLLM ``llm_base_proposer.propose``; layer ``step % layers``).
+Those k-1 entries are scratch, never right even when accepted (they used the head's
+output instead of the target's), so ``kv_valid`` stops before them and the next propose
+overwrites them with real pairs. The proposer keeps no per-request state.
 
 Two witnesses per propose say the loop really ran: the draft forwards (k-1 beyond the
 first) and how many delivered rows are more than a copy of their first column.
@@ -15,18 +18,18 @@ first) and how many delivered rows are more than a copy of their first column.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from draftwise.drafting import pick_draft_tokens
 from draftwise.models.attention import AttentionMetadata
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.fused import rms_norm
-from draftwise.speculator import DraftInput, Drafts, VerifyOutcome
-from draftwise_mtp.loader import MtpHead
+from draftwise.speculator import DraftInput, DraftRow, Drafts, VerifyOutcome
+from draftwise_mtp.head import MtpHead
 
 
 @dataclass(slots=True)
@@ -47,158 +50,159 @@ class ProposeWitness:
 
 
 @dataclass(slots=True)
-class _Seq:
-    """Per-request head state: its KV blocks, how far its KV is real, pending hidden rows."""
+class _Row:
+    """A row that drafts this call."""
 
-    blocks: list[int] = field(default_factory=list)
-    kv_len: int = 0  # positions 0..kv_len-1 hold real (x_{p+1}, h_p) entries
-    pending: torch.Tensor | None = None  # [n, hidden]: h_p for p = kv_len .. kv_len+n-1
+    index: int  # in the batch
+    row: DraftRow
+    want: int  # drafts to make
+    hidden: torch.Tensor  # [n - 1 - num_kv_computed, hidden]
 
 
 class MtpProposer:
     """Proposer protocol over an :class:`MtpHead` sharing the target's embedding and LM head."""
 
     def __init__(
-        self, head: MtpHead, target: Any, k: int, num_blocks: int = 256, block_size: int = 16
+        self,
+        head: MtpHead,
+        target: Any,
+        k: int,
+        kv: KVCache,
+        block_size: int,
+        probabilistic: bool = False,
     ) -> None:
         self.head, self.target, self.k = head, target, k
         self.block_size = block_size
+        self.probabilistic = probabilistic
         #: the target layer whose output the head conditions on (its last, pre-final-norm)
-        self.hidden_layers = (target.config.num_hidden_layers - 1,)
-        self.kv = [
-            KVCache.allocate(
-                1, num_blocks, block_size, target.num_kv_heads, target.head_dim, target.dtype
+        self.hidden_layer = target.config.num_hidden_layers - 1
+        if kv.block_size != block_size or len(kv.k) != head.num_layers:
+            raise ValueError(
+                f"MTP needs {head.num_layers} KV layers of block size {block_size}, got "
+                f"{len(kv.k)} of {kv.block_size}"
             )
-            for _ in head.layers
-        ]
-        self._free = list(range(num_blocks - 1, -1, -1))
-        self._seqs: dict[str, _Seq] = {}
+        #: one single-layer view of the core's cache per MTP layer
+        self.layer_kv = [KVCache([kv.k[i]], [kv.v[i]], block_size) for i in range(len(kv.k))]
         self.last_witness = ProposeWitness()
         self.witness = ProposeWitness()
-
-    # -- target hidden states in -----------------------------------------------------------
-    def add_hidden(self, req_id: str, start: int, hidden: torch.Tensor) -> None:  # [n, hidden]
-        """Target hidden states of committed positions ``start..start+n-1`` (in order)."""
-        seq = self._seqs.setdefault(req_id, _Seq())
-        rows = hidden.detach().to(self.target.dtype)
-        if start == 0:  # a fresh prompt, or a recompute after preemption
-            seq.kv_len, seq.pending = 0, rows
-            return
-        if seq.kv_len < 0:
-            return
-        have = seq.kv_len + (0 if seq.pending is None else seq.pending.shape[0])
-        if start > have:  # a gap: this request cannot draft until it restarts at 0
-            seq.kv_len, seq.pending = -1, None
-            return
-        if start < seq.kv_len or seq.pending is None:  # head KV from start on is stale
-            seq.kv_len, seq.pending = start, rows
-            return
-        seq.pending = torch.cat((seq.pending[: start - seq.kv_len], rows))
 
     # -- Proposer protocol ------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, batch: DraftInput) -> Drafts:
-        """Up to ``min(k, row.max_draft)`` drafts per row; none for rows it lacks hidden for."""
-        rows: list[tuple[int, str, np.ndarray, int]] = []
+        """Up to ``min(k, row.max_draft)`` drafts per row with its hidden states delivered."""
+        todo: list[_Row] = []
         for i, row in enumerate(batch.rows):
-            seq = self._seqs.get(row.req_id)
-            n = len(row.token_ids)
+            n, start = len(row.token_ids), row.num_kv_computed
             want = min(self.k, row.max_draft)
-            if seq is None or seq.kv_len < 0 or seq.pending is None or want < 1:
+            hidden = None if row.hidden is None else row.hidden.get(self.hidden_layer)
+            if want < 1 or hidden is None or start >= n - 1 or hidden.shape[0] != n - 1 - start:
                 continue
-            if seq.kv_len + seq.pending.shape[0] < n - 1 or seq.kv_len >= n - 1:
-                continue
-            rows.append((i, row.req_id, row.token_ids, want))
+            todo.append(_Row(i, row, want, hidden))
         witness = ProposeWitness()
         drafts: list[list[int]] = [[] for _ in batch.rows]
-        if rows:
-            self._draft(rows, drafts, witness)
+        probs: list[list[torch.Tensor]] = [[] for _ in batch.rows]
+        kv_valid = [row.num_kv_computed for row in batch.rows]
+        if todo:
+            self._draft(todo, drafts, probs, witness)
+            for r in todo:
+                kv_valid[r.index] = len(r.row.token_ids) - 1  # the real pairs only
         witness.rows = sum(1 for d in drafts if d)
         witness.rows_beyond_copy = sum(1 for d in drafts if len(set(d)) > 1)
         self.last_witness = witness
         self.witness.add(witness)
-        return Drafts.from_lists(drafts)
+        out = Drafts.from_lists(drafts)
+        out.kv_valid = kv_valid
+        flat = [q for row in probs for q in row]
+        if self.probabilistic and flat:
+            out.draft_probs = torch.stack(flat)
+        return out
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> dict[str, Any]:
         """Both witnesses, for ``draftwise generate --json`` and bench reports."""
         return {"witness": asdict(self.witness), "last_witness": asdict(self.last_witness)}
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
-        """Nothing to undo: scratch KV past ``kv_len`` is overwritten by the next propose."""
+        """Nothing to undo: the core moved the KV frontier; scratch is overwritten next time."""
 
     def release(self, req_id: str) -> None:
-        """Return the request's KV blocks."""
-        seq = self._seqs.pop(req_id, None)
-        if seq is not None:
-            self._free.extend(seq.blocks)
+        """No per-request state: the head's KV blocks are the request's, freed by the core."""
 
     # -- drafting ---------------------------------------------------------------------------
     def _draft(
         self,
-        rows: list[tuple[int, str, np.ndarray, int]],
+        rows: list[_Row],
         drafts: list[list[int]],
+        probs: list[list[torch.Tensor]],
         w: ProposeWitness,
     ) -> None:
         """First pass over the new real positions, then k-1 passes on the head's own output."""
-        ids, hid, starts, reqs = [], [], [], []
-        for _, req_id, tokens, _ in rows:
-            seq = self._seqs[req_id]
-            n = len(tokens)
-            m = n - 1 - seq.kv_len
-            if seq.pending is None:  # propose() only passes rows with pending hidden
-                raise RuntimeError(f"request {req_id!r} has no pending hidden states")
-            ids.append([int(t) for t in tokens[seq.kv_len + 1 : n]])
-            hid.append(seq.pending[:m])
-            starts.append(seq.kv_len)
-            reqs.append(req_id)
-        logits, feedback = self._forward(reqs, ids, torch.cat(hid), starts, layer=0)
+        ids = [[int(t) for t in r.row.token_ids[r.row.num_kv_computed + 1 :]] for r in rows]
+        starts = [r.row.num_kv_computed for r in rows]
+        tables = [r.row.block_table for r in rows]
+        hidden = torch.cat([r.hidden for r in rows])
+        logits, feedback = self._forward(ids, hidden, starts, tables, 0)
         w.draft_forwards += 1
-        tok = logits.argmax(-1)
-        for j, (i, req_id, tokens, _) in enumerate(rows):
-            drafts[i].append(int(tok[j]))
-            seq = self._seqs[req_id]
-            seq.pending = seq.pending[len(ids[j]) :] if seq.pending is not None else None
-            seq.kv_len = len(tokens) - 1
-        self._continue(rows, drafts, tok, feedback, w)
+        tok = self._pick(rows, logits, drafts, probs)
+        self._continue(rows, tok, feedback, drafts, probs, w)
 
     def _continue(
         self,
-        rows: list[tuple[int, str, np.ndarray, int]],
-        drafts: list[list[int]],
-        tok: torch.Tensor,  # [R] last drafts
+        rows: list[_Row],
+        tok: torch.Tensor,  # [R] the last drafts
         feedback: torch.Tensor,  # [R, hidden] the head's own output for them
+        drafts: list[list[int]],
+        probs: list[list[torch.Tensor]],
         w: ProposeWitness,
     ) -> None:
-        """Loop the head on its own output until every row has its k drafts."""
+        """Loop the head on its own output until every row has its drafts."""
         live = list(range(len(rows)))
-        for step in range(1, max(r[3] for r in rows)):
-            live = [j for j in live if rows[j][3] > step]
-            reqs = [rows[j][1] for j in live]
-            pos = [len(rows[j][2]) - 2 + step for j in live]
+        for step in range(1, max(r.want for r in rows)):
+            live = [j for j in live if rows[j].want > step]
+            sub = [rows[j] for j in live]
+            pos = [len(r.row.token_ids) - 2 + step for r in sub]
             ids = [[int(tok[j])] for j in live]
-            logits, out = self._forward(
-                reqs, ids, feedback[live], pos, layer=step % len(self.head.layers)
-            )
+            tables = [r.row.block_table for r in sub]
+            layer = step % len(self.head.layers)
+            logits, out = self._forward(ids, feedback[live], pos, tables, layer)
             w.draft_forwards += 1
             w.extra_forwards += 1
-            nxt = logits.argmax(-1)
-            for n, j in enumerate(live):
-                drafts[rows[j][0]].append(int(nxt[n]))
-            tok = tok.clone()
-            feedback = feedback.clone()
+            nxt = self._pick(sub, logits, drafts, probs)
+            tok, feedback = tok.clone(), feedback.clone()
             tok[live], feedback[live] = nxt, out
+
+    def _pick(
+        self,
+        rows: list[_Row],
+        logits: torch.Tensor,  # [R, vocab]
+        drafts: list[list[int]],
+        probs: list[list[torch.Tensor]],
+    ) -> torch.Tensor:  # [R] the chosen tokens
+        """Argmax, or a sample with its q (``draft_sample_method: probabilistic``)."""
+        tok, q = pick_draft_tokens(
+            logits, [r.row.params for r in rows], [r.row.generator for r in rows],
+            self.probabilistic,
+        )
+        for j, r in enumerate(rows):
+            drafts[r.index].append(int(tok[j]))
+            if self.probabilistic:
+                if q is None:  # an all-greedy batch: q is one-hot
+                    one = torch.zeros(logits.shape[1], dtype=torch.float32)
+                    one[tok[j]] = 1.0
+                    probs[r.index].append(one)
+                else:
+                    probs[r.index].append(q[j])
+        return tok
 
     def _forward(
         self,
-        reqs: list[str],
         ids: list[list[int]],
-        hidden: torch.Tensor,
+        hidden: torch.Tensor,  # [sum(len(ids)), hidden]
         starts: list[int],
+        tables: list[list[int]],
         layer: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [R, vocab] fp32, fed-back hidden [R, H]
         """One head forward over rows of (token, hidden) pairs at positions from ``starts``."""
         head, target = self.head, self.target
-        tables = [self._blocks(r, s + len(t)) for r, s, t in zip(reqs, starts, ids)]
         batch = build_forward_batch(
             ids, starts, tables, self.block_size, [[len(t) - 1] for t in ids], device=target.device
         )
@@ -211,7 +215,7 @@ class MtpProposer:
         cos = target.rope_cos[batch.positions].unsqueeze(1)
         sin = target.rope_sin[batch.positions].unsqueeze(1)
         mod = head.layers[layer]
-        kv = self.kv[layer]
+        kv = self.layer_kv[layer]
         window = getattr(mod, "window", None)
         meta = AttentionMetadata.build(batch, self.block_size, {None, window})
         if head.zero_centred:
@@ -225,15 +229,6 @@ class MtpProposer:
             else target.lm_head(normed)
         )
         return logits, normed
-
-    def _blocks(self, req_id: str, length: int) -> list[int]:
-        """The request's block table, grown to hold ``length`` positions."""
-        seq = self._seqs[req_id]
-        while len(seq.blocks) * self.block_size < length:
-            if not self._free:
-                raise RuntimeError("MTP head KV cache is full; raise num_blocks")
-            seq.blocks.append(self._free.pop())
-        return seq.blocks
 
 
 def _zc_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

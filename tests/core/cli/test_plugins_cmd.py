@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from draftwise import __version__, hookimpl
 from draftwise.cli import CliState, cli, main
 from draftwise.plugins import DistInfo, PluginHost, load_entry_point_plugins
+from draftwise.plugins.manager import DECLARED_ONLY
 from draftwise.speculator import Speculator
 
 FIVE = {
@@ -36,7 +37,13 @@ def test_plugins_json_lists_the_five_first_party_methods(installed_host: PluginH
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert {r["distribution"]: r["methods"] for r in rows} == FIVE
+    status = {m: s for r in rows for m, s in r["status"].items()}
+    assert status == {
+        "ngram": "runs", "mtp": "runs", "draft_model": "runs",
+        "dflash": DECLARED_ONLY, "dspark": DECLARED_ONLY,
+    }
     mtp = next(r for r in rows if r["distribution"] == "draftwise-mtp")
+    assert mtp["descriptions"]["mtp"].startswith("Multi-token-prediction heads")
     assert mtp["version"] == "0.1.0" and mtp["entry_point"] == "mtp"
     assert mtp["name"] == "draftwise-mtp:mtp" and mtp["module"] == "draftwise_mtp"
     assert mtp["hooks"] == ["register_speculators"]
@@ -48,6 +55,7 @@ def test_plugins_table(installed_host: PluginHost) -> None:
     assert result.exit_code == 0
     for name in FIVE:
         assert name in result.stdout
+    assert "dflash: declared only" in result.stdout and "ngram: runs" in result.stdout
     assert "deepseek_mtp" in result.stdout and "(26 in" in result.stdout
 
 
@@ -93,8 +101,7 @@ def test_help_lists_the_built_in_commands() -> None:
         assert name in result.stdout
 
 
-def test_main_reports_a_duplicate_method_at_startup(make_dist, capsys, monkeypatch) -> None:
-    monkeypatch.delenv("DRAFTWISE_PLUGINS", raising=False)
+def duplicate_ngram(make_dist) -> None:
     make_dist(
         "acme-ngram",
         "2.0.0",
@@ -109,13 +116,50 @@ def test_main_reports_a_duplicate_method_at_startup(make_dist, capsys, monkeypat
             )
         },
     )
+
+
+def test_a_duplicate_method_refuses_commands_that_need_the_registry(
+    make_dist, capsys, monkeypatch
+) -> None:
+    monkeypatch.delenv("DRAFTWISE_PLUGINS", raising=False)
+    duplicate_ngram(make_dist)
     with pytest.raises(SystemExit) as info:
-        main(["--version"])
+        main(["check-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "error: 'ngram' is claimed twice" in err
     assert "acme-ngram 2.0.0" in err and "draftwise-ngram 0.1.0" in err
     assert "(set DRAFTWISE_PLUGINS to load only some plugins)" in err
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["generate", "--help"]])
+def test_a_duplicate_method_leaves_help_and_version_working(
+    make_dist, capsys, monkeypatch, args
+) -> None:
+    monkeypatch.delenv("DRAFTWISE_PLUGINS", raising=False)
+    duplicate_ngram(make_dist)
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 0
+    out, err = capsys.readouterr()
+    assert out and "warning: 'ngram' is claimed twice" in err
+
+
+def test_plugins_shows_the_conflict_and_what_cannot_run(make_dist, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("DRAFTWISE_PLUGINS", raising=False)
+    duplicate_ngram(make_dist)
+    with pytest.raises(SystemExit) as info:
+        main(["plugins", "--json"])
+    assert info.value.code == 0
+    out, err = capsys.readouterr()
+    rows = {r["distribution"]: r for r in json.loads(out)}
+    assert rows["acme-ngram"]["status"] == {
+        "ngram": "conflict: 'ngram' also claimed by draftwise-ngram 0.1.0"
+    }
+    assert rows["draftwise-ngram"]["status"]["ngram"].startswith("conflict: 'ngram' also")
+    assert rows["draftwise-mtp"]["status"] == {"mtp": "runs"}
+    assert rows["draftwise-dflash"]["status"]["dflash"].startswith("declared only")
+    assert "warning: 'ngram' is claimed twice" in err
 
 
 def test_main_adds_plugin_commands(make_dist, capsys, monkeypatch) -> None:

@@ -231,14 +231,32 @@ def test_not_built_yet_is_a_notice_not_an_error() -> None:
     )
 
 
-def test_mtp_without_model_needs_k(installed_registry) -> None:
-    with pytest.raises(MissingKeyError):
-        parse({"method": "mtp"}, installed_registry)
+def test_mtp_k_is_left_to_the_checkpoint_with_or_without_model(installed_registry) -> None:
+    """vLLM: k defaults to the head depth; the draft stage reads it from the checkpoint
+    (the ``model`` dir, or the target's own), and refuses if it declares none."""
+    cfg = parse({"method": "mtp"}, installed_registry)
+    assert cfg.num_speculative_tokens is None
+    assert "num_speculative_tokens not given: the target checkpoint's config decides it" in (
+        cfg.notices
+    )
     cfg = parse({"method": "mtp", "model": "/ckpt/mtp"}, installed_registry)
     assert cfg.num_speculative_tokens is None
     assert (
         "num_speculative_tokens not given: the draft checkpoint's config decides it" in cfg.notices
     )
+    completed = cfg.with_drafters((cfg.with_checkpoint({"n_predict": 2}),))
+    assert completed.num_speculative_tokens == 2
+    with pytest.raises(ValueError, match="still have no num_speculative_tokens"):
+        cfg.with_drafters((cfg,))
+
+
+def test_a_checkpoint_decided_k_is_checked_against_the_schedule(installed_registry) -> None:
+    cfg = parse(
+        {"method": "mtp", "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
+        installed_registry,
+    )
+    with pytest.raises(RefusedValueError, match="more than num_speculative_tokens=2"):
+        cfg.with_drafters((cfg.with_checkpoint({"n_predict": 2}),))
 
 
 class TestWithCheckpoint:

@@ -22,7 +22,7 @@ from draftwise.plugins import (
     reset_plugin_cache,
     summarize,
 )
-from draftwise.plugins.manager import discover, parse_selection
+from draftwise.plugins.manager import DECLARED_ONLY, discover, parse_selection
 from draftwise.speculator import Speculator
 
 FIVE = {"dflash", "draft_model", "dspark", "mtp", "ngram"}
@@ -290,7 +290,7 @@ def test_default_host_is_cached_until_reset(fresh_plugin_cache) -> None:
 
 def test_summarize(plugin_host: PluginHost) -> None:
     plugin_host.register(LookaheadPlugin(), dist("acme-lookahead", "2.0", "lookahead"))
-    [row] = summarize(plugin_host, load_speculators(plugin_host))
+    [row] = summarize(plugin_host)
     assert row.to_json() == {
         "name": "acme-lookahead:lookahead",
         "distribution": "acme-lookahead",
@@ -300,6 +300,8 @@ def test_summarize(plugin_host: PluginHost) -> None:
         "hooks": ["register_speculators"],
         "methods": ["lookahead"],
         "aliases": ["la"],
+        "status": {"lookahead": DECLARED_ONLY},
+        "descriptions": {"lookahead": ""},
     }
 
 

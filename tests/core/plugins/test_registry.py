@@ -128,3 +128,57 @@ def test_first_party_methods_build_or_refuse_by_name(installed_registry) -> None
                 installed_registry.build_proposer(cfg, CTX)
         else:
             installed_registry.ensure_buildable(cfg)
+
+
+@pytest.mark.parametrize(
+    ("caps", "loader", "message"),
+    [
+        (dict(needs_target_hidden=True, needs_checkpoint=True), True,
+         "needs_target_hidden without own_kv_cache"),
+        (dict(own_kv_cache=True), True, "own_kv_cache or checkpoint_in_target without needs_"),
+        (dict(kv_uses_next_token=True), True, "kv_uses_next_token without own_kv_cache"),
+        (dict(needs_checkpoint=True), False, "reads a checkpoint but registers no loader"),
+    ],
+)
+def test_capabilities_the_core_cannot_serve_are_refused(caps, loader, message) -> None:
+    from draftwise.speculator import Capabilities
+
+    class Loader:
+        def detect(self, path):  # pragma: no cover - never called
+            raise AssertionError
+
+        def load(self, checkpoint, options, target):  # pragma: no cover
+            raise AssertionError
+
+    with pytest.raises(PluginRegistrationError, match=message):
+        registry(make_proposer=EchoProposer, capabilities=Capabilities(**caps),
+                 loader=Loader() if loader else None)
+
+
+def test_a_declared_only_method_may_omit_its_loader() -> None:
+    from draftwise.speculator import Capabilities
+
+    reg = registry(capabilities=Capabilities(needs_checkpoint=True, own_kv_cache=True))
+    assert not reg.runnable("echo") and "echo" in reg
+
+
+def test_the_core_key_list_is_one_list() -> None:
+    """Plugins may not declare any key the config honours, the newest included."""
+    from draftwise.config import CORE_KEYS, SpeculativeConfig
+    from draftwise.plugins.registry import RESERVED_OPTION_NAMES
+
+    assert set(SpeculativeConfig.model_fields) == set(CORE_KEYS)
+    assert RESERVED_OPTION_NAMES == {*CORE_KEYS, "draftwise"}
+    assert "num_speculative_tokens_per_batch_size" in RESERVED_OPTION_NAMES
+
+
+def test_the_registry_does_not_import_config() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, draftwise.plugins.registry, draftwise.plugins.manager; "
+        "print(sorted(m for m in sys.modules if m.startswith('draftwise.config')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

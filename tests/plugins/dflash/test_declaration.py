@@ -16,7 +16,7 @@ def test_registered(installed_registry) -> None:
 
 def test_capabilities() -> None:
     assert CAPABILITIES.needs_checkpoint and not CAPABILITIES.checkpoint_in_target
-    assert CAPABILITIES.parallel_drafting and CAPABILITIES.needs_target_hidden
+    assert CAPABILITIES.needs_target_hidden
     assert CAPABILITIES.own_kv_cache and CAPABILITIES.draft_probs
 
 

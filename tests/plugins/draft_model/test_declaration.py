@@ -15,7 +15,7 @@ def test_registered(installed_registry) -> None:
     assert (dist.name, dist.entry_point) == ("draftwise-draft-model", "draft_model")
     assert spec.options is DraftModelOptions
     assert CAPABILITIES.needs_checkpoint and CAPABILITIES.own_kv_cache and CAPABILITIES.draft_probs
-    assert not CAPABILITIES.needs_target_hidden and not CAPABILITIES.parallel_drafting
+    assert not CAPABILITIES.needs_target_hidden and not CAPABILITIES.kv_uses_next_token
 
 
 def test_needs_model_and_k(installed_registry) -> None:

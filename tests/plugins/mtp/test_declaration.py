@@ -20,7 +20,7 @@ def test_capabilities() -> None:
     from draftwise_mtp.options import CAPABILITIES as caps
 
     assert caps.needs_checkpoint and caps.checkpoint_in_target and caps.needs_target_hidden
-    assert caps.own_kv_cache and caps.draft_probs and not caps.parallel_drafting
+    assert caps.own_kv_cache and caps.draft_probs and caps.kv_uses_next_token
 
 
 def test_no_options_of_its_own() -> None:

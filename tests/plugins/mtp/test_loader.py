@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draftwise_mtp.loader import MtpHeadError, detect
+from draftwise_mtp.head import MtpHeadError, detect
 
 
 def write_gguf(path: Path, nextn_layers: int, head_tensors: bool) -> str:

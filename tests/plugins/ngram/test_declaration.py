@@ -27,7 +27,7 @@ def test_registered_with_its_distribution(installed_registry) -> None:
     assert spec.make_proposer is make_ngram_proposer
     caps = spec.capabilities
     assert not (
-        caps.needs_checkpoint or caps.draft_probs or caps.own_kv_cache or caps.parallel_drafting
+        caps.needs_checkpoint or caps.draft_probs or caps.own_kv_cache or caps.needs_target_hidden
     )
 
 

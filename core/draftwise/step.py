@@ -1,0 +1,70 @@
+"""The typed records one engine step passes from propose to commit.
+
+``LLMEngine.step`` reads schedule -> propose -> forward -> verify -> commit -> feedback;
+each phase hands the next one of these, never a side dictionary keyed by request id.
+Rows are the step's scheduled rows, in order; row ``i`` of every list below is row ``i``
+of the schedule. Nothing here is committed anywhere: a step that fails before commit can
+be run again for any subset of its rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(slots=True)
+class StepDrafts:
+    """Every row's draft: what propose made, what forward feeds and verify checks."""
+
+    #: ``[total_draft_tokens]`` int64, row after row (target vocabulary)
+    token_ids: np.ndarray
+    #: ``[num_rows]`` draft tokens per row (0: the row does not speculate)
+    num_draft_tokens: list[int]
+    #: ``[num_rows]`` index of the chain member that drafted the row; None: no draft
+    owner: list[int | None]
+    #: ``[total_draft_tokens, vocab]`` float32 q, or None when every row's q is one-hot
+    draft_probs: torch.Tensor | None = None
+    #: ``[num_rows]`` per own-KV chain member: its KV positions right if every draft of
+    #: the row is accepted (``Drafts.kv_valid``); absent members wrote nothing
+    kv_valid: list[dict[int, int]] = field(default_factory=list)
+
+    @classmethod
+    def none(cls, num_rows: int) -> StepDrafts:
+        """No row speculates (no speculative config, or nothing to draft)."""
+        return cls(
+            np.zeros(0, dtype=np.int64), [0] * num_rows, [None] * num_rows, None,
+            [{} for _ in range(num_rows)],
+        )
+
+    @property
+    def cu_num_draft_tokens(self) -> list[int]:
+        """Prefix sums of ``num_draft_tokens``, starting at 0."""
+        out = [0]
+        for n in self.num_draft_tokens:
+            out.append(out[-1] + n)
+        return out
+
+    def row(self, i: int) -> np.ndarray:
+        """Row ``i``'s draft tokens."""
+        cu = self.cu_num_draft_tokens
+        return self.token_ids[cu[i] : cu[i + 1]]
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What verification decided, per row: the one input of commit and feedback."""
+
+    #: ``[num_rows]`` accepted draft tokens (0 for rows that did not sample)
+    num_accepted: list[int]
+    #: ``[num_rows]`` output tokens (accepted + recovered or bonus); None: no sample
+    #: (a prefill chunk that does not reach the end of the prompt)
+    output_token_ids: list[list[int] | None]
+
+
+__all__ = ["StepDrafts", "StepOutcome"]

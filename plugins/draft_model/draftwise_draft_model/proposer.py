@@ -1,0 +1,164 @@
+"""DraftModelProposer: a smaller model drafts k tokens per row, batched over rows.
+
+The loop (vLLM ``DraftModelProposer``, one draft forward per depth, not one per row):
+
+1. depth 0 feeds every drafting row what its draft KV lacks, from ``row.num_kv_computed``
+   to its last token (the tokens accepted last step and the bonus token; the whole
+   prompt the first time), and picks draft 1 at the last position;
+2. depth j feeds draft j at the next position, for the rows that want more than j;
+3. picking is the argmax, or a sample from the request's processed draft distribution
+   (``draft_sample_method: "probabilistic"``, whose q goes to verification);
+4. the draft's KV lives in the core's pool under the request's target block table; the
+   positions written are right exactly when the drafts fed are accepted, so
+   ``kv_valid = len(tokens) + drafts - 1`` and the core rolls the rest back with the
+   target's (the last draft is never fed).
+
+With another tokenizer (``use_heterogeneous_vocab``) the context is fed through
+:class:`~draftwise_draft_model.vocab.VocabMap`, draft logits are masked to the shared
+tokens and drafts are mapped back to target ids. The proposer keeps no per-request state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftwise.drafting import pick_draft_tokens
+from draftwise.models.batch import KVCache, build_forward_batch
+from draftwise.speculator import DraftInput, Drafts, VerifyOutcome
+from draftwise_draft_model.vocab import VocabMap
+
+#: (tokens fed per row, first position per row, row indices) -> last-position logits [R, V]
+StepFn = Callable[[list[list[int]], list[int], list[int]], torch.Tensor]
+#: (logits [R, V], row indices) -> the draft-vocabulary token picked per row
+PickFn = Callable[[torch.Tensor, list[int]], list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModel:
+    """What the loader hands the proposer: the loaded draft and, across vocabularies, the map."""
+
+    loaded: Any  # draftwise.models.loader.LoadedModel
+    mapping: VocabMap | None = None
+
+
+def draft_autoregressive(
+    first: list[list[int]], starts: list[int], wants: list[int], step: StepFn, pick: PickFn
+) -> list[list[int]]:
+    """Up to ``wants[r]`` drafts per row (rules 1-2), one ``step`` call per depth.
+
+    ``first[r]`` is what row r feeds at depth 0, from position ``starts[r]``; the result is
+    in the vocabulary ``pick`` returns.
+    """
+    drafts: list[list[int]] = [[] for _ in first]
+    live = [r for r, w in enumerate(wants) if w > 0 and first[r]]
+    depth = 0
+    while live:
+        if depth == 0:
+            ids = [first[r] for r in live]
+            pos = [starts[r] for r in live]
+        else:
+            ids = [[drafts[r][-1]] for r in live]
+            pos = [starts[r] + len(first[r]) + depth - 1 for r in live]
+        for r, tok in zip(live, pick(step(ids, pos, live), live)):
+            drafts[r].append(tok)
+        depth += 1
+        live = [r for r in live if wants[r] > depth]
+    return drafts
+
+
+class DraftModelProposer:
+    """The Proposer shell around :func:`draft_autoregressive` and the draft's forward."""
+
+    def __init__(
+        self,
+        draft: DraftModel,
+        kv: KVCache,
+        k: int,
+        block_size: int,
+        probabilistic: bool = False,
+    ) -> None:
+        self.model = draft.loaded.model
+        self.mapping = draft.mapping
+        self.kv, self.k, self.block_size = kv, k, block_size
+        self.probabilistic = probabilistic
+        if len(kv.k) != self.model.num_layers or kv.block_size != block_size:
+            raise ValueError(
+                f"the draft needs {self.model.num_layers} KV layers of block size {block_size}, "
+                f"got {len(kv.k)} of {kv.block_size}"
+            )
+        self.counters = {"draft_forwards": 0, "rows_drafted": 0, "draft_tokens": 0}
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftInput) -> Drafts:
+        """Drafts for every row, ``min(k, row.max_draft)`` each."""
+        rows = batch.rows
+        wants = [min(self.k, r.max_draft) for r in rows]
+        starts = [r.num_kv_computed for r in rows]
+        first = [self._to_draft(r.token_ids[r.num_kv_computed :]) for r in rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in rows]
+
+        def step(ids: list[list[int]], pos: list[int], live: list[int]) -> torch.Tensor:
+            tables = [rows[r].block_table for r in live]
+            fb = build_forward_batch(
+                ids, pos, tables, self.block_size, [[len(t) - 1] for t in ids],
+                device=self.model.device,
+            )
+            self.counters["draft_forwards"] += 1
+            return self.model(fb, self.kv).logits
+
+        def pick(logits: torch.Tensor, live: list[int]) -> list[int]:
+            if self.mapping is not None:
+                self.mapping.mask_(logits)
+            tok, q = pick_draft_tokens(
+                logits, [rows[r].params for r in live], [rows[r].generator for r in live],
+                self.probabilistic,
+            )
+            if self.probabilistic:
+                for j, r in enumerate(live):
+                    probs[r].append(q[j] if q is not None else _one_hot(tok[j], logits.shape[1]))
+            return tok.tolist()
+
+        drafts = draft_autoregressive(first, starts, wants, step, pick)
+        out = Drafts.from_lists([self._to_target(d) for d in drafts])
+        out.kv_valid = [
+            len(r.token_ids) + len(d) - 1 if d else r.num_kv_computed for r, d in zip(rows, drafts)
+        ]
+        flat = [q for row in probs for q in row]
+        if self.probabilistic and flat:
+            out.draft_probs = torch.stack(flat)
+        self.counters["rows_drafted"] += sum(1 for d in drafts if d)
+        self.counters["draft_tokens"] += sum(len(d) for d in drafts)
+        return out
+
+    def _to_draft(self, target_ids: np.ndarray) -> list[int]:
+        """Context tokens in the draft's vocabulary."""
+        ids = target_ids if self.mapping is None else self.mapping.to_draft(target_ids)
+        return [int(t) for t in ids]
+
+    def _to_target(self, draft_ids: list[int]) -> list[int]:
+        """Drafts in the target's vocabulary (every one shared: logits were masked)."""
+        if self.mapping is None or not draft_ids:
+            return draft_ids
+        return self.mapping.to_target(torch.tensor(draft_ids)).tolist()
+
+    def stats(self) -> dict[str, Any]:
+        """Draft forwards run (one per depth per call), rows and tokens drafted."""
+        return dict(self.counters)
+
+    def on_verified(self, outcome: VerifyOutcome) -> None:
+        """Nothing to undo: the core keeps ``min(kv_valid, committed)`` of the draft KV."""
+
+    def release(self, req_id: str) -> None:
+        """No per-request state: the draft KV blocks are the request's, freed by the core."""
+
+
+def _one_hot(token: torch.Tensor, vocab: int) -> torch.Tensor:  # [] -> [vocab]
+    """q of a greedy row in a probabilistic batch."""
+    q = torch.zeros(vocab, dtype=torch.float32)
+    q[token] = 1.0
+    return q

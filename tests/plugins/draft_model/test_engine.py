@@ -1,0 +1,232 @@
+"""draft_model through the whole engine: greedy identity, batching, draft KV, refusals.
+
+bf16 weights: target and draft forwards are batch-invariant, so every identity below is
+exact (token lists equal), whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from draftwise import LLM, SamplingParams
+from draftwise.config import RefusedValueError
+from draftwise.formats.default_model import default_model_path
+from draftwise_draft_model.loader import DraftModelError
+from draftwise_draft_model.proposer import DraftModelProposer
+
+PROMPTS = [
+    [7, 3, 11, 5, 2, 9],
+    list(range(20, 57)),
+    [100, 101, 102],
+    [(i * 37) % 500 + 3 for i in range(23)],
+]
+
+
+def greedy(n: int = 20) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def spec(draft: Path, k: int, **extra: Any) -> dict[str, Any]:
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k, **extra}
+
+
+def generate(target: Path, config: dict | None, prompts: list[list[int]], n: int = 20, **kw):
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, **kw)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n))
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+@pytest.fixture(scope="module")
+def want(target_dir: Path) -> list[list[int]]:
+    """Each prompt alone, speculation off."""
+    return [generate(target_dir, None, [p])[0][0] for p in PROMPTS]
+
+
+def assert_clean(llm: LLM) -> None:
+    """Every block and every draft state returned; the pool's books balance."""
+    assert llm.engine.kv.num_used_blocks == 0
+    assert llm.engine.spec.num_tracked_requests == 0
+    llm.engine.kv.check_invariants()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_greedy_identical_to_spec_off(target_dir, draft_dir, want, k: int) -> None:
+    got, llm = generate(target_dir, spec(draft_dir, k), [PROMPTS[0]])
+    assert got[0] == want[0]
+    m = llm.engine.spec.metrics
+    assert m.num_draft_tokens > 0 and 0 < m.num_accepted_tokens
+    if k > 1:
+        assert m.num_accepted_tokens < m.num_draft_tokens, "the jittered draft must miss some"
+    stats = llm.engine.spec.proposer_stats()[0]
+    assert stats["method"] == "draft_model" and stats["draft_forwards"] > 0
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_batched_rows_are_identical_to_each_alone(target_dir, draft_dir, want, k: int) -> None:
+    got, llm = generate(target_dir, spec(draft_dir, k), PROMPTS, max_num_seqs=4)
+    assert got == want
+    stats = llm.engine.spec.proposer_stats()[0]
+    # batched over rows: fewer draft forwards than drafting rows times depth
+    assert stats["draft_forwards"] < stats["rows_drafted"] * k
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_heterogeneous_vocab_is_identical_and_maps_both_ways(
+    target_dir, hetero_draft_dir, want, k: int
+) -> None:
+    config = spec(hetero_draft_dir, k, use_heterogeneous_vocab=True)
+    got, llm = generate(target_dir, config, PROMPTS, max_num_seqs=4)
+    assert got == want
+    mapping = llm.engine.spec.proposers[0].mapping
+    assert mapping is not None and mapping.num_shared == 502  # 501 words + [UNK]
+    # agreement is only possible through a right map of context and drafts
+    assert llm.engine.spec.metrics.num_accepted_tokens > 0
+    assert_clean(llm)
+
+
+def test_vocab_mismatch_without_the_flag_is_refused_by_name(target_dir, hetero_draft_dir) -> None:
+    with pytest.raises(RefusedValueError) as info:
+        LLM(model=str(target_dir), speculative_config=spec(hetero_draft_dir, 2))
+    msg = str(info.value)
+    assert "540 tokens" in msg and "512" in msg and '"use_heterogeneous_vocab": true' in msg
+
+
+def test_refusals_vllm_makes_too(target_dir, draft_dir, no_tokenizer_draft) -> None:
+    with pytest.raises(RefusedValueError, match="draft_tensor_parallel_size=2 is refused"):
+        LLM(model=str(target_dir),
+            speculative_config=spec(draft_dir, 2, draft_tensor_parallel_size=2))
+    with pytest.raises(RefusedValueError, match="use_heterogeneous_vocab=true is refused"):
+        LLM(model=str(target_dir), speculative_config=spec(
+            draft_dir, 2, use_heterogeneous_vocab=True, draft_sample_method="probabilistic"))
+    with pytest.raises(RefusedValueError, match="vLLM's PARD path"):
+        LLM(model=str(target_dir), speculative_config=spec(draft_dir, 2, parallel_drafting=True))
+    with pytest.raises(DraftModelError, match="the draft has no tokenizer.json"):
+        LLM(model=str(target_dir), speculative_config=spec(
+            no_tokenizer_draft, 2, use_heterogeneous_vocab=True))
+    with pytest.raises(RefusedValueError, match="max_model_len=600 is refused"):
+        LLM(model=str(target_dir), speculative_config=spec(draft_dir, 2, max_model_len=600))
+
+
+def test_a_hybrid_draft_is_refused_by_name(target_dir, tmp_path) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[3]
+    mod_spec = importlib.util.spec_from_file_location(
+        "build_tiny_hybrid", root / "scripts" / "build_tiny_hybrid.py"
+    )
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    hybrid = mod.build(tmp_path / "hybrid", "qwen3_5")
+    with pytest.raises(DraftModelError, match="recurrent state, which a draft cannot keep yet"):
+        LLM(model=str(target_dir), speculative_config=spec(hybrid, 2))
+
+
+def test_draft_max_model_len_skips_rows_past_it(target_dir, draft_dir, want) -> None:
+    """vLLM's draft max_model_len: rows longer than it are not drafted (still lossless)."""
+    got, llm = generate(target_dir, spec(draft_dir, 2, max_model_len=30), [PROMPTS[1]])
+    assert got[0] == want[1]  # a 37-token prompt: never drafted
+    assert llm.engine.spec.metrics.num_draft_tokens == 0
+    got, llm = generate(target_dir, spec(draft_dir, 2, max_model_len=30), [PROMPTS[0]])
+    assert got[0] == want[0] and llm.engine.spec.metrics.num_draft_tokens > 0
+
+
+def test_no_leaked_blocks_after_finish_abort_and_preemption(target_dir, draft_dir, want) -> None:
+    """A tight pool preempts rows with drafts in flight; an abort lands mid-decode."""
+    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3),
+              block_size=4, num_kv_blocks=24, max_model_len=64, max_num_seqs=4,
+              max_num_batched_tokens=32)
+    engine = llm.engine
+    ids = [engine.add_request({"prompt_token_ids": p}, greedy()) for p in PROMPTS]
+    victim = engine.add_request({"prompt_token_ids": PROMPTS[0]}, greedy(), request_id="victim")
+    done: dict[str, list[int]] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+        steps += 1
+        if steps == 4:
+            assert engine.abort_request(victim)
+        engine.kv.check_invariants()
+    assert [done[i] for i in ids] == want
+    assert engine.stats.num_preemptions > 0, "the test must force a preemption"
+    assert engine.spec.metrics.num_draft_tokens > 0
+    assert_clean(llm)
+
+
+def test_prefix_cache_hits_give_the_same_drafts(target_dir, draft_dir, monkeypatch) -> None:
+    """A request whose prefix is cached drafts exactly what it drafts on a cold cache."""
+    seen: list[tuple[str, list[list[int]]]] = []
+    real = DraftModelProposer.propose
+
+    def record(self, batch):
+        out = real(self, batch)
+        seen.append((batch.rows[0].req_id, [out.row(i).tolist() for i in range(len(batch.rows))]))
+        return out
+
+    monkeypatch.setattr(DraftModelProposer, "propose", record)
+    shared = list(range(30, 62))  # two full blocks of 16
+    a, b = shared + [5, 6, 7], shared + [8, 9]
+    cold = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    cold_out = cold.generate({"prompt_token_ids": b}, greedy(12))[0]
+    cold_drafts = [d for _, d in seen]
+    seen.clear()
+    warm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    warm.generate({"prompt_token_ids": a}, greedy(12))
+    seen.clear()
+    warm_out = warm.generate({"prompt_token_ids": b}, greedy(12))[0]
+    assert warm_out.num_cached_tokens == 32, "b must hit a's two cached blocks"
+    assert [d for _, d in seen] == cold_drafts
+    assert warm_out.outputs[0].token_ids == cold_out.outputs[0].token_ids
+    assert_clean(warm)
+
+
+def test_a_gguf_checkpoint_drafts_too() -> None:
+    """The embedded SmolLM2 GGUF drafting for itself: every draft is accepted."""
+    path = default_model_path()
+    prompt = "Count from one to ten:"
+    plain = LLM(max_num_seqs=1).generate(prompt, greedy(12))[0]
+    llm = LLM(max_num_seqs=1, speculative_config=spec(Path(path), 3))
+    on = llm.generate(prompt, greedy(12))[0]
+    assert on.outputs[0].token_ids == plain.outputs[0].token_ids
+    sd = on.metrics["speculative_decoding"]
+    assert sd["num_draft_tokens"] > 0 and sd["num_accepted_draft_tokens"] == sd["num_draft_tokens"]
+    assert_clean(llm)
+
+
+def test_a_step_that_fails_before_commit_can_run_again(
+    target_dir, draft_dir, want, monkeypatch
+) -> None:
+    """Propose and forward change nothing the core cannot take back: after a failure in
+    verify, stepping on gives exactly the tokens of a run that never failed."""
+    from draftwise.engine import LLMEngine
+
+    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3),
+              max_num_seqs=4)
+    engine = llm.engine
+    ids = [engine.add_request({"prompt_token_ids": p}, greedy()) for p in PROMPTS]
+    real, calls = LLMEngine._verify, {"n": 0}
+
+    def flaky(self, rows, drafts, logits):
+        calls["n"] += 1
+        if calls["n"] in (3, 4):
+            raise RuntimeError("injected")
+        return real(self, rows, drafts, logits)
+
+    monkeypatch.setattr(LLMEngine, "_verify", flaky)
+    done: dict[str, list[int]] = {}
+    failures = 0
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except RuntimeError:
+            failures += 1
+            continue
+        done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
+    assert failures == 2 and [done[i] for i in ids] == want
+    assert_clean(llm)
