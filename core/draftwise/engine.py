@@ -163,7 +163,7 @@ class LLMEngine:
         if req is None:
             return False
         req.finished_time = time.monotonic()
-        self._release(request_id)
+        self._release_state(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -183,23 +183,25 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
-            self._release(victim.req_id)
-        self.stats.timings.schedule += time.perf_counter() - t0
+            self._release_state(victim.req_id)
         if not sched.rows:
             return []
-        outputs = self._run_rows(sched.rows)
+        outputs = self._run_rows(sched.rows, t0)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
 
-    def _run_rows(self, rows: list[ScheduledRow]) -> list[RequestOutput]:
+    def _run_rows(self, rows: list[ScheduledRow], t0: float) -> list[RequestOutput]:
         """propose -> forward -> verify -> commit -> feedback for scheduled rows.
 
-        Nothing outside this step's own records changes before :meth:`_commit`, so a step
-        that raises earlier can be run again for any subset of ``rows``.
+        Nothing outside this step's own records changes before :meth:`_commit` (K/V past a
+        row's computed tokens is rewritten, proposals keep no state the core cannot take
+        back), so a step that raises earlier can be run again for any subset of ``rows``.
         """
         tm = self.stats.timings
-        t0 = time.perf_counter()
+        t_sched = time.perf_counter()
+        tm.schedule += t_sched - t0
+        t0 = t_sched
         tables = [self.kv.block_table(row.request.req_id) for row in rows]
         drafts = (
             self.spec.propose(rows, tables) if self.spec is not None
@@ -274,47 +276,56 @@ class LLMEngine:
         hidden_states: dict[int, torch.Tensor],
         starts: list[int],
     ) -> list[RequestOutput]:
-        """Append verified tokens, roll back rejected drafts, feed back, check stops."""
-        from draftwise.cache.rollback import rollback
-
+        """Commit row by row (:meth:`_commit_row`), then feed back, then build outputs."""
+        offsets = [0]
+        for i, row in enumerate(rows):
+            offsets.append(offsets[-1] + row.num_new_tokens + drafts.num_draft_tokens[i])
         now = time.monotonic()
         progressed: list[Request] = []
-        for row, toks in zip(rows, outcome.output_token_ids):
-            if toks is None:  # a prefill chunk that does not reach the end yet
-                continue
-            req = row.request
+        for i, row in enumerate(rows):
+            self._commit_row(i, row, drafts, outcome, hidden_states, starts[i], offsets[i], now)
+            if outcome.output_token_ids[i] is not None:
+                progressed.append(row.request)
+        if self.spec is not None:
+            self.spec.feedback(rows, drafts, outcome)
+        return [self._make_output(req) for req in progressed]
+
+    def _commit_row(
+        self,
+        i: int,
+        row: ScheduledRow,
+        drafts: StepDrafts,
+        outcome: StepOutcome,
+        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the whole step's
+        start: int,
+        offset: int,  # row i's first token in the step's flat batch
+        now: float,
+    ) -> None:
+        """One row: append its verified tokens, move its draft state, keep the K/V of its
+        accepted drafts and roll back the rest (``cache/rollback.py``), or finish it."""
+        from draftwise.cache.rollback import rollback
+
+        req, toks = row.request, outcome.output_token_ids[i]
+        if toks is not None:  # None: a prefill chunk that does not reach the end yet
             if req.first_token_time is None:
                 req.first_token_time = now
             self._append_tokens(req, toks)
-            progressed.append(req)
+        if req.status.finished:  # tokens past a stop are dropped with all the blocks
+            req.finished_time = now
+            self.scheduler.finish(req, req.status)
+            self._release_state(req.req_id)
+            return
+        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
+        computed = start + row.num_new_tokens + n_acc
         if self.spec is not None:
-            self.spec.commit(rows, drafts, outcome, hidden_states, starts)
-            self.spec.feedback(rows, drafts, outcome)
-        live = [i for i, row in enumerate(rows) if not row.request.status.finished]
-        computed = [starts[i] + rows[i].num_new_tokens + outcome.num_accepted[i] for i in live]
-        # keep the K/V of accepted drafts, free whole blocks past them, and take the
-        # recurrent state at the last accepted token (cache/rollback.py)
-        rollback(
-            self.kv,
-            [rows[i].request.req_id for i in live],
-            computed,
-            [drafts.num_draft_tokens[i] for i in live],
-            [outcome.num_accepted[i] for i in live],
-            self.runner.states,
-        )
-        for i, n in zip(live, computed):
-            req = rows[i].request
-            cacheable = self.spec.cacheable(req.req_id, n) if self.spec is not None else n
-            self.scheduler.commit(req, n, cacheable)
-        for req in progressed:
-            if req.status.finished:  # tokens past a stop are dropped with all the blocks
-                req.finished_time = now
-                self.scheduler.finish(req, req.status)
-                self._release(req.req_id)
-        return [self._make_output(req) for req in progressed]
+            self.spec.commit_row(req.req_id, i, drafts, start, computed, hidden_states, offset)
+        rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
+        cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
+        self.scheduler.commit(req, computed, cacheable)
 
-    def _release(self, req_id: str) -> None:
-        """A request left the running set (finish, abort, preemption): drop its state."""
+    def _release_state(self, req_id: str) -> None:
+        """A request left the running set (finish, abort, preemption): drop its
+        runner-side (recurrent) and speculation-side state."""
         self.runner.release(req_id)
         if self.spec is not None:
             self.spec.release(req_id)
