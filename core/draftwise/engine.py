@@ -203,7 +203,7 @@ class LLMEngine:
         if req is None:
             return False
         req.finished_time = time.monotonic()
-        self._release(request_id)
+        self._release_state(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -228,27 +228,28 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
-            self._release(victim.req_id)
-        self.stats.timings.schedule += time.perf_counter() - t0
-        rows = sched.rows
-        if not rows:
+            self._release_state(victim.req_id)
+        if not sched.rows:
             return []
         try:
-            outputs = self._run_rows(rows)
+            outputs = self._run_rows(sched.rows, t0)
         except Exception as exc:  # noqa: BLE001 - attributed to a row, or to all of them
-            outputs = self._isolate(rows, exc)
+            outputs = self._isolate(sched.rows, exc)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
 
-    def _run_rows(self, rows: list[ScheduledRow]) -> list[RequestOutput]:
+    def _run_rows(self, rows: list[ScheduledRow], t0: float) -> list[RequestOutput]:
         """propose -> forward -> verify -> commit -> feedback for scheduled rows.
 
-        Nothing outside this step's own records changes before :meth:`_commit`, so a step
-        that raises earlier can be run again for any subset of ``rows``.
+        Nothing outside this step's own records changes before :meth:`_commit` (K/V past a
+        row's computed tokens is rewritten, proposals keep no state the core cannot take
+        back), so a step that raises earlier can be run again for any subset of ``rows``.
         """
         tm = self.stats.timings
-        t0 = time.perf_counter()
+        t_sched = time.perf_counter()
+        tm.schedule += t_sched - t0
+        t0 = t_sched
         tables = [self.kv.block_table(row.request.req_id) for row in rows]
         drafts = (
             self.spec.propose(rows, tables) if self.spec is not None
@@ -323,70 +324,70 @@ class LLMEngine:
         hidden_states: dict[int, torch.Tensor],
         starts: list[int],
     ) -> list[RequestOutput]:
-        """Append verified tokens, roll back rejected drafts, feed back, check stops."""
+        """Commit row by row (:meth:`_commit_row`), then feed back, then build outputs."""
+        offsets = [0]
+        for i, row in enumerate(rows):
+            offsets.append(offsets[-1] + row.num_new_tokens + drafts.num_draft_tokens[i])
         now = time.monotonic()
         progressed: list[Request] = []
-        failed: list[tuple[Request, Exception]] = []
-        for row, toks in zip(rows, outcome.output_token_ids):
-            if toks is None:  # a prefill chunk that does not reach the end yet
+        failed: list[RequestOutput] = []
+        for i, row in enumerate(rows):
+            try:  # detokenizing, stop strings, a row's draft state: its failure is its own
+                self._commit_row(i, row, drafts, outcome, hidden_states, starts[i], offsets[i], now)
+            except Exception as exc:  # noqa: BLE001 - this row fails alone
+                failed.append(self._fail(row.request, exc))
                 continue
-            req = row.request
-            if req.first_token_time is None:
-                req.first_token_time = now
-            try:  # detokenizing, stop strings: a row's own failure fails that row alone
-                self._append_tokens(req, toks)
-            except Exception as exc:  # noqa: BLE001
-                failed.append((req, exc))
-                continue
-            progressed.append(req)
-        try:
-            self._commit_state(rows, drafts, outcome, hidden_states, starts)
-        except Exception as exc:  # noqa: BLE001 - tokens are appended: no retry can be right
-            logger.exception("committing a step failed; failing its rows")
-            return [self._fail(row.request, exc) for row in rows
-                    if not row.request.status.finished or row.request in progressed]
-        for req in progressed:
-            if req.status.finished:  # tokens past a stop are dropped with all the blocks
-                req.finished_time = now
-                self.scheduler.finish(req, req.status)
-                self._release(req.req_id)
-        return [self._make_output(req) for req in progressed] + [
-            self._fail(req, exc) for req, exc in failed
-        ]
+            if outcome.output_token_ids[i] is not None:
+                progressed.append(row.request)
+        if self.spec is not None:
+            try:
+                self.spec.feedback(rows, drafts, outcome)
+            except Exception as exc:  # noqa: BLE001 - tokens are committed: no retry is right
+                logger.exception("proposer feedback failed; failing the rows it drafted for")
+                drafted = {rows[i].request.req_id for i, n in enumerate(drafts.num_draft_tokens)
+                           if n}
+                hit = {req.req_id for req in progressed
+                       if req.req_id in drafted and not req.status.finished}
+                failed += [self._fail(req, exc) for req in progressed if req.req_id in hit]
+                progressed = [req for req in progressed if req.req_id not in hit]
+        return [self._make_output(req) for req in progressed] + failed
 
-    def _commit_state(
+    def _commit_row(
         self,
-        rows: list[ScheduledRow],
+        i: int,
+        row: ScheduledRow,
         drafts: StepDrafts,
         outcome: StepOutcome,
-        hidden_states: dict[int, torch.Tensor],
-        starts: list[int],
+        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the whole step's
+        start: int,
+        offset: int,  # row i's first token in the step's flat batch
+        now: float,
     ) -> None:
-        """Feed the proposers, keep accepted K/V (and recurrent state), free the rest."""
+        """One row: append its verified tokens, move its draft state, keep the K/V of its
+        accepted drafts and roll back the rest (``cache/rollback.py``), or finish it."""
         from draftwise.cache.rollback import rollback
 
+        req, toks = row.request, outcome.output_token_ids[i]
+        if toks is not None:  # None: a prefill chunk that does not reach the end yet
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self._append_tokens(req, toks)
+        if req.status.finished:  # tokens past a stop are dropped with all the blocks
+            req.finished_time = now
+            self.scheduler.finish(req, req.status)
+            self._release_state(req.req_id)
+            return
+        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
+        computed = start + row.num_new_tokens + n_acc
         if self.spec is not None:
-            self.spec.commit(rows, drafts, outcome, hidden_states, starts)
-            self.spec.feedback(rows, drafts, outcome)
-        live = [i for i, row in enumerate(rows) if not row.request.status.finished]
-        computed = [starts[i] + rows[i].num_new_tokens + outcome.num_accepted[i] for i in live]
-        # keep the K/V of accepted drafts, free whole blocks past them, and take the
-        # recurrent state at the last accepted token (cache/rollback.py)
-        rollback(
-            self.kv,
-            [rows[i].request.req_id for i in live],
-            computed,
-            [drafts.num_draft_tokens[i] for i in live],
-            [outcome.num_accepted[i] for i in live],
-            self.runner.states,
-        )
-        for i, n in zip(live, computed):
-            req = rows[i].request
-            cacheable = self.spec.cacheable(req.req_id, n) if self.spec is not None else n
-            self.scheduler.commit(req, n, cacheable)
+            self.spec.commit_row(req.req_id, i, drafts, start, computed, hidden_states, offset)
+        rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
+        cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
+        self.scheduler.commit(req, computed, cacheable)
 
-    def _release(self, req_id: str) -> None:
-        """A request left the running set (finish, abort, preemption): drop its state."""
+    def _release_state(self, req_id: str) -> None:
+        """A request left the running set (finish, abort, preemption): drop its
+        runner-side (recurrent) and speculation-side state."""
         self.runner.release(req_id)
         if self.spec is not None:
             self.spec.release(req_id)
@@ -410,12 +411,12 @@ class LLMEngine:
             req = row.request
             if req.status.finished:
                 continue
-            self._release(req.req_id)
+            self._release_state(req.req_id)
             retry = self.scheduler.restart(req)
             if retry is None:  # no blocks for it alone now: back to the queue, recomputed later
                 continue
             try:
-                outputs.extend(self._run_rows([retry]))
+                outputs.extend(self._run_rows([retry], time.perf_counter()))
             except Exception as row_exc:  # noqa: BLE001 - this row fails alone
                 outputs.append(self._fail(req, row_exc))
         return outputs
@@ -428,7 +429,7 @@ class LLMEngine:
         req.new_token_ids, req.new_text = [], ""
         req.finished_time = time.monotonic()
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        self._release(req.req_id)
+        self._release_state(req.req_id)
         return self._make_output(req)
 
     def _maybe_log_stats(self) -> None:

@@ -15,7 +15,7 @@ Per request this module keeps what the core owes a model-based proposer:
 - the **target hidden states** of committed positions from the lowest frontier of a
   hidden-state consumer on, for the layers the loaded drafts asked for.
 
-Proposing reads this state and changes none of it; :meth:`Speculation.commit` moves it.
+Proposing reads this state and changes none of it; :meth:`Speculation.commit_row` moves it.
 """
 
 from __future__ import annotations
@@ -217,32 +217,27 @@ class Speculation:
 
     # -- commit ---------------------------------------------------------------------------
 
-    def commit(
+    def commit_row(
         self,
-        rows: list[ScheduledRow],
+        req_id: str,
+        i: int,
         drafts: StepDrafts,
-        outcome: StepOutcome,
-        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the forward's rows
-        starts: list[int],
+        start: int,
+        computed: int,
+        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the step's forward
+        offset: int,
     ) -> None:
-        """Move frontiers to what verify kept and buffer the committed hidden states.
-
-        ``starts`` are the rows' first fed positions; finished rows are skipped (they are
-        released). Row ``i`` kept its fed tokens and ``num_accepted[i]`` drafts.
-        """
-        offset = 0
-        for i, (row, start) in enumerate(zip(rows, starts)):
-            fed = row.num_new_tokens + drafts.num_draft_tokens[i]
-            state = self._states.get(row.request.req_id)
-            kept = row.num_new_tokens + outcome.num_accepted[i]
-            if state is not None and not row.request.status.finished:
-                committed = start + kept
-                for pid in self._own_kv:
-                    valid = drafts.kv_valid[i].get(pid, state.frontier[pid])
-                    state.frontier[pid] = min(valid, committed)
-                if self._hidden_users:
-                    self._buffer_hidden(state, start, hidden_states, offset, kept)
-            offset += fed
+        """Row ``i`` kept positions ``start .. computed-1`` (its fed tokens and accepted
+        drafts; its hidden rows start at ``offset``): move its frontiers to what verify
+        kept and buffer the committed hidden states."""
+        state = self._states.get(req_id)
+        if state is None:
+            return
+        for pid in self._own_kv:
+            valid = drafts.kv_valid[i].get(pid, state.frontier[pid])
+            state.frontier[pid] = min(valid, computed)
+        if self._hidden_users:
+            self._buffer_hidden(state, start, hidden_states, offset, computed - start)
 
     def _buffer_hidden(
         self,

@@ -314,7 +314,7 @@ class Proposer(Protocol):
         ...
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
-        """Feedback after verification (called before finished requests are released)."""
+        """Feedback after commit (a request that finished this step is already released)."""
         ...
 
     def release(self, req_id: str) -> None:
