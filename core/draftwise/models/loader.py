@@ -3,7 +3,10 @@
 Order of work: detect the format, check the architecture from the checkpoint's own
 config, check every tensor name and shape against that config, then allocate the model
 once in the target dtype and stream weights into it (fused slices, dtype cast on copy).
-Nothing large is read before the checks pass.
+A GGUF's quantized weights are not copied into dense parameters at all: the ones the
+native kernels run stay in their stored type (``models.gguf_weights`` decides which and
+packs them), and only the rest is dequantized. Nothing large is read before the checks
+pass.
 """
 
 from __future__ import annotations
