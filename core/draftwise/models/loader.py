@@ -148,7 +148,8 @@ def _load_gguf(
     for line in plan.notices:
         logger.warning("draftwise: %s", line)
     model = LlamaForCausalLM(config, dtype, device, external=frozenset(plan.groups))
-    dense = [n for n in names if n not in plan.hf_names]
+    quantized = plan.hf_names
+    dense = [n for n in names if n not in quantized]
     tick = _ticker(len(names), progress)
     load_quantized(ckpt, config, plan, available, model.set_quantized, tick)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
