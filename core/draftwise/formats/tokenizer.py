@@ -153,10 +153,13 @@ class Tokenizer:
         types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
         byte_chars = _byte_chars()
-        spelled = [
-            t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
-            for t in tokens
-        ]
+        if set("".join(tokens)) <= alphabet:  # the usual case, checked in one pass
+            spelled = tokens
+        else:
+            spelled = [
+                t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
+                for t in tokens
+            ]
         vocab = {t: i for i, t in enumerate(spelled)}
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
         bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False)
