@@ -30,6 +30,7 @@ import torch
 from draftwise.bootstrap import apply_threads
 from draftwise.models.kernels import kernel_threads
 from draftwise.models.loader import load_model
+from draftwise.models.quant import quant_simd
 from draftwise.runner import ModelRunner
 
 
@@ -67,6 +68,7 @@ def main() -> None:
         "attention_backend": getattr(loaded.model, "attention_backend", "torch"),
         "packed_weights": bool(getattr(loaded.model, "packed", False)),
         "weight_backend": getattr(loaded.model, "weight_backend", "dense"),
+        "quant_kernel": quant_simd(),
         "env": {k: os.environ[k] for k in
                 ("DRAFTWISE_ATTENTION", "DRAFTWISE_PACK_WEIGHTS", "DRAFTWISE_QUANT")
                 if k in os.environ},

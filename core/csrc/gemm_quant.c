@@ -214,7 +214,9 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
     Py_BEGIN_ALLOW_THREADS
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
-    dw_parallel_for(nt, tiles, run_tiles, &j);
+    /* four chunks per thread: a thread whose core is busy elsewhere leaves its chunks to
+     * the others instead of holding up the step */
+    dw_parallel_for_grain(nt, tiles, (tiles + 4 * nt - 1) / (4 * nt), run_tiles, &j);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -1,11 +1,20 @@
 /* The worker pool behind dw_parallel_for (see threadpool.h).
  *
- * One job at a time (``busy``; a concurrent caller runs its job inline). The caller
- * publishes the job, bumps a generation
- * counter and wakes sleepers; each worker runs its range and decrements ``pending``; the
- * caller runs range 0 and spins until ``pending`` is 0. Workers spin ~100 us for the next
- * job (a decoder layer calls a GEMM every few tens of us), then sleep on a condition
- * variable, so an idle engine costs no CPU. A forked child starts a fresh pool. */
+ * One job at a time (``busy``; a concurrent caller runs its job inline). A job is [0, n)
+ * cut into chunks of ``grain``; the caller and the workers CLAIM chunks from one atomic
+ * cursor until none is left, and the caller returns when every item is done. So a
+ * worker that is late (its core busy with another program) costs nothing: whoever is
+ * running takes its chunks. Which thread computes a chunk changes from run to run, never
+ * what a chunk computes.
+ *
+ * The cursor holds the job's generation in its high 32 bits and the next index in the
+ * low 32, so a claim is a compare-and-swap that also proves the job is still the current
+ * one: a worker waking up late can never run a chunk of a job it did not read. Jobs
+ * alternate between two slots, and the caller writes the next slot only after the
+ * current job is complete, so the fields a claiming worker reads are never being
+ * overwritten. Workers spin ~100 us for the next job (a decoder layer calls a GEMM every
+ * few tens of us), then sleep on a condition variable, so an idle engine costs no CPU.
+ * A forked child starts a fresh pool. */
 #define _GNU_SOURCE
 #include "threadpool.h"
 
@@ -17,18 +26,22 @@
 #define MAX_WORKERS 63
 #define SPIN_NS 100000
 
+typedef struct {
+    dw_range_fn fn;
+    void *ctx;
+    int64_t n, grain;
+    int parts; /* threads allowed to work on it: the caller and workers 1..parts-1 */
+} job;
+
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     atomic_uint generation;
-    atomic_int pending;
-    int workers; /* started so far */
-    pid_t pid;   /* the process that started them */
-    /* the current job */
-    dw_range_fn fn;
-    void *ctx;
-    int64_t n;
-    int parts;
+    atomic_uint_fast64_t cursor; /* generation << 32 | next index */
+    atomic_int_fast64_t done;    /* items finished in the current job */
+    job jobs[2];                 /* the current job is jobs[generation & 1] */
+    int workers;                 /* started so far */
+    pid_t pid;                   /* the process that started them */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
 static int64_t now_ns(void) {
@@ -43,17 +56,30 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void run_part(int part) {
-    const int64_t begin = pool.n * part / pool.parts, end = pool.n * (part + 1) / pool.parts;
-    if (begin < end) pool.fn(pool.ctx, begin, end);
+/* Claim and run chunks of job ``gen`` until none is left (or the job is no longer current). */
+static void work_on(unsigned gen) {
+    const job *j = &pool.jobs[gen & 1];
+    const uint64_t tag = (uint64_t)gen << 32;
+    for (;;) {
+        uint_fast64_t cur = atomic_load_explicit(&pool.cursor, memory_order_acquire);
+        if ((cur & 0xffffffff00000000ull) != tag) return;
+        const int64_t begin = (int64_t)(cur & 0xffffffffu);
+        if (begin >= j->n) return;
+        const int64_t end = begin + j->grain < j->n ? begin + j->grain : j->n;
+        if (!atomic_compare_exchange_weak_explicit(&pool.cursor, &cur, tag | (uint64_t)end,
+                                                   memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        j->fn(j->ctx, begin, end);
+        atomic_fetch_add_explicit(&pool.done, end - begin, memory_order_release);
+    }
 }
 
 static unsigned start_generation[MAX_WORKERS + 1];
 
 static void *worker(void *arg) {
-    const int part = (int)(intptr_t)arg; /* 1..MAX_WORKERS */
+    const int id = (int)(intptr_t)arg; /* 1..MAX_WORKERS */
     /* the generation before the job that started this worker, so it cannot miss that job */
-    unsigned seen = start_generation[part];
+    unsigned seen = start_generation[id];
     for (;;) {
         unsigned gen;
         const int64_t start = now_ns();
@@ -69,10 +95,7 @@ static void *worker(void *arg) {
             }
         }
         seen = gen;
-        if (part < pool.parts) run_part(part);
-        /* every worker acknowledges, runner or not: none may still be reading this job's
-         * fields when the caller writes the next one */
-        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+        if (id < pool.jobs[gen & 1].parts) work_on(gen);
     }
     return NULL;
 }
@@ -99,33 +122,42 @@ static int ensure_workers(int count) {
     return pool.workers;
 }
 
-static void parallel_for_locked(int threads, int64_t n, dw_range_fn fn, void *ctx) {
-    if (threads > n) threads = (int)n;
+static void parallel_for_locked(int threads, int64_t n, int64_t grain, dw_range_fn fn, void *ctx) {
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
     if (threads > 1 && ensure_workers(threads - 1) < threads - 1) threads = 1 + pool.workers;
-    if (threads <= 1) {
+    if (threads <= 1 || n <= grain) {
         if (n > 0) fn(ctx, 0, n);
         return;
     }
-    pool.fn = fn, pool.ctx = ctx, pool.n = n, pool.parts = threads;
-    atomic_store_explicit(&pool.pending, pool.workers, memory_order_relaxed);
+    const unsigned gen = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
+    /* the previous job is complete, so no worker reads this slot (it held job gen - 2) */
+    pool.jobs[gen & 1] = (job){fn, ctx, n, grain, threads};
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.cursor, (uint64_t)gen << 32, memory_order_release);
     pthread_mutex_lock(&pool.lock);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    atomic_store_explicit(&pool.generation, gen, memory_order_release);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
-    run_part(0);
-    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
+    work_on(gen);
+    while (atomic_load_explicit(&pool.done, memory_order_acquire) < n) cpu_relax();
 }
 
 /* Held while a job runs: a second caller (another Python thread, GIL released) runs its
  * job inline instead of sharing the pool, which changes who computes, never what. */
 static atomic_flag busy = ATOMIC_FLAG_INIT;
 
-void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx) {
+void dw_parallel_for_grain(int threads, int64_t n, int64_t grain, dw_range_fn fn, void *ctx) {
+    if (grain < 1) grain = 1;
+    if (n >= 0xffffffffll) grain = n; /* the cursor holds 32-bit indices: run inline */
     if (threads > 1 && !atomic_flag_test_and_set_explicit(&busy, memory_order_acquire)) {
-        parallel_for_locked(threads, n, fn, ctx);
+        parallel_for_locked(threads, n, grain, fn, ctx);
         atomic_flag_clear_explicit(&busy, memory_order_release);
     } else if (n > 0) {
         fn(ctx, 0, n);
     }
+}
+
+void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx) {
+    const int64_t parts = threads > 1 ? threads : 1;
+    dw_parallel_for_grain(threads, n, (n + parts - 1) / parts, fn, ctx);
 }

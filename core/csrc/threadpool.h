@@ -10,8 +10,12 @@
 
 typedef void (*dw_range_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* Split [0, n) into ``threads`` contiguous ranges and run fn on each, the calling thread
- * taking the first; returns when all are done. threads <= 1 (or n < 2) runs inline. */
+/* Run fn over [0, n) in chunks of ``grain`` items claimed by up to ``threads`` threads
+ * (the caller among them); returns when all are done. threads <= 1, or n <= grain, runs
+ * inline. fn must compute an item the same way whichever thread runs it. */
+void dw_parallel_for_grain(int threads, int64_t n, int64_t grain, dw_range_fn fn, void *ctx);
+
+/* dw_parallel_for_grain with one chunk per thread (ceil(n / threads) items). */
 void dw_parallel_for(int threads, int64_t n, dw_range_fn fn, void *ctx);
 
 #endif

@@ -51,6 +51,7 @@ def bench(
     from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
     from draftwise.cli.common import build_engine, fail, peak_rss_bytes
+    from draftwise.models.quant import quant_simd
     from draftwise.models.kernels import kernel_threads
 
     items = load_workload(workload)
@@ -81,6 +82,7 @@ def bench(
             "attention_backend": getattr(engine.loaded.model, "attention_backend", "torch"),
             "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
             "weight_backend": getattr(engine.loaded.model, "weight_backend", "dense"),
+            "quant_kernel": quant_simd(),  # avx2 or scalar, for GGUF weights kept quantized
             # bytes one decode step streams, start-up and memory (GGUF stays quantized)
             "weight_bytes": getattr(engine.loaded.model, "weight_bytes", None),
             "load_seconds": engine.load_seconds,

@@ -198,10 +198,13 @@ class Tokenizer:
         types = _token_types(v, len(tokens))
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
         byte_chars = _byte_chars()
-        spelled = [
-            t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
-            for t in tokens
-        ]
+        if set("".join(tokens)) <= alphabet:  # the usual case, checked in one pass
+            spelled = tokens
+        else:
+            spelled = [
+                t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
+                for t in tokens
+            ]
         vocab = {t: i for i, t in enumerate(spelled)}
         if len(vocab) < len(spelled):
             _refuse_duplicate(path, tokens, spelled)

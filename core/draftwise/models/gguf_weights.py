@@ -144,10 +144,12 @@ def load_quantized(
     if not sizes:
         return 0
     arena = huge_page_tensor(sum(sizes.values()), torch.uint8)
+    threads = os.cpu_count() or 1  # a one-off copy at start-up: every core shortens it
     offset = 0
     for target, hf in plan.groups.items():
         size = sizes[target]
-        install(target, pack_quant(parts_of[target], k_of[target], arena[offset : offset + size]))
+        packed = pack_quant(parts_of[target], k_of[target], arena[offset : offset + size], threads)
+        install(target, packed)
         offset += size
         for n in hf:
             ckpt.release(available[n][0])

@@ -4,8 +4,10 @@ Order of work: detect the format, check the architecture from the checkpoint's o
 config, check every tensor name, shape and stored type against that config, build the
 tokenizer and chat template (:func:`plan_gguf`, :func:`plan_hf_dir`: a broken file is a
 named error here), then allocate the model once in the target dtype and stream weights
-into it (fused slices, float-to-float cast on copy). Nothing large is read before the
-checks pass.
+into it (fused slices, float-to-float cast on copy). A GGUF's quantized weights are
+not copied into dense parameters at all: the ones the native kernels run stay in their
+stored type (``models.gguf_weights`` decides which and packs them), and only the rest
+is dequantized. Nothing large is read before the checks pass.
 """
 
 from __future__ import annotations
@@ -173,7 +175,8 @@ def _load_gguf(
     for line in quant.notices:
         logger.warning("draftwise: %s", line)
     model = LlamaForCausalLM(config, dtype, device, external=frozenset(quant.groups))
-    dense = [n for n in names if n not in quant.hf_names]
+    quantized = quant.hf_names
+    dense = [n for n in names if n not in quantized]
     tick = _ticker(len(names), progress)
     load_quantized(ckpt, config, quant, available, model.set_quantized, tick)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads

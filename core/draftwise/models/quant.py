@@ -119,12 +119,18 @@ def plan_bytes(parts: Sequence[QuantPart], k: int) -> int:
     )
 
 
-def pack_quant(parts: Sequence[QuantPart], k: int, out: torch.Tensor | None = None) -> QuantWeight:
+def pack_quant(
+    parts: Sequence[QuantPart],
+    k: int,
+    out: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> QuantWeight:
     """Repack stored GGUF rows (fused parts in column order) into the kernel's tiles.
 
     :param parts: the tensors, each ``[rows, row_bytes]`` in a type of :data:`NATIVE_TYPES`.
     :param k: weights per row (``in_features``).
     :param out: uint8 memory of :func:`plan_bytes` bytes (an arena slice), or None.
+    :param threads: for the copy (default: the kernels' thread count).
     """
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
@@ -156,7 +162,8 @@ def pack_quant(parts: Sequence[QuantPart], k: int, out: torch.Tensor | None = No
         nbytes = packed_bytes(qtype, len(rows), k)
         data = out[offset : offset + nbytes]
         KERNELS.quant_pack(  # type: ignore[union-attr]
-            int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k, kernel_threads())
+            int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k,
+            threads or kernel_threads())
         segments.append(QuantSegment(qtype, start, len(rows), data))
         offset += nbytes
         start += len(rows)

@@ -213,3 +213,32 @@ def test_bad_inputs_are_named_errors() -> None:
     with pytest.raises(ValueError, match="do not cover"):
         KERNELS.linear_quant(xr.data_ptr(), w.table.data_ptr(), 0, y.data_ptr(), 1, 1, k, 9, k,
                              9, 0, 1, 0)
+
+
+def test_concurrent_callers_and_changing_thread_counts() -> None:
+    """The worker pool under load: four Python threads call at once (one gets the pool,
+    the others run inline) while the thread count changes between jobs; every result is
+    the bits it has alone. Exercises the pool's chunk claiming and its job slots."""
+    import threading
+
+    fused, _, x = _fused()
+    before = kernels._threads
+    try:
+        kernels.set_kernel_threads(1)
+        expected = [q.linear_quant(x[i : i + 5], fused) for i in range(4)]
+        failures: list[int] = []
+
+        def work(i: int) -> None:
+            for step in range(60):
+                kernels.set_kernel_threads((2, 3, 7)[(i + step) % 3])
+                if not torch.equal(q.linear_quant(x[i : i + 5], fused), expected[i]):
+                    failures.append(i)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures
+    finally:
+        kernels.set_kernel_threads(before)
