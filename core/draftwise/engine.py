@@ -278,11 +278,12 @@ class LLMEngine:
         """ONE target forward: each row's new tokens then its drafts; logits where it samples."""
         token_ids: list[list[int]] = []
         logits_rows: list[list[int]] = []
+        draft_rows = drafts.rows()
         for i, (row, start) in enumerate(zip(rows, starts)):
             ids = row.request.token_buf[start : start + row.num_new_tokens].tolist()
             nd = drafts.num_draft_tokens[i]
             if nd:
-                ids.extend(drafts.row(i).tolist())
+                ids.extend(draft_rows[i].tolist())
             token_ids.append(ids)
             n = row.num_new_tokens
             logits_rows.append(list(range(n - 1, n + nd)) if row.samples else [])

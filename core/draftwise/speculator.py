@@ -272,10 +272,7 @@ class Drafts:
     @property
     def cu_num_draft_tokens(self) -> list[int]:
         """Prefix sums of ``num_draft_tokens``, starting at 0."""
-        out = [0]
-        for n in self.num_draft_tokens:
-            out.append(out[-1] + n)
-        return out
+        return prefix_sums(self.num_draft_tokens)
 
     @classmethod
     def empty(cls, num_rows: int) -> Drafts:
@@ -292,6 +289,14 @@ class Drafts:
         """The draft tokens of row ``i``."""
         cu = self.cu_num_draft_tokens
         return self.token_ids[cu[i] : cu[i + 1]]
+
+
+def prefix_sums(counts: list[int]) -> list[int]:
+    """``[0, c0, c0+c1, ...]``: where each row's run starts in a flat per-row array."""
+    out = [0]
+    for n in counts:
+        out.append(out[-1] + n)
+    return out
 
 
 @dataclass(slots=True)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from draftwise.speculator import prefix_sums
+
 if TYPE_CHECKING:
     import torch
 
@@ -45,15 +47,12 @@ class StepDrafts:
     @property
     def cu_num_draft_tokens(self) -> list[int]:
         """Prefix sums of ``num_draft_tokens``, starting at 0."""
-        out = [0]
-        for n in self.num_draft_tokens:
-            out.append(out[-1] + n)
-        return out
+        return prefix_sums(self.num_draft_tokens)
 
-    def row(self, i: int) -> np.ndarray:
-        """Row ``i``'s draft tokens."""
+    def rows(self) -> list[np.ndarray]:
+        """Every row's draft tokens (views), the prefix sums taken once."""
         cu = self.cu_num_draft_tokens
-        return self.token_ids[cu[i] : cu[i + 1]]
+        return [self.token_ids[cu[i] : cu[i + 1]] for i in range(len(self.num_draft_tokens))]
 
 
 @dataclass(slots=True)
