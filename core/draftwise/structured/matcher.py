@@ -1,0 +1,57 @@
+"""One request's grammar state: the matcher after its committed output tokens.
+
+The matcher only ever moves forward through COMMITTED tokens (:meth:`consume`, called
+once a step's tokens are appended). The tentative walk through a step's drafts happens
+inside the mask computation (``masks.py``) and is rolled back there before it returns,
+so nothing about a step's drafts outlives the step: a step that fails before commit can
+be re-run, and rejected drafts never need undoing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from draftwise.errors import DraftwiseError
+
+
+class GrammarStateError(DraftwiseError, RuntimeError):
+    """A committed token the grammar does not allow (a masking bug, never user input)."""
+
+
+class GrammarMatcher:
+    """An llguidance ``LLMatcher`` plus the one rule the engine needs: when it is done."""
+
+    __slots__ = ("_m", "_eos", "terminated")
+
+    def __init__(self, matcher: Any, eos_token_ids: Sequence[int]) -> None:
+        self._m = matcher
+        self._eos = frozenset(eos_token_ids)
+        #: the grammar was completed and an EOS consumed: the request is over
+        self.terminated = False
+
+    @property
+    def ll_matcher(self) -> Any:
+        """The underlying llguidance matcher (for the batched mask call)."""
+        return self._m
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Advance through committed tokens; a token the grammar refuses raises."""
+        for tok in tokens:
+            if self.terminated:
+                return  # ignore_eos may append past the end: the request ends here anyway
+            if not self._m.consume_token(int(tok)):
+                raise GrammarStateError(
+                    f"token {tok} was committed but the grammar does not allow it: "
+                    f"{self._m.get_error()}"
+                )
+            if int(tok) in self._eos and self._m.is_stopped():
+                self.terminated = True
+
+    def check_usable(self) -> None:
+        """Before masking: a matcher in an error state would mask every token."""
+        if self._m.is_error():
+            raise GrammarStateError(f"the grammar matcher failed: {self._m.get_error()}")
+
+
+__all__ = ["GrammarMatcher", "GrammarStateError"]
