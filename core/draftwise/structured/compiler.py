@@ -97,9 +97,17 @@ class GrammarCompiler:
                     "the tokenizer declares no EOS token, so a finished grammar could not "
                     "end the output",
                 )
-            self._ll_tokenizer = llguidance.LLTokenizer(
-                tok.backend.to_str(), n_vocab=self.vocab_size, eos_token=list(tok.eos_token_ids)
-            )
+            try:
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    tok.backend.to_str(), n_vocab=self.vocab_size,
+                    eos_token=list(tok.eos_token_ids),
+                )
+            except Exception as exc:  # noqa: BLE001 - the library says what it cannot read
+                raise RequestError(
+                    "structured_outputs",
+                    f"the grammar library (llguidance) cannot read this model's tokenizer: "
+                    f"{exc}; structured output needs a byte-level BPE or SentencePiece one",
+                ) from None
             self._executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
         return self._ll_tokenizer
 
