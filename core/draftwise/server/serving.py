@@ -35,6 +35,7 @@ from draftwise.server.protocol import (
     now,
     unsupported_fields,
 )
+from draftwise.server.structured import structured_outputs
 from draftwise.text import invalid_text_at, printable
 
 logger = logging.getLogger("draftwise.server")
@@ -140,6 +141,7 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         "ignore_eos": bool(body.ignore_eos),
         "include_stop_str_in_output": bool(body.include_stop_str_in_output),
         "skip_special_tokens": body.skip_special_tokens is not False,
+        "structured_outputs": structured_outputs(body),
     }
     for name in ("top_p", "top_k", "min_p"):
         if getattr(body, name) is not None:
