@@ -20,6 +20,11 @@ Probabilities: p is the target after the request's temperature / min-p / top-k /
 ``draft_probs``, or one-hot at the draft token when there are none (n-gram, greedy
 drafters): accept with p(x), recover from p with x removed.
 
+Structured output: ``token_bitmask`` holds the grammar's allowed tokens at every row
+(``draftwise.structured.masks``: row j is the grammar after the committed tokens plus
+``drafts[:j]``); forbidden tokens go to -inf before p exists, so a draft the grammar
+refuses has p = 0 and is rejected, and greedy output equals speculation off.
+
 Randomness: a random request draws ``num_draft + 1`` uniforms per step from its own
 generator (one per draft position, then one for the recovered or bonus token); greedy
 requests draw nothing. Seeded requests are reproducible whatever the batch holds.
