@@ -85,7 +85,9 @@ class LLMEngine:
         self.spec_config = parts.spec_config
         self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
         #: structured output's matchers (the grammar library loads on first use)
-        self.grammars = GrammarCompiler(self.tokenizer, self.loaded.config.vocab_size)
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.loaded.config.vocab_size, self.eos_token_ids
+        )
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(args.seed)

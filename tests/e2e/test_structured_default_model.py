@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from draftwise import LLM, SamplingParams
 from draftwise.structured import StructuredOutputsParams
 

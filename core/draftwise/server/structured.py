@@ -64,14 +64,14 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
     if kind == "json_schema":
         extra = set(fmt) - {"type", "json_schema"}
         if extra:
-            raise _bad("response_format", f"unrecognized key {sorted(extra)[0]!r}")
+            raise _bad("response_format", f"unrecognized key {min(extra)!r}")
         js = fmt.get("json_schema")
         if not isinstance(js, dict):
             raise _bad("response_format.json_schema",
                        "an object with 'name' and 'schema' is required")
         extra = set(js) - {"name", "description", "schema", "strict"}
         if extra:
-            raise _bad("response_format.json_schema", f"unrecognized key {sorted(extra)[0]!r}")
+            raise _bad("response_format.json_schema", f"unrecognized key {min(extra)!r}")
         if "schema" not in js:
             raise _bad("response_format.json_schema.schema", "this field is required")
         if not isinstance(js["schema"], dict):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from draftwise.errors import RequestError
@@ -34,9 +35,13 @@ MASK_THREADS = 2
 class GrammarCompiler:
     """Turns a request's :class:`StructuredOutputsParams` into its own matcher."""
 
-    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, vocab_size: int, eos_token_ids: Collection[int]
+    ) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        #: what a completed grammar allows: the engine's EOS ids (config + tokenizer)
+        self._eos = sorted(eos_token_ids)
         self._ll_tokenizer: Any = None
         self._executor: Any = None
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -68,12 +73,7 @@ class GrammarCompiler:
                 self._cache[text] = template
                 if len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-            return GrammarMatcher(template.deep_copy(), self.eos_token_ids)
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """The tokens the grammar allows once it is complete (the model's EOS ids)."""
-        return tuple(self._tokenizer.eos_token_ids) if self._tokenizer is not None else ()
+            return GrammarMatcher(template.deep_copy())
 
     def _tokenizer_view(self) -> Any:
         with self._lock:
@@ -91,16 +91,16 @@ class GrammarCompiler:
                     "this checkpoint has no tokenizer, so a grammar cannot be matched to "
                     "its tokens; load a model with a tokenizer",
                 )
-            if not tok.eos_token_ids:
+            if not self._eos:
                 raise RequestError(
                     "structured_outputs",
-                    "the tokenizer declares no EOS token, so a finished grammar could not "
-                    "end the output",
+                    "the model declares no EOS token, so a finished grammar could not end "
+                    "the output",
                 )
             try:
                 self._ll_tokenizer = llguidance.LLTokenizer(
                     tok.backend.to_str(), n_vocab=self.vocab_size,
-                    eos_token=list(tok.eos_token_ids),
+                    eos_token=self._eos,
                 )
             except Exception as exc:  # noqa: BLE001 - the library says what it cannot read
                 raise RequestError(

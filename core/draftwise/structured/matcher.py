@@ -20,15 +20,17 @@ class GrammarStateError(DraftwiseError, RuntimeError):
 
 
 class GrammarMatcher:
-    """An llguidance ``LLMatcher`` plus the one rule the engine needs: when it is done."""
+    """An llguidance ``LLMatcher`` that only committed tokens move.
 
-    __slots__ = ("_m", "_eos", "terminated")
+    A completed grammar allows only EOS (llguidance's stop tokens are the model's EOS
+    ids), so the engine's own EOS rule ends the request; ``ignore_eos`` with a grammar is
+    refused at admission for that reason.
+    """
 
-    def __init__(self, matcher: Any, eos_token_ids: Sequence[int]) -> None:
+    __slots__ = ("_m",)
+
+    def __init__(self, matcher: Any) -> None:
         self._m = matcher
-        self._eos = frozenset(eos_token_ids)
-        #: the grammar was completed and an EOS consumed: the request is over
-        self.terminated = False
 
     @property
     def ll_matcher(self) -> Any:
@@ -38,15 +40,11 @@ class GrammarMatcher:
     def consume(self, tokens: Sequence[int]) -> None:
         """Advance through committed tokens; a token the grammar refuses raises."""
         for tok in tokens:
-            if self.terminated:
-                return  # ignore_eos may append past the end: the request ends here anyway
             if not self._m.consume_token(int(tok)):
                 raise GrammarStateError(
                     f"token {tok} was committed but the grammar does not allow it: "
                     f"{self._m.get_error()}"
                 )
-            if int(tok) in self._eos and self._m.is_stopped():
-                self.terminated = True
 
     def check_usable(self) -> None:
         """Before masking: a matcher in an error state would mask every token."""

@@ -15,12 +15,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from stats import CHI2_9999, chi2_two_sample, pool_rare
-from tiny_checkpoints import perturbed_copy, save_tiny
-
 from draftwise import LLM, SamplingParams
 from draftwise.errors import RequestError
 from draftwise.structured import StructuredOutputsParams
+from stats import CHI2_9999, chi2_two_sample, pool_rare
+from tiny_checkpoints import perturbed_copy, save_tiny
 
 #: positions 0..3 allow different letters, then EOS: (a|b)(b|c)(a|c)(a|b|c)
 POSITIONAL = r"[ab][bc][ac][abc]"

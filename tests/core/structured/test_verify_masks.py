@@ -8,9 +8,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-
 from draftwise.sampling import SamplingParams, make_generator
-from draftwise.structured.masks import ALL_ALLOWED, allowed_tokens, apply_token_bitmask, bitmask_width
+from draftwise.structured.masks import (
+    ALL_ALLOWED,
+    allowed_tokens,
+    apply_token_bitmask,
+    bitmask_width,
+)
 from draftwise.verify import VerifyInputError, rejection_sample_reference, verify
 
 VOCAB = 40
