@@ -182,11 +182,15 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
 
 
 def _rename(err: APIError, body: AnyRequest) -> APIError:
-    """Chat requests may have set the limit as ``max_completion_tokens``."""
+    """Chat requests may have set the limit as ``max_completion_tokens``, and their
+    prompt is the rendered ``messages``."""
     if (err.param == "max_tokens" and isinstance(body, ChatCompletionRequest)
             and body.max_completion_tokens is not None):
         err.param = "max_completion_tokens"
         err.message = err.message.replace("max_tokens", "max_completion_tokens", 1)
+    if err.param == "prompt" and isinstance(body, ChatCompletionRequest):
+        err.param = "messages"
+        err.message = err.message.replace("prompt: the prompt", "messages: the rendered prompt", 1)
     return err
 
 
