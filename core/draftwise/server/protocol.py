@@ -122,7 +122,8 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
             out.append(("suffix", "suffix (insertion) is not implemented"))
     if isinstance(req, ChatCompletionRequest):
         if req.logprobs or req.top_logprobs:
-            out.append(("logprobs", "logprobs are not implemented"))
+            out.append(("logprobs" if req.logprobs else "top_logprobs",
+                        "logprobs are not implemented"))
         if req.tools:
             out.append(("tools", "tool calling is not implemented (the default model's chat "
                         "template does not render tools); to get a call's arguments, send "
