@@ -173,6 +173,8 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
                 prompt = prompt[0]
             text, ids = engine.tokenize_prompt(prompt)
         final = params
+        if params.structured_outputs is not None:  # compile here, not on the engine thread
+            engine.grammars.prepare(params.structured_outputs)
         if _max_tokens(body) is None:  # OpenAI's "as many as fit"
             final = params.model_copy(
                 update={"max_tokens": max(1, engine.max_model_len - len(ids))})

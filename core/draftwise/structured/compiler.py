@@ -51,11 +51,26 @@ class GrammarCompiler:
     @property
     def executor(self) -> Any:
         """llguidance's thread pool for mask computation (built with the tokenizer view)."""
-        self._tokenizer_view()
+        if self._executor is None:  # built once; every later step reads it without the lock
+            self._tokenizer_view()
         return self._executor
 
     def matcher(self, params: StructuredOutputsParams) -> GrammarMatcher:
         """A fresh matcher for one request; a grammar that does not compile names its field."""
+        return GrammarMatcher(self._template(params).deep_copy())
+
+    def prepare(self, params: StructuredOutputsParams) -> None:
+        """Compile into the cache now: the server does it on a tokenizer thread, so the
+        engine thread's :meth:`matcher` only copies (the first call also builds the
+        ~0.3 s tokenizer view there)."""
+        self._template(params)
+
+    def _template(self, params: StructuredOutputsParams) -> Any:
+        """The cached template matcher of a grammar, compiled on a miss.
+
+        Compiling runs outside the lock (llguidance drops the GIL while it parses, up to
+        ~1 s for a huge grammar), so it never holds up a step that only copies.
+        """
         import llguidance
 
         text = params.grammar_text()
@@ -63,17 +78,18 @@ class GrammarCompiler:
             template = self._cache.get(text)
             if template is not None:
                 self._cache.move_to_end(text)
-            else:
-                template = llguidance.LLMatcher(self._tokenizer_view_locked(), text, log_level=0)
-                if template.is_error():
-                    raise RequestError(
-                        "structured_outputs",
-                        f"{params.kind}: the grammar does not compile: {template.get_error()}",
-                    )
-                self._cache[text] = template
-                if len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-            return GrammarMatcher(template.deep_copy())
+                return template
+        template = llguidance.LLMatcher(self._tokenizer_view(), text, log_level=0)
+        if template.is_error():
+            raise RequestError(
+                "structured_outputs",
+                f"{params.kind}: the grammar does not compile: {template.get_error()}",
+            )
+        with self._lock:
+            self._cache[text] = template
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return template
 
     def _tokenizer_view(self) -> Any:
         with self._lock:
