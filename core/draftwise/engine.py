@@ -30,6 +30,7 @@ from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 from draftwise.step import StepDrafts, StepOutcome
 from draftwise.structured.compiler import GrammarCompiler
+from draftwise.structured.drafts import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher
 from draftwise.text import check_text
@@ -276,6 +277,8 @@ class LLMEngine:
             self.spec.propose(rows, tables) if self.spec is not None
             else StepDrafts.none(len(rows))
         )
+        if self.spec is not None:  # structured output: drafts past a refused token are dead
+            drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
         t1 = time.perf_counter()
         starts = [row.request.num_computed_tokens for row in rows]
         output = self.runner.forward(self._batch(rows, drafts, tables, starts))

@@ -46,6 +46,10 @@ class GrammarMatcher:
                     f"{self._m.get_error()}"
                 )
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts from here (no state change)."""
+        return int(self._m.validate_tokens([int(t) for t in tokens]))
+
     def check_usable(self) -> None:
         """Before masking: a matcher in an error state would mask every token."""
         if self._m.is_error():
