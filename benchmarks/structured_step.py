@@ -8,7 +8,9 @@ unconstrained. Each configuration runs ``--reps`` times on a warm engine; the st
 wall time over engine steps, and ``verify_ms`` is the verify phase per step, which holds
 the mask computation (``structured/masks.py``) and its application. Prints one JSON line
 per configuration, then the overheads. The machine's load average is printed too: the
-numbers are only comparable on an otherwise idle machine.
+numbers are only comparable on an otherwise idle machine. Last, the grammar's own cost
+per step is timed alone (masks through the drafts + applying them), which a loaded
+machine disturbs far less than whole steps.
 """
 
 from __future__ import annotations
@@ -53,6 +55,36 @@ def run(spec: dict | None, grammar: bool, max_tokens: int, reps: int) -> dict:
     return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
 
 
+def mask_cost(k: int, reps: int = 5) -> dict:
+    """The grammar's own cost per step, alone: masks for 1 + k positions through k valid
+    drafts, applied to [1 + k, V] logits, along a real JSON answer (load-insensitive-ish)."""
+    import torch
+    from draftwise import LLM, SamplingParams
+    from draftwise.structured import StructuredOutputsParams
+    from draftwise.structured.masks import apply_token_bitmask, step_bitmask
+
+    llm = LLM(max_num_seqs=1)
+    so = StructuredOutputsParams(json=SCHEMA)
+    answer = llm.chat(PROMPT, SamplingParams(temperature=0, max_tokens=96,
+                                             structured_outputs=so))[0].outputs[0].token_ids
+    g = llm.engine.grammars
+    vocab = g.vocab_size
+    logits = torch.randn(1 + k, vocab)
+    per_step = []
+    for _ in range(reps):
+        m = g.matcher(so)
+        for i in range(len(answer) - 1):
+            drafts = answer[i + 1 : i + 1 + k] if k else []
+            t0 = time.perf_counter()
+            bm = step_bitmask(g.executor, [m], [drafts], vocab)
+            apply_token_bitmask(logits[: 1 + len(drafts)], bm)
+            per_step.append(time.perf_counter() - t0)
+            m.consume([answer[i]])
+    ms = sorted(1e3 * t for t in per_step)
+    return {"k": k, "mask_ms_median": round(ms[len(ms) // 2], 4),
+            "mask_ms_p90": round(ms[int(len(ms) * 0.9)], 4), "steps": len(ms)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -74,6 +106,8 @@ def main() -> None:
         print(json.dumps({"spec": name,
                           "step_overhead_pct": round(100 * (on["step_ms"] / off["step_ms"] - 1), 1),
                           "verify_extra_ms": round(on["verify_ms"] - off["verify_ms"], 3)}))
+    for k in (0, a.k):
+        print(json.dumps({"grammar_cost_alone": mask_cost(k)}))
     print(json.dumps({"loadavg_after": os.getloadavg()}))
 
 
