@@ -28,8 +28,12 @@ from draftwise.request import CompletionOutput, Request, RequestOutput, RequestS
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
-from draftwise.text import check_text
 from draftwise.step import StepDrafts, StepOutcome
+from draftwise.structured.compiler import GrammarCompiler
+from draftwise.structured.drafts import trim_to_grammar
+from draftwise.structured.masks import step_bitmask
+from draftwise.structured.matcher import GrammarMatcher
+from draftwise.text import check_text
 
 logger = logging.getLogger("draftwise.engine")
 
@@ -81,6 +85,10 @@ class LLMEngine:
         self.spec: Speculation | None = parts.speculation
         self.spec_config = parts.spec_config
         self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
+        #: structured output's matchers (the grammar library loads on first use)
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.loaded.config.vocab_size, self.eos_token_ids
+        )
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(args.seed)
@@ -172,6 +180,7 @@ class LLMEngine:
                 f"context length {self.max_model_len}; ask for at most "
                 f"{self.max_model_len - len(ids)} tokens",
             )
+        grammar = self._grammar(params)
         generator = None
         if not params.is_greedy:
             seed = params.seed
@@ -186,6 +195,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             generator=generator,
+            grammar=grammar,
         )
         if self.tokenizer is not None:
             req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
@@ -196,6 +206,18 @@ class LLMEngine:
         self.scheduler.add(req)
         self.stats.num_prompt_tokens += len(ids)
         return req_id
+
+    def _grammar(self, params: SamplingParams) -> GrammarMatcher | None:
+        """The request's grammar matcher (structured output), or None without one."""
+        if params.structured_outputs is None:
+            return None
+        if params.ignore_eos:
+            raise RequestError(
+                "ignore_eos",
+                "ignore_eos cannot be combined with structured output: a completed grammar "
+                "allows only EOS, so the output could never end there; drop ignore_eos",
+            )
+        return self.grammars.matcher(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request wherever it is; its KV blocks are returned at once."""
@@ -255,6 +277,8 @@ class LLMEngine:
             self.spec.propose(rows, tables) if self.spec is not None
             else StepDrafts.none(len(rows))
         )
+        if self.spec is not None:  # structured output: drafts past a refused token are dead
+            drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
         t1 = time.perf_counter()
         starts = [row.request.num_computed_tokens for row in rows]
         output = self.runner.forward(self._batch(rows, drafts, tables, starts))
@@ -302,6 +326,13 @@ class LLMEngine:
         if not sampling:
             return outcome
         reqs = [rows[i].request for i in sampling]
+        bitmask = None
+        if any(r.grammar is not None for r in reqs):  # structured output: masks per position
+            row_drafts = drafts.rows()
+            bitmask = step_bitmask(
+                self.grammars.executor, [r.grammar for r in reqs],
+                [row_drafts[i].tolist() for i in sampling], self.grammars.vocab_size,
+            )
         # rows that do not sample never draft, so the flat drafts are the sampling rows'
         result = verify(
             logits,
@@ -311,6 +342,7 @@ class LLMEngine:
             [r.generator for r in reqs],
             draft_probs=drafts.draft_probs,
             method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
+            token_bitmask=bitmask,
         )
         for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
             outcome.output_token_ids[i] = toks
@@ -373,6 +405,8 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             self._append_tokens(req, toks)
+            if req.grammar is not None:  # the grammar moves through committed tokens only
+                req.grammar.consume(req.new_token_ids)
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             self.scheduler.finish(req, req.status)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
+    from draftwise.structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -66,6 +67,8 @@ class Request:
     detok_state: Any = None
     #: speculation record; None when the engine runs without a speculative config
     spec: RequestSpecDecodeMetrics | None = None
+    #: structured output: the grammar state after the committed tokens; None: no grammar
+    grammar: GrammarMatcher | None = None
     token_buf: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
 
 from draftwise.models.kernels import KERNELS as _kernels
+from draftwise.structured.params import StructuredOutputsParams
 from draftwise.text import describe_invalid, invalid_text_at
 
 #: temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``)
@@ -75,6 +76,8 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    #: structured output (vLLM's field): the output must match this schema / regex / grammar
+    structured_outputs: StructuredOutputsParams | None = None
 
     _stop_ids: frozenset[int] = PrivateAttr(default_factory=frozenset)
 

@@ -20,6 +20,11 @@ Probabilities: p is the target after the request's temperature / min-p / top-k /
 ``draft_probs``, or one-hot at the draft token when there are none (n-gram, greedy
 drafters): accept with p(x), recover from p with x removed.
 
+Structured output: ``token_bitmask`` holds the grammar's allowed tokens at every row
+(``draftwise.structured.masks``: row j is the grammar after the committed tokens plus
+``drafts[:j]``); forbidden tokens go to -inf before p exists, so a draft the grammar
+refuses has p = 0 and is rejected, and greedy output equals speculation off.
+
 Randomness: a random request draws ``num_draft + 1`` uniforms per step from its own
 generator (one per draft position, then one for the recovered or bonus token); greedy
 requests draw nothing. Seeded requests are reproducible whatever the batch holds.
@@ -50,6 +55,7 @@ from draftwise.sampling import (
     categorical,
     draw_uniforms,
 )
+from draftwise.structured.masks import allowed_tokens, apply_token_bitmask, bitmask_width
 
 #: pads the per-request output buffer (vLLM's value); never a meaning in inputs
 PLACEHOLDER_TOKEN_ID = -1
@@ -107,6 +113,7 @@ def verify(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V] q, None = one-hot
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    token_bitmask: np.ndarray | None = None,  # [sum(num_draft_tokens) + B, ceil(V / 32)] int32
 ) -> VerifyResult:
     """Verify every request's drafts (0 drafts = plain sampling) in one vectorised pass.
 
@@ -118,11 +125,16 @@ def verify(
     :param generators: per-request generator, None for unseeded random or greedy rows.
     :param draft_probs: q of every draft position (``draft_sample_method="probabilistic"``).
     :param method: ``"standard"`` rejection sampling or ``"block"`` verification.
+    :param token_bitmask: the grammar's allowed tokens at every row of ``target_logits``
+        (``draftwise.structured.masks``), None when no request has a grammar.
     :returns: output tokens and accepted counts per request.
     """
     b = _prepare(
-        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs, method
+        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
+        method, token_bitmask,
     )
+    # structured output: the grammar's mask at every verified position, before p exists
+    b.logits = apply_token_bitmask(b.logits, token_bitmask)
     num_rows = len(b.num_draft)
     outputs: list[list[int]] = [[]] * num_rows  # every row is replaced below
     accepted = [0] * num_rows
@@ -143,15 +155,20 @@ def rejection_sample_reference(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V]
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    token_bitmask: np.ndarray | None = None,  # [sum(num_draft_tokens) + B, ceil(V / 32)] int32
 ) -> torch.Tensor:  # [B, max(num_draft_tokens) + 1] int64, PLACEHOLDER_TOKEN_ID padded
     """One request at a time, written to be read; :func:`verify` must match it token for token."""
     b = _prepare(
-        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs, method
+        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
+        method, token_bitmask,
     )
     width = int(b.num_draft.max(initial=0)) + 1
     out = torch.full((len(b.num_draft), width), PLACEHOLDER_TOKEN_ID)
     for i, n in enumerate(b.num_draft.tolist()):
         logits = b.logits[b.cu_logits[i] : b.cu_logits[i + 1]]  # [n + 1, V]
+        if token_bitmask is not None:  # the grammar forbids these tokens at these positions
+            rows = token_bitmask[b.cu_logits[i] : b.cu_logits[i + 1]]
+            logits = logits.masked_fill(~allowed_tokens(rows, logits.shape[1]), float("-inf"))
         drafts = b.drafts[b.cu_draft[i] : b.cu_draft[i + 1]].tolist()
         if b.sampling.greedy[i]:
             target = logits.argmax(-1).tolist()
@@ -366,6 +383,7 @@ def _prepare(
     generators: Sequence[torch.Generator | None],
     draft_probs: torch.Tensor | None,
     method: VerifyMethod | str,
+    token_bitmask: np.ndarray | None = None,
 ) -> _Batch:
     """Check shapes and values with errors that say what does not fit; compute offsets."""
     try:
@@ -398,6 +416,11 @@ def _prepare(
     if draft_probs is not None and tuple(draft_probs.shape) != (total, vocab):
         raise VerifyInputError(
             f"draft_probs must be [{total}, {vocab}], got {tuple(draft_probs.shape)}"
+        )
+    if token_bitmask is not None and token_bitmask.shape != (total + num_rows, bitmask_width(vocab)):
+        raise VerifyInputError(
+            f"token_bitmask must be [{total + num_rows}, {bitmask_width(vocab)}], "
+            f"got {tuple(token_bitmask.shape)}"
         )
     if not isinstance(sampling, SamplingMetadata):
         sampling = SamplingMetadata.from_params(list(sampling))

@@ -219,6 +219,47 @@ def test_ngram_gives_identical_greedy_text_and_counts_drafts(served):
     assert texts[0] == texts[1]
 
 
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 6}},
+    "required": ["name", "age", "fruits"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_with_ngram_identical_to_off_and_valid(served):
+    """The issue's bar: response_format json_schema through the openai client, n-gram
+    speculation on, token for token what speculation off gives; the JSON validates."""
+    kwargs = {
+        "model": MODEL, "max_tokens": 128, "temperature": 0,
+        "messages": [{"role": "user", "content": "Describe Ann, 31, who likes apple, banana, "
+                      "cherry, apple, banana, cherry, as JSON."}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        "extra_body": {"return_spec_metrics": True},
+    }
+    off = client(served["off"][0]).chat.completions.create(**kwargs)
+    ng = client(served["ngram"][0]).chat.completions.create(**kwargs)
+    text = off.choices[0].message.content
+    assert ng.choices[0].message.content == text and ng.usage == off.usage
+    assert off.choices[0].finish_reason == "stop"
+    data = json.loads(text)
+    assert set(data) == {"name", "age", "fruits"} and isinstance(data["age"], int)
+    assert all(isinstance(f, str) for f in data["fruits"]) and len(data["fruits"]) <= 6
+    assert ng.model_extra["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] > 0
+    for mode in ("off", "ngram"):  # vLLM's extras, on completions too
+        out = client(served[mode][0]).completions.create(
+            model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=0,
+            extra_body={"guided_choice": [" yes", " no"]})
+        assert out.choices[0].text in (" yes", " no")
+    with pytest.raises(openai.BadRequestError) as info:
+        client(served["ngram"][0]).chat.completions.create(**{**kwargs, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "objectx"}}}})
+    assert info.value.body["param"] == "response_format.json_schema.schema"
+    wait_idle(served["ngram"][0])
+
+
 @pytest.fixture(scope="module")
 def one_by_one(served) -> dict[str, str]:
     """8 prompts of different lengths run alone, greedy, 8 tokens, without speculation.

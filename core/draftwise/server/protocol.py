@@ -52,6 +52,13 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool | None = True
     #: draftwise extra: return per-request spec-decode metrics (default: the server flag)
     return_spec_metrics: bool | None = None
+    # structured output (``server/structured.py``): OpenAI's, then vLLM's names
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -92,7 +99,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool | None = True
 
 
@@ -116,11 +122,13 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
             out.append(("suffix", "suffix (insertion) is not implemented"))
     if isinstance(req, ChatCompletionRequest):
         if req.logprobs or req.top_logprobs:
-            out.append(("logprobs", "logprobs are not implemented"))
+            out.append(("logprobs" if req.logprobs else "top_logprobs",
+                        "logprobs are not implemented"))
         if req.tools:
-            out.append(("tools", "tool calling is not implemented"))
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            out.append(("response_format", "only {'type': 'text'} is supported"))
+            out.append(("tools", "tool calling is not implemented (the default model's chat "
+                        "template does not render tools); to get a call's arguments, send "
+                        "response_format {'type': 'json_schema'} with the function's "
+                        "parameters schema"))
     return out
 
 

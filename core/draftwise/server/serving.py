@@ -35,6 +35,7 @@ from draftwise.server.protocol import (
     now,
     unsupported_fields,
 )
+from draftwise.server.structured import structured_outputs
 from draftwise.text import invalid_text_at, printable
 
 logger = logging.getLogger("draftwise.server")
@@ -140,6 +141,7 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         "ignore_eos": bool(body.ignore_eos),
         "include_stop_str_in_output": bool(body.include_stop_str_in_output),
         "skip_special_tokens": body.skip_special_tokens is not False,
+        "structured_outputs": structured_outputs(body),
     }
     for name in ("top_p", "top_k", "min_p"):
         if getattr(body, name) is not None:
@@ -171,6 +173,8 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
                 prompt = prompt[0]
             text, ids = engine.tokenize_prompt(prompt)
         final = params
+        if params.structured_outputs is not None:  # compile here, not on the engine thread
+            engine.grammars.prepare(params.structured_outputs)
         if _max_tokens(body) is None:  # OpenAI's "as many as fit"
             final = params.model_copy(
                 update={"max_tokens": max(1, engine.max_model_len - len(ids))})
@@ -180,11 +184,15 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
 
 
 def _rename(err: APIError, body: AnyRequest) -> APIError:
-    """Chat requests may have set the limit as ``max_completion_tokens``."""
+    """Chat requests may have set the limit as ``max_completion_tokens``, and their
+    prompt is the rendered ``messages``."""
     if (err.param == "max_tokens" and isinstance(body, ChatCompletionRequest)
             and body.max_completion_tokens is not None):
         err.param = "max_completion_tokens"
         err.message = err.message.replace("max_tokens", "max_completion_tokens", 1)
+    if err.param == "prompt" and isinstance(body, ChatCompletionRequest):
+        err.param = "messages"
+        err.message = err.message.replace("prompt: the prompt", "messages: the rendered prompt", 1)
     return err
 
 

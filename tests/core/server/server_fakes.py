@@ -89,6 +89,13 @@ class FakeKV:
         return self.capacity - self.num_used_blocks
 
 
+class FakeGrammars:
+    """LLMEngine.grammars' face the server uses: compiling ahead is a no-op here."""
+
+    def prepare(self, params: Any) -> None:
+        pass
+
+
 class FakeEngine:
     """Implements add_request / step / abort_request like LLMEngine, single-threaded."""
 
@@ -106,6 +113,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.owner: threading.Thread | None = None
         self.loaded = None
+        self.grammars = FakeGrammars()
         #: names of the threads that tokenized (never the engine thread)
         self.tokenize_threads: set[str] = set()
 
