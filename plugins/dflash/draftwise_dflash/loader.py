@@ -1,0 +1,328 @@
+"""The draft stage's loader for method ``dflash``: identify, check, load.
+
+``detect`` reads only the draft's own files, in this order (the cheapest refusal first):
+
+1. the container: a safetensors directory runs; a ``.gguf`` file, an EXL3 directory
+   (``quantization_config.quant_method == "exl3"``) and an NVFP4 one (ModelOpt's
+   ``hf_quant_config.json`` or ``quant_method`` ``modelopt``/``compressed-tensors``) are
+   refused by name with what would work;
+2. the config (:func:`draftwise_dflash.config.parse_config`): DFlash1 or DFlash2;
+3. every tensor name, shape and stored dtype against that config (headers only).
+
+``load`` then checks the pair before reading a weight: the draft's hidden size is the
+target's, every ``target_layer_ids`` entry is a target layer, ``num_target_layers`` (when
+declared) is the target's depth, the mask token is in the target's vocabulary (a
+``mask_token`` string is looked up in the target's tokenizer), and DFlash2's codebooks
+cover the target's vocabulary. The embedding and LM head are the target's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from draftwise.formats.errors import ModelFormatError
+from draftwise.formats.jsonfile import read_json
+from draftwise.models.linear import pack_weights
+from draftwise.models.llama import DecoderLayer
+from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
+from draftwise_dflash.config import DFlashConfig, parse_config
+from draftwise_dflash.conv import BlockConv, SelectorWeights
+from draftwise_dflash.model import DFlashModel, DFlashWeights
+
+#: what runs, for messages and ``draftwise plugins``
+RUNS = "a safetensors directory (config.json + *.safetensors, bf16/fp16/fp32)"
+
+
+class DFlashError(ModelFormatError):
+    """A DFlash drafter this engine cannot use with this target; says why and what works."""
+
+
+class DFlashLoader:
+    """``Loader`` for z-lab DFlash1/DFlash2 drafters."""
+
+    def detect(self, path: str) -> DraftCheckpoint:
+        """Container, config and tensor headers of the draft (module doc, rules 1-3)."""
+        cfg_dict = _container(path)
+        cfg = parse_config(cfg_dict, os.path.join(path, "config.json"))
+        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+
+        ckpt = SafetensorsCheckpoint(path)
+        _check_tensors(ckpt, cfg)
+        return DraftCheckpoint(
+            path,
+            "safetensors",
+            cfg.architecture,
+            {
+                "block_size": cfg.block_size,
+                "target_layer_ids": list(cfg.target_layer_ids),
+                "hidden_size": cfg.decoder.hidden_size,
+                "num_hidden_layers": cfg.decoder.num_hidden_layers,
+                "dflash": cfg,
+            },
+        )
+
+    def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
+        """The drafter over ``target``'s embedding and LM head (pair checks first)."""
+        cfg: DFlashConfig = checkpoint.config["dflash"]
+        mask = check_pair(checkpoint.path, cfg, target)
+        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+
+        model = target.model
+        weights = read_weights(SafetensorsCheckpoint(checkpoint.path), cfg, model.dtype,
+                               model.device)
+        dc = cfg.decoder
+        version = "DFlash2" if cfg.v2 is not None else "DFlash1"
+        return LoadedDraft(
+            weights=LoadedDFlash(DFlashModel(cfg, weights, model.dtype, model.device), mask),
+            kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
+                               model.dtype),
+            hidden_layers=cfg.target_layer_ids,
+            max_model_len=dc.max_position_embeddings,
+            summary=(f"{version}, block {cfg.block_size}, {dc.num_hidden_layers} layers, taps "
+                     f"{list(cfg.target_layer_ids)}, mask {mask}"),
+        )
+
+
+class LoadedDFlash:
+    """What the proposer gets: the model and the resolved mask token id."""
+
+    def __init__(self, model: DFlashModel, mask_token_id: int) -> None:
+        self.model = model
+        self.mask_token_id = mask_token_id
+
+
+def _container(path: str) -> dict[str, Any]:
+    """Rule 1: the config dict of a directory this loader runs, else a named refusal."""
+    if os.path.isfile(path) or not os.path.isdir(path):
+        if path.endswith(".gguf") or (os.path.isfile(path) and _is_gguf(path)):
+            raise DFlashError(
+                path,
+                "GGUF DFlash drafters are not implemented yet (the bf16/Q8_0/Q4_K_M arms of "
+                f"general.architecture 'dflash'). Instead: {RUNS} of the same drafter.",
+            )
+        raise DFlashError(path, f"not a DFlash drafter directory. Instead: {RUNS}.")
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        if any(f.endswith(".gguf") for f in os.listdir(path)):
+            raise DFlashError(path, f"GGUF DFlash drafters are not implemented yet. Instead: {RUNS}.")
+        raise DFlashError(path, f"no config.json. Instead: {RUNS}.")
+    d = read_json(cfg_path)
+    if os.path.isfile(os.path.join(path, "hf_quant_config.json")):
+        raise DFlashError(
+            path,
+            "an NVFP4 drafter (ModelOpt hf_quant_config.json): packed fp4 DFlash weights are "
+            f"not implemented yet. Instead: {RUNS} (the drafter before quantization).",
+        )
+    quant = d.get("quantization_config")
+    if isinstance(quant, dict):
+        method = quant.get("quant_method")
+        if method == "exl3":
+            raise DFlashError(
+                path,
+                f"an EXL3 drafter (bits={quant.get('bits')}, codebook="
+                f"{quant.get('codebook', 'mul1')}): EXL3 trellis weights decode only through "
+                f"exllamav3's CUDA kernels. Instead: {RUNS}.",
+                key="quantization_config",
+            )
+        raise DFlashError(
+            path,
+            f"quantization_config.quant_method={method!r} ({quant.get('format') or quant.get('quant_algo')}): "
+            f"quantized DFlash safetensors are not implemented yet. Instead: {RUNS}.",
+            key="quantization_config",
+        )
+    return d
+
+
+def _is_gguf(path: str) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"GGUF"
+
+
+def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, as z-lab's ``save_pretrained`` writes them."""
+    c = cfg.decoder
+    h = c.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, len(cfg.target_layer_ids) * h),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        for name, width in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+            shapes[f"{p}self_attn.{name}_proj.weight"] = (width, h)
+            if c.attention_bias:
+                shapes[f"{p}self_attn.{name}_proj.bias"] = (width,)
+        shapes[f"{p}self_attn.o_proj.weight"] = (h, c.q_size)
+        shapes[f"{p}self_attn.q_norm.weight"] = (c.head_dim,)
+        shapes[f"{p}self_attn.k_norm.weight"] = (c.head_dim,)
+        for name in ("gate", "up"):
+            shapes[f"{p}mlp.{name}_proj.weight"] = (c.intermediate_size, h)
+        shapes[f"{p}mlp.down_proj.weight"] = (h, c.intermediate_size)
+        shapes[f"{p}input_layernorm.weight"] = (h,)
+        shapes[f"{p}post_attention_layernorm.weight"] = (h,)
+        if cfg.v2 is not None:
+            taps, groups = cfg.v2.conv_kernel_size, h // cfg.v2.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"{p}{conv}.base_kernel"] = (2, taps, h)
+                shapes[f"{p}{conv}.kernel_projection.weight"] = (2 * taps * groups, h)
+    if cfg.v2 is not None:
+        v, r = c.vocab_size, cfg.v2.selector_rank
+        shapes["candidate_selector.predecessor_codebook"] = (v, r)
+        shapes["candidate_selector.successor_codebook"] = (v, r)
+        shapes["candidate_selector.hidden_projection.weight"] = (r, h)
+    return shapes
+
+
+#: z-lab's from_pretrained key_mapping for DFlash2 codebooks saved as ``.weight``
+_ALIASES = {
+    f"candidate_selector.{n}.weight": f"candidate_selector.{n}"
+    for n in ("predecessor_codebook", "successor_codebook")
+}
+
+
+def _check_tensors(ckpt: Any, cfg: DFlashConfig) -> None:
+    """Rule 3: names, shapes, dtypes from the headers; a DFlash2 tensor in a DFlash1
+    config (or the other way round) is named."""
+    stored = {_ALIASES.get(n, n): t for n, t in ckpt.tensors.items()}
+    want = expected_shapes(cfg)
+    missing = [n for n in want if n not in stored]
+    if missing:
+        hint = ""
+        if cfg.v2 is not None and any("conv" in n or "selector" in n for n in missing):
+            hint = " (the config says DFlash2, but the DFlash2 tensors are absent)"
+        raise DFlashError(ckpt.path, f"missing tensors {missing[:4]}{hint}", key=missing[0])
+    extra = [n for n in stored if n not in want]
+    if extra:
+        hint = ""
+        if cfg.v2 is None and any("conv" in n or "selector" in n for n in extra):
+            hint = (" (DFlash2 tensors in a DFlash1 config: architectures should be "
+                    "DFlash2DraftModel)")
+        raise DFlashError(ckpt.path, f"unexpected tensors {extra[:4]}{hint}", key=extra[0])
+    for name, shape in want.items():
+        got = tuple(stored[name].shape)
+        if got != shape:
+            raise DFlashError(ckpt.path, f"tensor {name!r} has shape {list(got)}, expected "
+                              f"{list(shape)} from config.json", key=name)
+    ckpt.check_dtypes(list(ckpt.tensors))
+
+
+def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
+    """The pair checks of the module doc; returns the mask token id."""
+    tc = target.config
+    if cfg.decoder.hidden_size != tc.hidden_size:
+        raise DFlashError(
+            path,
+            f"the drafter's hidden_size is {cfg.decoder.hidden_size} and the target's "
+            f"{tc.hidden_size}: DFlash feeds the target's hidden states and embeddings to the "
+            "drafter unchanged. Instead: the DFlash drafter trained for this target.",
+            key="hidden_size",
+        )
+    layers = int(tc.num_hidden_layers)
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < layers]
+    if bad:
+        raise DFlashError(
+            path,
+            f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} outside the "
+            f"target's 0..{layers - 1} (z-lab numbers the output of decoder layer i). "
+            "Instead: the drafter trained for this target.",
+            key="target_layer_ids",
+        )
+    if cfg.num_target_layers is not None and cfg.num_target_layers != layers:
+        raise DFlashError(
+            path,
+            f"num_target_layers={cfg.num_target_layers} but the target has {layers} layers: "
+            "the drafter was trained on another target. Instead: its own target, or the "
+            "drafter trained for this one.",
+            key="num_target_layers",
+        )
+    vocab = int(tc.vocab_size)
+    if cfg.v2 is not None and cfg.decoder.vocab_size != vocab:
+        raise DFlashError(
+            path,
+            f"the DFlash2 selector's codebooks cover {cfg.decoder.vocab_size} tokens and the "
+            f"target has {vocab}: its candidate scores would index other tokens. Instead: "
+            "the drafter trained for this target.",
+            key="vocab_size",
+        )
+    mask = cfg.mask_token_id
+    if mask is None:
+        tok = getattr(target, "tokenizer", None)
+        mask = None if tok is None else tok.backend.token_to_id(cfg.mask_token)
+        if mask is None:
+            raise DFlashError(
+                path,
+                f"mask_token {cfg.mask_token!r} is not in the target's vocabulary. Instead: "
+                "set dflash_config.mask_token_id.",
+                key="mask_token",
+            )
+    if not 0 <= mask < vocab:
+        raise DFlashError(
+            path, f"mask_token_id={mask} is outside the target's vocabulary [0, {vocab})",
+            key="mask_token_id",
+        )
+    return int(mask)
+
+
+def read_weights(
+    ckpt: Any, cfg: DFlashConfig, dtype: torch.dtype, device: torch.device
+) -> DFlashWeights:
+    """Every tensor into its slot (q/k/v and gate/up fused as the core's layers keep them),
+    then the projections packed for this machine."""
+    c = cfg.decoder
+    t = {_ALIASES.get(n, n): x.to(dtype=dtype, device=device)
+         for n, x in ckpt.iter_tensors(list(ckpt.tensors))}
+    layers: list[DecoderLayer] = []
+    convs: list[tuple[BlockConv, BlockConv]] = []
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        layer = DecoderLayer(c, i, dtype, device)
+        a = p + "self_attn."
+        with torch.no_grad():
+            layer.input_norm.copy_(t[p + "input_layernorm.weight"])
+            layer.post_norm.copy_(t[p + "post_attention_layernorm.weight"])
+            layer.qkv_weight.copy_(torch.cat([t[a + f"{n}_proj.weight"] for n in "qkv"]))
+            if layer.qkv_bias is not None:
+                layer.qkv_bias.copy_(torch.cat([t[a + f"{n}_proj.bias"] for n in "qkv"]))
+            if layer.qk_norm is not None:
+                layer.qk_norm.copy_(torch.cat([
+                    t[a + "q_norm.weight"].expand(c.num_attention_heads, -1),
+                    t[a + "k_norm.weight"].expand(c.num_key_value_heads, -1),
+                ]))
+            layer.o_weight.copy_(t[a + "o_proj.weight"])
+            layer.gate_up_weight.copy_(torch.cat([t[p + "mlp.gate_proj.weight"],
+                                                  t[p + "mlp.up_proj.weight"]]))
+            layer.down_weight.copy_(t[p + "mlp.down_proj.weight"])
+        layers.append(layer)
+        if cfg.v2 is not None:
+            gs = cfg.v2.conv_group_size
+            convs.append(tuple(  # type: ignore[arg-type]
+                BlockConv(t[f"{p}{n}.base_kernel"], t[f"{p}{n}.kernel_projection.weight"], gs)
+                for n in ("attention_conv", "mlp_conv")))
+    _pack(layers)
+    selector = None
+    if cfg.v2 is not None:
+        selector = SelectorWeights(
+            t["candidate_selector.predecessor_codebook"],
+            t["candidate_selector.successor_codebook"],
+            t["candidate_selector.hidden_projection.weight"],
+            cfg.v2.selector_top_k,
+        )
+    return DFlashWeights(t["fc.weight"], t["hidden_norm.weight"], t["norm.weight"], layers,
+                         convs, selector)
+
+
+def _pack(layers: list[DecoderLayer]) -> None:
+    """The projections in the machine's packed layout (``models.linear``)."""
+    slots = [(layer, n) for layer in layers for n in layer._LINEARS]
+    packed = pack_weights([getattr(layer, n) for layer, n in slots])
+    for (layer, n), w in zip(slots, packed):
+        layer.set_packed(n, w)
+
+
+__all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "expected_shapes",
+           "read_weights"]
