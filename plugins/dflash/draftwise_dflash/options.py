@@ -50,7 +50,8 @@ class DFlashOptions(BaseModel):
         self, num_speculative_tokens: int | None, checkpoint_config: Mapping[str, Any]
     ) -> int:
         """k is required and at most the block's B - 1 drafting slots."""
-        block = int(checkpoint_config["block_size"])
+        nested = checkpoint_config.get("dflash_config") or {}
+        block = nested.get("block_size", checkpoint_config.get("block_size", 16))
         k = num_speculative_tokens
         if k is None:
             raise MissingKeyError(

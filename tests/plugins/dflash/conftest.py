@@ -76,3 +76,66 @@ def drafter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def drafter2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_drafter(tmp_path_factory.mktemp("df2") / "b8", version=2)
+
+
+#: prompts the trained drafters memorise the target's continuation of (equal lengths, so
+#: training batches them)
+TRAIN_PROMPTS = [[7, 3, 11, 5, 2, 9, 14, 1], [20, 21, 22, 23, 24, 25, 26, 27],
+                 [100, 101, 102, 40, 41, 42, 43, 44], [310, 47, 12, 9, 9, 81, 6, 250]]
+
+
+def train_drafter(target_dir: Path, directory: Path, *, version: int = 1, steps: int = 150,
+                  block_size: int = 8, seed: int = 0, new_tokens: int = 40) -> Path:
+    """A z-lab drafter trained briefly on the tiny target's greedy continuations of
+    :data:`TRAIN_PROMPTS` (z-lab's model; context = target hidden states before the
+    anchor, block = ``[anchor, MASK x (B-1)]``, labels = the next B-1 tokens), so that
+    acceptance is far from zero and the engine's accepted-draft paths run."""
+    import transformers
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel, extract_context_feature
+
+    save_drafter(directory, version=version, block_size=block_size, seed=seed + 11)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    target.eval().requires_grad_(False)
+    cls = DFlash2DraftModel if version == 2 else DFlashDraftModel
+    drafter = cls.from_pretrained(directory, dtype=torch.float32)
+    with torch.no_grad():
+        seqs = target.generate(torch.tensor(TRAIN_PROMPTS), max_new_tokens=new_tokens,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)
+        feats = extract_context_feature(
+            target(seqs, output_hidden_states=True).hidden_states, drafter.target_layer_ids)
+        embed = target.get_input_embeddings()
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    drafter.train()
+    p = len(TRAIN_PROMPTS[0])
+    for _ in range(steps):
+        start = int(torch.randint(p - 1, seqs.shape[1] - block_size, (1,), generator=gen))
+        block = seqs[:, start : start + block_size].clone()
+        block[:, 1:] = MASK
+        hidden = drafter(target_hidden=feats[:, :start], noise_embedding=embed(block),
+                         position_ids=torch.arange(start + block_size)[None],
+                         use_cache=False)[:, 1:]
+        logits = drafter.compute_logits(hidden, target.lm_head)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), seqs[:, start + 1 : start + block_size].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    drafter.eval()
+    drafter.save_pretrained(directory, safe_serialization=True)
+    d = json.loads((directory / "config.json").read_text())
+    d["architectures"] = [cls.__name__]
+    (directory / "config.json").write_text(json.dumps(d, indent=1))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def trained_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_drafter(target_dir, tmp_path_factory.mktemp("df1-trained") / "b8",
+                         steps=100, new_tokens=24)
+
+
+@pytest.fixture(scope="session")
+def trained2_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_drafter(target_dir, tmp_path_factory.mktemp("df2-trained") / "b8",
+                         version=2, steps=100, new_tokens=24)
