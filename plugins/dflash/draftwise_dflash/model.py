@@ -26,7 +26,7 @@ import torch
 
 from draftwise.models.attention import AttentionMetadata, choose_backend, write_kv
 from draftwise.models.batch import ForwardBatch, KVCache
-from draftwise.models.fused import rms_norm, silu_mul
+from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import linear
 from draftwise.models.llama import DecoderLayer
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
@@ -60,6 +60,8 @@ class DFlashModel:
         self.num_heads, self.num_kv_heads, self.head_dim = (
             c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         self.backend = choose_backend(dtype, c.head_dim, device)
+        #: the small per-token ops as C kernels too, with the native attention
+        self.native = self.backend == "native"
         inv, self._scaling = inv_frequencies(
             c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings)
         self._inv = inv
@@ -124,8 +126,8 @@ class DFlashModel:
                 )
             convs = self.w.convs[i] if self.w.convs else None
             x = _layer(layer, x, cos, sin, kv.k[i], kv.v[i], metas[key], self.windows[i],
-                       convs, block_index, self.eps)
-        return rms_norm(x, self.w.norm, self.eps)
+                       convs, block_index, self.eps, self.native)
+        return rms_norm(x, self.w.norm, self.eps, self.native)
 
 
 def _layer(
@@ -140,13 +142,14 @@ def _layer(
     convs: tuple[BlockConv, BlockConv] | None,
     block_index: torch.Tensor,  # [T]
     eps: float,
+    native: bool = False,
 ) -> torch.Tensor:  # [T, H]
     """One draft layer: the Qwen3 decoder layer, with DFlash2's convolutions around each
     sublayer (``prepare`` after the pre-norm, ``finish`` on the sublayer's output)."""
     from draftwise.models.attention import paged_attention
 
     t = h.shape[0]
-    x = rms_norm(h, layer.input_norm, eps)
+    x = rms_norm(h, layer.input_norm, eps, native)
     kernel = None
     if convs is not None:
         x, kernel = convs[0].prepare(x, block_index)
@@ -154,18 +157,17 @@ def _layer(
     qk = qkv[:, : layer.q_size + layer.kv_size].view(t, -1, layer.head_dim)
     if layer.qk_norm is not None:
         qk = rms_norm(qk, layer.qk_norm, eps)
-    qk = apply_rope(qk, cos, sin)
+    qk = apply_rope_(qk, cos, sin) if native else apply_rope(qk, cos, sin)
     q, k = qk[:, : layer.num_heads], qk[:, layer.num_heads :]
     v = qkv[:, layer.q_size + layer.kv_size :].view(t, layer.num_kv_heads, layer.head_dim)
     attn = linear(paged_attention(q, k, v, k_cache, v_cache, meta, layer.scale, window),
                   layer.o_weight, layer.o_bias)
     if convs is not None and kernel is not None:
         attn = convs[0].finish(attn, kernel, block_index)
-    h = h + attn
-    x = rms_norm(h, layer.post_norm, eps)
+    h, x = add_rms_norm(h, attn, layer.post_norm, eps, native)
     if convs is not None:
         x, kernel = convs[1].prepare(x, block_index)
-    mlp = linear(silu_mul(linear(x, layer.gate_up_weight, layer.gate_up_bias)),
+    mlp = linear(silu_mul(linear(x, layer.gate_up_weight, layer.gate_up_bias), native),
                  layer.down_weight, layer.down_bias)
     if convs is not None and kernel is not None:
         mlp = convs[1].finish(mlp, kernel, block_index)
