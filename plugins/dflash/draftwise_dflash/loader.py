@@ -2,7 +2,8 @@
 
 ``detect`` reads only the draft's own files, in this order (the cheapest refusal first):
 
-1. the container: a safetensors directory runs; a ``.gguf`` file, an EXL3 directory
+1. the container: a safetensors directory runs, and a llama.cpp ``dflash`` GGUF of a
+   DFlash1 drafter (``draftwise_dflash.gguf_drafter``); an EXL3 directory
    (``quantization_config.quant_method == "exl3"``) and an NVFP4 one (ModelOpt's
    ``hf_quant_config.json`` or ``quant_method`` ``modelopt``/``compressed-tensors``) are
    refused by name with what would work;
@@ -34,7 +35,8 @@ from draftwise_dflash.conv import BlockConv, SelectorWeights
 from draftwise_dflash.model import DFlashModel, DFlashWeights
 
 #: what runs, for messages and ``draftwise plugins``
-RUNS = "a safetensors directory (config.json + *.safetensors, bf16/fp16/fp32)"
+RUNS = ("a safetensors directory (config.json + *.safetensors, bf16/fp16/fp32) or a "
+        "llama.cpp 'dflash' GGUF of a DFlash1 drafter")
 
 
 class DFlashError(ModelFormatError):
@@ -46,15 +48,24 @@ class DFlashLoader:
 
     def detect(self, path: str) -> DraftCheckpoint:
         """Container, config and tensor headers of the draft (module doc, rules 1-3)."""
-        cfg_dict = _container(path)
-        cfg = parse_config(cfg_dict, os.path.join(path, "config.json"))
-        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+        gguf_path = _gguf_file(path)
+        if gguf_path is not None:
+            from draftwise.formats.gguf import GGUFCheckpoint
+            from draftwise_dflash.gguf_drafter import check_tensors, config_dict
 
-        ckpt = SafetensorsCheckpoint(path)
-        _check_tensors(ckpt, cfg)
+            gckpt = GGUFCheckpoint(gguf_path)
+            cfg = parse_config(config_dict(gckpt, RUNS), gguf_path)
+            check_tensors(gckpt, expected_shapes(cfg))
+            fmt, path = "gguf", gguf_path
+        else:
+            from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+
+            cfg = parse_config(_container(path), os.path.join(path, "config.json"))
+            _check_tensors(SafetensorsCheckpoint(path), cfg)
+            fmt = "safetensors"
         return DraftCheckpoint(
             path,
-            "safetensors",
+            fmt,
             cfg.architecture,
             {
                 "block_size": cfg.block_size,
@@ -69,11 +80,20 @@ class DFlashLoader:
         """The drafter over ``target``'s embedding and LM head (pair checks first)."""
         cfg: DFlashConfig = checkpoint.config["dflash"]
         mask = check_pair(checkpoint.path, cfg, target)
-        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
-
         model = target.model
-        weights = read_weights(SafetensorsCheckpoint(checkpoint.path), cfg, model.dtype,
-                               model.device)
+        notes: list[str] = []
+        if checkpoint.format == "gguf":
+            from draftwise.formats.gguf import GGUFCheckpoint
+            from draftwise_dflash.gguf_drafter import check_tensors, read_gguf_weights
+
+            gckpt = GGUFCheckpoint(checkpoint.path)
+            found = check_tensors(gckpt, expected_shapes(cfg))
+            weights, notes = read_gguf_weights(gckpt, cfg, found, model.dtype, model.device)
+        else:
+            from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+
+            weights = read_weights(SafetensorsCheckpoint(checkpoint.path), cfg, model.dtype,
+                                   model.device)
         dc = cfg.decoder
         version = "DFlash2" if cfg.v2 is not None else "DFlash1"
         return LoadedDraft(
@@ -83,7 +103,8 @@ class DFlashLoader:
             hidden_layers=cfg.target_layer_ids,
             max_model_len=dc.max_position_embeddings,
             summary=(f"{version}, block {cfg.block_size}, {dc.num_hidden_layers} layers, taps "
-                     f"{list(cfg.target_layer_ids)}, mask {mask}"),
+                     f"{list(cfg.target_layer_ids)}, mask {mask}"
+                     + "".join(f"; {n}" for n in notes)),
         )
 
 
@@ -95,20 +116,25 @@ class LoadedDFlash:
         self.mask_token_id = mask_token_id
 
 
+def _gguf_file(path: str) -> str | None:
+    """A ``.gguf`` file, or a directory without config.json holding exactly one."""
+    if os.path.isfile(path):
+        return path if path.endswith(".gguf") or _is_gguf(path) else None
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        found = [f for f in os.listdir(path) if f.endswith(".gguf")]
+        if len(found) == 1:
+            return os.path.join(path, found[0])
+        if found:
+            raise DFlashError(path, f"holds {len(found)} .gguf files; name the one to use")
+    return None
+
+
 def _container(path: str) -> dict[str, Any]:
     """Rule 1: the config dict of a directory this loader runs, else a named refusal."""
-    if os.path.isfile(path) or not os.path.isdir(path):
-        if path.endswith(".gguf") or (os.path.isfile(path) and _is_gguf(path)):
-            raise DFlashError(
-                path,
-                "GGUF DFlash drafters are not implemented yet (the bf16/Q8_0/Q4_K_M arms of "
-                f"general.architecture 'dflash'). Instead: {RUNS} of the same drafter.",
-            )
-        raise DFlashError(path, f"not a DFlash drafter directory. Instead: {RUNS}.")
+    if not os.path.isdir(path):
+        raise DFlashError(path, f"not a DFlash drafter. Instead: {RUNS}.")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
-        if any(f.endswith(".gguf") for f in os.listdir(path)):
-            raise DFlashError(path, f"GGUF DFlash drafters are not implemented yet. Instead: {RUNS}.")
         raise DFlashError(path, f"no config.json. Instead: {RUNS}.")
     d = read_json(cfg_path)
     if os.path.isfile(os.path.join(path, "hf_quant_config.json")):
@@ -318,7 +344,8 @@ def read_weights(
 
 def _pack(layers: list[DecoderLayer]) -> None:
     """The projections in the machine's packed layout (``models.linear``)."""
-    slots = [(layer, n) for layer in layers for n in layer._LINEARS]
+    slots = [(layer, n) for layer in layers for n in layer._LINEARS
+             if isinstance(getattr(layer, n), torch.Tensor)]
     packed = pack_weights([getattr(layer, n) for layer, n in slots])
     for (layer, n), w in zip(slots, packed):
         layer.set_packed(n, w)

@@ -29,6 +29,9 @@ def save_drafter(
     version: int = 1,
     seed: int = 7,
     top_level_block: bool = False,
+    hidden: int = 128,
+    intermediate: int = 256,
+    head_dim: int = 32,
     **extra: Any,
 ) -> Path:
     """A random z-lab drafter for the tiny Qwen3 target (hidden 128, vocab 512)."""
@@ -44,8 +47,8 @@ def save_drafter(
         dflash.update(conv_kernel_size=2, conv_group_size=16, selector_rank=32,
                       selector_top_k=8)
     cfg = Qwen3Config(
-        hidden_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=512,
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=head_dim, intermediate_size=intermediate, vocab_size=512,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1000000.0,
         tie_word_embeddings=False, num_target_layers=TARGET_LAYERS, dflash_config=dflash,
         **({"block_size": block_size} if top_level_block else {}), **extra,
