@@ -78,23 +78,43 @@ def write_random_drafter(directory: Path, target: Any, block: int, layers: int) 
 
 
 def time_steps(llm: Any, prompt: list[int], steps: int) -> dict[str, list[float]]:
-    """Per-step deltas of the engine's timings (ms), prefill step excluded."""
+    """Per-step deltas of the engine's timings (ms), prefill step excluded; with a dflash
+    proposer also its two passes (``context``: K/V writes, ``block``: the layers), the
+    rest of propose being the target's LM head over the block and the pick."""
     from draftwise import SamplingParams
 
     engine = llm.engine
+    phases: dict[str, float] = {"context": 0.0, "block": 0.0}
+    if engine.spec is not None:
+        model = engine.spec.proposers[0].model
+
+        def timed(name: str, fn: Any) -> Any:
+            def run(*a: Any, **k: Any) -> Any:
+                t = time.perf_counter()
+                out = fn(*a, **k)
+                phases[name] += 1e3 * (time.perf_counter() - t)
+                return out
+            return run
+
+        model.write_context = timed("context", model.write_context)
+        model.block_hidden = timed("block", model.block_hidden)
     engine.add_request({"prompt_token_ids": prompt},
                        SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True))
     engine.step()  # prefill
-    out: dict[str, list[float]] = {"propose": [], "forward": [], "step": []}
+    out: dict[str, list[float]] = {"propose": [], "forward": [], "step": [], "context": [],
+                                   "block": []}
     for _ in range(steps):
         if not engine.has_unfinished_requests():
             break
         before = (engine.stats.timings.propose, engine.stats.timings.forward)
+        ph = dict(phases)
         t0 = time.perf_counter()
         engine.step()
         out["step"].append(1e3 * (time.perf_counter() - t0))
         out["propose"].append(1e3 * (engine.stats.timings.propose - before[0]))
         out["forward"].append(1e3 * (engine.stats.timings.forward - before[1]))
+        for name in ("context", "block"):
+            out[name].append(phases[name] - ph[name])
     while engine.has_unfinished_requests():
         engine.step()
     return out
@@ -128,9 +148,12 @@ def main() -> None:
                 "method": "dflash", "model": str(d), "num_speculative_tokens": block - 1})
             t = time_steps(llm, prompt, args.steps)
             draft, verify = statistics.median(t["propose"]), statistics.median(t["forward"])
+            ctx, blk = statistics.median(t["context"]), statistics.median(t["block"])
             need = (draft + verify) / decode - 1
             report["blocks"][str(block)] = {
                 "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
+                "draft_context_ms": round(ctx, 3), "draft_layers_ms": round(blk, 3),
+                "draft_head_and_pick_ms": round(draft - ctx - blk, 3),
                 "draft_over_decode": round(draft / decode, 3),
                 "break_even_accepted_per_step": round(need, 2),
                 "break_even_acceptance_rate": round(need / (block - 1), 3),
