@@ -204,3 +204,28 @@ def test_cli_generate_json_reports_acceptance(target_dir, trained_dir, want) -> 
     assert sd["num_spec_tokens"] == 7 and len(sd["acceptance_rate_per_pos"]) == 7
     assert sd["num_accepted_tokens"] > 0
     assert doc["proposers"][0]["method"] == "dflash"
+
+
+def test_a_hybrid_gdn_target_is_identical(tmp_path) -> None:
+    """Qwen3.5-style target (linear-attention layers with recurrent state): the taps come
+    through the same channel and the recurrent state is rolled back with the drafts."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[3]
+    mod_spec = importlib.util.spec_from_file_location(
+        "build_tiny_hybrid", root / "scripts" / "build_tiny_hybrid.py")
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    target = mod.build(tmp_path / "hybrid", "qwen3_5", mtp=False)
+    drafter = save_drafter(tmp_path / "d", hidden=64, intermediate=128, head_dim=16,
+                           target_layer_ids=[0, 3])
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg.update(vocab_size=256, num_target_layers=4)
+    cfg["dflash_config"]["mask_token_id"] = 200
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    prompts = [[7, 3, 11, 5, 2, 9], list(range(20, 47))]
+    want = [generate(target, None, [p])[0][0] for p in prompts]
+    got, llm = generate(target, spec(drafter, 7), prompts, max_num_seqs=2)
+    assert got == want
+    assert llm.engine.spec.metrics.num_draft_tokens > 0
+    assert_clean(llm)

@@ -46,13 +46,14 @@ def record_drafts(llm: LLM) -> list[tuple[list[int], list[int]]]:
 
 def reference_drafts(target: Any, drafter: Any, tokens: list[int], k: int) -> list[int]:
     """z-lab's drafts for one step: context = tokens[:-1], anchor = tokens[-1]."""
-    from dflash.model import DFlash2DraftModel, extract_context_feature
+    from dflash.model import DFlash2DraftModel, _draft_value, extract_context_feature
 
     n = len(tokens)
+    scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
     with torch.no_grad():
         out = target(torch.tensor([tokens[:-1]]), output_hidden_states=True)
         ctx = extract_context_feature(out.hidden_states, drafter.target_layer_ids)
-        noise = target.get_input_embeddings()(torch.tensor([[tokens[-1]] + [MASK] * k]))
+        noise = target.get_input_embeddings()(torch.tensor([[tokens[-1]] + [MASK] * k])) * scale
         hidden = drafter(
             target_hidden=ctx, noise_embedding=noise,
             position_ids=torch.arange(n + k)[None], use_cache=False,
@@ -119,3 +120,23 @@ def test_fallback_layer_ids_match_the_reference(target_dir, tmp_path) -> None:
     assert ref.target_layer_ids == [1]
     for tokens, drafts in seen:
         assert drafts == reference_drafts(target, ref, tokens, len(drafts))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_config_variants_match_the_reference(target_dir, tmp_path, version: int) -> None:
+    """Sliding causal layers beside full non-causal ones, a top-level block_size, the
+    embedding scale, the logit multiplier and soft-cap: every key z-lab reads."""
+    d = save_drafter(
+        tmp_path / f"variants{version}", version=version, layers=3, top_level_block=True,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        sliding_window=5, use_sliding_window=True,
+    )
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dflash_config"].update(input_embedding_scale=1.7, output_multiplier=0.8,
+                                final_logit_softcapping=6.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    seen = run_engine(target_dir, d, 7)
+    target, ref = hf_pair(target_dir, d)
+    assert ref.layers[0].self_attn.is_causal and not ref.layers[1].self_attn.is_causal
+    for tokens, drafts in seen:
+        assert drafts == reference_drafts(target, ref, tokens, len(drafts)), f"ctx {tokens}"
