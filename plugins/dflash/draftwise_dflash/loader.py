@@ -2,11 +2,11 @@
 
 ``detect`` reads only the draft's own files, in this order (the cheapest refusal first):
 
-1. the container: a safetensors directory runs, and a llama.cpp ``dflash`` GGUF of a
-   DFlash1 drafter (``draftwise_dflash.gguf_drafter``); an EXL3 directory
-   (``quantization_config.quant_method == "exl3"``) and an NVFP4 one (ModelOpt's
-   ``hf_quant_config.json`` or ``quant_method`` ``modelopt``/``compressed-tensors``) are
-   refused by name with what would work;
+1. the container: a safetensors directory runs (plain, or NVFP4 in ModelOpt's or
+   compressed-tensors' convention: ``draftwise_dflash.nvfp4``), and a llama.cpp
+   ``dflash`` GGUF of a DFlash1 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
+   directory (``quantization_config.quant_method == "exl3"``) and any other quantized
+   declaration are refused by name with what would work;
 2. the config (:func:`draftwise_dflash.config.parse_config`): DFlash1 or DFlash2;
 3. every tensor name, shape and stored dtype against that config (headers only).
 
@@ -35,8 +35,9 @@ from draftwise_dflash.conv import BlockConv, SelectorWeights
 from draftwise_dflash.model import DFlashModel, DFlashWeights
 
 #: what runs, for messages and ``draftwise plugins``
-RUNS = ("a safetensors directory (config.json + *.safetensors, bf16/fp16/fp32) or a "
-        "llama.cpp 'dflash' GGUF of a DFlash1 drafter")
+RUNS = ("a safetensors directory (config.json + *.safetensors: bf16/fp16/fp32, or NVFP4 "
+        "from ModelOpt or compressed-tensors) or a llama.cpp 'dflash' GGUF of a DFlash1 "
+        "drafter")
 
 
 class DFlashError(ModelFormatError):
@@ -60,9 +61,10 @@ class DFlashLoader:
         else:
             from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 
-            cfg = parse_config(_container(path), os.path.join(path, "config.json"))
-            _check_tensors(SafetensorsCheckpoint(path), cfg)
-            fmt = "safetensors"
+            raw, decl = _container(path)
+            cfg = parse_config(raw, os.path.join(path, "config.json"))
+            packed = _check_tensors(SafetensorsCheckpoint(path), cfg, decl)
+            fmt = "safetensors" if decl is None else f"safetensors (NVFP4, {decl.convention})"
         return DraftCheckpoint(
             path,
             fmt,
@@ -73,6 +75,7 @@ class DFlashLoader:
                 "hidden_size": cfg.decoder.hidden_size,
                 "num_hidden_layers": cfg.decoder.num_hidden_layers,
                 "dflash": cfg,
+                "nvfp4": None if gguf_path is not None or decl is None else (decl, packed),
             },
         )
 
@@ -92,8 +95,12 @@ class DFlashLoader:
         else:
             from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 
+            nv = checkpoint.config.get("nvfp4")
             weights = read_weights(SafetensorsCheckpoint(checkpoint.path), cfg, model.dtype,
-                                   model.device)
+                                   model.device, nv)
+            if nv is not None:
+                notes.append(f"{len(nv[1])} NVFP4 modules dequantized to "
+                             f"{str(model.dtype).removeprefix('torch.')} (no packed NVFP4 kernel)")
         dc = cfg.decoder
         version = "DFlash2" if cfg.v2 is not None else "DFlash1"
         return LoadedDraft(
@@ -129,38 +136,27 @@ def _gguf_file(path: str) -> str | None:
     return None
 
 
-def _container(path: str) -> dict[str, Any]:
-    """Rule 1: the config dict of a directory this loader runs, else a named refusal."""
+def _container(path: str) -> tuple[dict[str, Any], Any]:
+    """Rule 1: the config dict of a directory this loader runs and its NVFP4 declaration
+    (None: not quantized), else a named refusal."""
     if not os.path.isdir(path):
         raise DFlashError(path, f"not a DFlash drafter. Instead: {RUNS}.")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise DFlashError(path, f"no config.json. Instead: {RUNS}.")
     d = read_json(cfg_path)
-    if os.path.isfile(os.path.join(path, "hf_quant_config.json")):
-        raise DFlashError(
-            path,
-            "an NVFP4 drafter (ModelOpt hf_quant_config.json): packed fp4 DFlash weights are "
-            f"not implemented yet. Instead: {RUNS} (the drafter before quantization).",
-        )
     quant = d.get("quantization_config")
-    if isinstance(quant, dict):
-        method = quant.get("quant_method")
-        if method == "exl3":
-            raise DFlashError(
-                path,
-                f"an EXL3 drafter (bits={quant.get('bits')}, codebook="
-                f"{quant.get('codebook', 'mul1')}): EXL3 trellis weights decode only through "
-                f"exllamav3's CUDA kernels. Instead: {RUNS}.",
-                key="quantization_config",
-            )
+    if isinstance(quant, dict) and quant.get("quant_method") == "exl3":
         raise DFlashError(
             path,
-            f"quantization_config.quant_method={method!r} ({quant.get('format') or quant.get('quant_algo')}): "
-            f"quantized DFlash safetensors are not implemented yet. Instead: {RUNS}.",
+            f"an EXL3 drafter (bits={quant.get('bits')}, codebook="
+            f"{quant.get('codebook', 'mul1')}): EXL3 trellis weights decode only through "
+            f"exllamav3's CUDA kernels. Instead: {RUNS}, or an NVFP4 export.",
             key="quantization_config",
         )
-    return d
+    from draftwise_dflash.nvfp4 import declaration
+
+    return d, declaration(path, d, RUNS)
 
 
 def _is_gguf(path: str) -> bool:
@@ -211,11 +207,23 @@ _ALIASES = {
 }
 
 
-def _check_tensors(ckpt: Any, cfg: DFlashConfig) -> None:
+def _check_tensors(ckpt: Any, cfg: DFlashConfig, decl: Any = None) -> dict[str, str]:
     """Rule 3: names, shapes, dtypes from the headers; a DFlash2 tensor in a DFlash1
-    config (or the other way round) is named."""
+    config (or the other way round) is named. With an NVFP4 declaration, the Linear
+    modules are checked against it both ways; returns module -> packed/plain."""
     stored = {_ALIASES.get(n, n): t for n, t in ckpt.tensors.items()}
     want = expected_shapes(cfg)
+    packed: dict[str, str] = {}
+    if decl is not None:
+        from draftwise_dflash.nvfp4 import plan, side_tensors
+
+        linears = {n.removesuffix(".weight"): shape for n, shape in want.items()
+                   if len(shape) == 2 and _is_linear(n)}
+        packed = {m: kind for m, kind in plan(decl, stored, linears, ckpt.path).items()
+                  if kind == "packed"}
+        side = side_tensors(decl, packed)
+        want = {n: s for n, s in want.items() if n.removesuffix(".weight") not in packed}
+        stored = {n: t for n, t in stored.items() if n not in side}
     missing = [n for n in want if n not in stored]
     if missing:
         hint = ""
@@ -234,7 +242,15 @@ def _check_tensors(ckpt: Any, cfg: DFlashConfig) -> None:
         if got != shape:
             raise DFlashError(ckpt.path, f"tensor {name!r} has shape {list(got)}, expected "
                               f"{list(shape)} from config.json", key=name)
-    ckpt.check_dtypes(list(ckpt.tensors))
+    plain = [n for n in ckpt.tensors if _ALIASES.get(n, n) in want]
+    ckpt.check_dtypes(plain)
+    return packed
+
+
+def _is_linear(name: str) -> bool:
+    """A Linear module's weight (what NVFP4 quantizes); norms, codebooks and conv base
+    kernels are not."""
+    return name == "fc.weight" or name.endswith(("_proj.weight", "_projection.weight"))
 
 
 def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
@@ -295,13 +311,23 @@ def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
 
 
 def read_weights(
-    ckpt: Any, cfg: DFlashConfig, dtype: torch.dtype, device: torch.device
+    ckpt: Any, cfg: DFlashConfig, dtype: torch.dtype, device: torch.device, nvfp4: Any = None
 ) -> DFlashWeights:
     """Every tensor into its slot (q/k/v and gate/up fused as the core's layers keep them),
-    then the projections packed for this machine."""
+    then the projections packed for this machine. ``nvfp4``: (declaration, packed
+    modules) from detect; those modules are dequantized (``draftwise_dflash.nvfp4``)."""
     c = cfg.decoder
-    t = {_ALIASES.get(n, n): x.to(dtype=dtype, device=device)
-         for n, x in ckpt.iter_tensors(list(ckpt.tensors))}
+    side: set[str] = set()
+    t: dict[str, torch.Tensor] = {}
+    if nvfp4 is not None:
+        from draftwise_dflash.nvfp4 import side_tensors
+
+        decl, packed = nvfp4
+        side = side_tensors(decl, packed)
+        t.update(_dequantized(ckpt, decl, packed, dtype, device))
+    plain = [n for n in ckpt.tensors if n not in side]
+    t.update({_ALIASES.get(n, n): x.to(dtype=dtype, device=device)
+              for n, x in ckpt.iter_tensors(plain)})
     layers: list[DecoderLayer] = []
     convs: list[tuple[BlockConv, BlockConv]] = []
     for i in range(c.num_hidden_layers):
@@ -340,6 +366,26 @@ def read_weights(
         )
     return DFlashWeights(t["fc.weight"], t["hidden_norm.weight"], t["norm.weight"], layers,
                          convs, selector)
+
+
+def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype,
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """Each NVFP4 module's weight, dequantized from its stored bytes."""
+    from safetensors import safe_open
+
+    from draftwise_dflash.nvfp4 import SUFFIXES, dequantize
+
+    w, s, g, _ = SUFFIXES[decl.convention]
+    out = {}
+    for module in packed:
+        parts = []
+        for suffix in (w, s, g):
+            entry = ckpt.tensors[f"{module}.{suffix}"]
+            with safe_open(entry.file, framework="pt") as fh:
+                parts.append(fh.get_tensor(entry.name))
+        out[f"{module}.weight"] = dequantize(*parts, decl.convention).to(dtype=dtype,
+                                                                         device=device)
+    return out
 
 
 def _pack(layers: list[DecoderLayer]) -> None:
