@@ -291,6 +291,14 @@ def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
             "the drafter trained for this target.",
             key="vocab_size",
         )
+    if cfg.v2 is not None and cfg.v2.selector_top_k > vocab:
+        raise DFlashError(
+            path,
+            f"selector_top_k={cfg.v2.selector_top_k} exceeds the target's vocabulary ({vocab}): "
+            "the candidate walk cannot run, and DFlash2 is never replaced by a per-slot "
+            "argmax. Instead: the drafter trained for this target.",
+            key="selector_top_k",
+        )
     mask = cfg.mask_token_id
     if mask is None:
         tok = getattr(target, "tokenizer", None)

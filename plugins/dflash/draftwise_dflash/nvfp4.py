@@ -138,7 +138,7 @@ def plan(decl: NvFp4Declaration, stored: dict[str, Any], linears: dict[str, tupl
          path: str) -> dict[str, str]:
     """Rule 3: module -> "packed" or "plain", every Linear checked both ways against the
     tensors (``stored``: name -> header entry with ``dtype`` and ``shape``)."""
-    w, s, g, i = SUFFIXES[decl.convention]
+    w, s, g, _ = SUFFIXES[decl.convention]
     out = {}
     for module, (n, k) in linears.items():
         packed = f"{module}.{w}" in stored and (

@@ -119,8 +119,8 @@ def train_drafter(target_dir: Path, directory: Path, *, version: int = 1, steps:
                          position_ids=torch.arange(start + block_size)[None],
                          use_cache=False)[:, 1:]
         logits = drafter.compute_logits(hidden, target.lm_head)
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), seqs[:, start + 1 : start + block_size].reshape(-1))
+        labels = seqs[:, start + 1 : start + block_size].reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()

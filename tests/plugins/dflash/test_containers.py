@@ -216,13 +216,13 @@ def test_quantized_safetensors_refused_by_name(target_dir, drafter_dir, tmp_path
         "quant_method": "exl3", "bits": 4.0, "head_bits": 6, "codebook": "mcg"}))
     refused(target_dir, exl3, "an EXL3 drafter \\(bits=4.0, codebook=mcg\\)")
     ct = edited(drafter_dir, tmp_path / "ct", lambda c: c.update(quantization_config={
-        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}))
-    refused(target_dir, ct, "quant_method='compressed-tensors' \\(nvfp4-pack-quantized\\)")
-    mo = tmp_path / "modelopt"
-    shutil.copytree(drafter_dir, mo)
-    (mo / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}))
-    refused(target_dir, mo, "an NVFP4 drafter \\(ModelOpt")
+        "quant_method": "compressed-tensors", "format": "int-quantized"}))
+    refused(target_dir, ct, "compressed-tensors format='int-quantized': only "
+            "nvfp4-pack-quantized")
+    gptq = edited(drafter_dir, tmp_path / "gptq", lambda c: c.update(quantization_config={
+        "quant_method": "gptq", "bits": 4}))
+    refused(target_dir, gptq, "quant_method='gptq': quantized DFlash safetensors are read "
+            "only as NVFP4")
 
 
 def test_broken_and_mis_declared_files_refused_by_name(target_dir, drafter_dir, tmp_path,

@@ -108,7 +108,8 @@ def test_layer_ids_off_by_one_fails(target_dir, drafter_dir, tmp_path) -> None:
     (shifted / "config.json").write_text(json.dumps(cfg))
     seen = run_engine(target_dir, shifted, 7)
     target, ref = hf_pair(target_dir, drafter_dir)  # the reference keeps z-lab's ids
-    differ = sum(drafts != reference_drafts(target, ref, tokens, len(drafts)) for tokens, drafts in seen)
+    differ = sum(drafts != reference_drafts(target, ref, tokens, len(drafts))
+                 for tokens, drafts in seen)
     assert differ == len(seen)
 
 
