@@ -25,21 +25,11 @@ from tiny_gguf import random_blocks
 from draftwise import LLM, SamplingParams
 from draftwise.formats.errors import ModelFormatError
 from draftwise.models.quant import QuantWeight
-from draftwise_dflash.gguf_drafter import _GLOBAL, _LAYER
+from draftwise_dflash.gguf_drafter import _gguf as gguf_name
 from draftwise_dflash.loader import DFlashError, DFlashLoader
 
 from .conftest import MASK, TOKENS, TRAIN_PROMPTS, save_drafter
 from .test_oracle import record_drafts
-
-
-def gguf_name(z: str) -> str:
-    rev = {v: k for k, v in _GLOBAL.items()}
-    if z in rev:
-        return rev[z]
-    _, i, rest = z.split(".", 2)
-    base, suffix = rest.rsplit(".", 1)
-    kind = next(k for k, v in _LAYER.items() if v == base)
-    return f"blk.{i}.{kind}.{suffix}"
 
 
 def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None = None,
