@@ -20,6 +20,11 @@ takes a GEMV path that rounds differently, so it is padded to 2), the batch size
 fp32 GEMM (MKL) depends on M, so fp32 models are accurate but not batch-invariant.
 SDPA is not used: its blocking depends on the query and key lengths.
 
+A block drafter (DFlash) runs its block non-causally: ``causal=False`` lets every query
+of a row see the row's whole context, this step's tokens included. The torch path masks
+against the row's last position; the native kernel gets each query as its own row of
+length one over the same context (the kernel writes every K/V before any row reads).
+
 On CPU with bf16 caches a hand-written C kernel (``core/csrc/paged_attention.c``, built
 at install when a compiler is present) does the same job without the gather and the
 padding, batch-invariant by construction; this torch path is its readable reference and
@@ -97,12 +102,19 @@ class AttentionMetadata:
         chunk: int = CHUNK,
         backend: str = "torch",
         num_blocks: int | None = None,
+        causal: bool = True,
     ) -> AttentionMetadata:
         """Shapes come from the host lists, so building never syncs on the device.
 
         ``native`` reads the cache through raw pointers, so the batch is bounds-checked
         here first (once per forward): a malformed batch is a ``ValueError``, not a crash.
+        ``causal=False`` (a non-causal block, see the module doc) takes no sliding window.
         """
+        if not causal and any(w is not None for w in windows):
+            raise ValueError("non-causal attention takes no sliding window")
+        if backend == "native" and not causal:
+            _check_native_bounds(batch, block_size, num_blocks)
+            return cls._native_non_causal(batch, chunk)
         if backend == "native":
             _check_native_bounds(batch, block_size, num_blocks)
             return cls(
@@ -145,6 +157,9 @@ class AttentionMetadata:
             pad_index = torch.tensor(pad, dtype=torch.long, device=device)
             unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
             qpos = batch.positions.index_select(0, pad_index).view(b, m)
+        if not causal:  # every query sees its row's last position and all before it
+            last = torch.tensor([s - 1 for s in batch.seq_lens_cpu], device=device)
+            qpos = last[:, None].expand(b, m)
         key_pos = torch.arange(n, device=device)
         masks = {}
         for window in set(windows):
@@ -163,6 +178,33 @@ class AttentionMetadata:
             pad_index=pad_index,
             unpad_index=unpad_index,
             masks=masks,
+        )
+
+
+    @classmethod
+    def _native_non_causal(cls, batch: ForwardBatch, chunk: int) -> AttentionMetadata:
+        """Each query token as a row of its own over its row's whole context."""
+        device = batch.input_ids.device
+        qlens, seqs = batch.query_lens_cpu, batch.seq_lens_cpu
+        row_of = torch.repeat_interleave(
+            torch.arange(len(qlens), device=device), torch.tensor(qlens, device=device)
+        )
+        t = int(sum(qlens))
+        tables = batch.block_tables.index_select(0, row_of).contiguous()
+        return cls(
+            slot_mapping=batch.slot_mapping.contiguous(),
+            block_ids=tables,
+            num_rows=t,
+            max_query_len=1,
+            ctx_len=max(seqs),
+            chunk=chunk,
+            pad_index=None,
+            unpad_index=None,
+            masks={},
+            backend="native",
+            query_start_loc=torch.arange(t + 1, dtype=torch.long, device=device),
+            seq_lens=batch.seq_lens.index_select(0, row_of).contiguous(),
+            block_tables=tables,
         )
 
 

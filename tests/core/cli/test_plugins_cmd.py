@@ -39,9 +39,11 @@ def test_plugins_json_lists_the_five_first_party_methods(installed_host: PluginH
     assert {r["distribution"]: r["methods"] for r in rows} == FIVE
     status = {m: s for r in rows for m, s in r["status"].items()}
     assert status == {
-        "ngram": "runs", "mtp": "runs", "draft_model": "runs",
-        "dflash": DECLARED_ONLY, "dspark": DECLARED_ONLY,
+        "ngram": "runs", "mtp": "runs", "draft_model": "runs", "dflash": "runs",
+        "dspark": DECLARED_ONLY,
     }
+    dflash = next(r for r in rows if r["distribution"] == "draftwise-dflash")
+    assert "Formats: safetensors directory" in dflash["descriptions"]["dflash"]
     mtp = next(r for r in rows if r["distribution"] == "draftwise-mtp")
     assert mtp["descriptions"]["mtp"].startswith("Multi-token-prediction heads")
     assert mtp["version"] == "0.1.0" and mtp["entry_point"] == "mtp"
@@ -55,7 +57,7 @@ def test_plugins_table(installed_host: PluginHost) -> None:
     assert result.exit_code == 0
     for name in FIVE:
         assert name in result.stdout
-    assert "dflash: declared only" in result.stdout and "ngram: runs" in result.stdout
+    assert "dspark: declared only" in result.stdout and "dflash: runs" in result.stdout and "ngram: runs" in result.stdout
     assert "deepseek_mtp" in result.stdout and "(26 in" in result.stdout
 
 
@@ -158,7 +160,8 @@ def test_plugins_shows_the_conflict_and_what_cannot_run(make_dist, capsys, monke
     }
     assert rows["draftwise-ngram"]["status"]["ngram"].startswith("conflict: 'ngram' also")
     assert rows["draftwise-mtp"]["status"] == {"mtp": "runs"}
-    assert rows["draftwise-dflash"]["status"]["dflash"].startswith("declared only")
+    assert rows["draftwise-dflash"]["status"] == {"dflash": "runs"}
+    assert rows["draftwise-dspark"]["status"]["dspark"].startswith("declared only")
     assert "warning: 'ngram' is claimed twice" in err
 
 

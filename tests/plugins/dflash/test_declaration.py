@@ -36,5 +36,18 @@ def test_needs_model_and_k(installed_registry) -> None:
         parse_speculative_config(
             {"method": "dflash", "num_speculative_tokens": 3}, installed_registry
         )
-    with pytest.raises(MissingKeyError, match="needs 'num_speculative_tokens'"):
-        parse_speculative_config({"method": "dflash", "model": "/ckpt/d"}, installed_registry)
+    # k is checked at the draft stage, against the drafter's own block size
+    cfg = parse_speculative_config({"method": "dflash", "model": "/ckpt/d"}, installed_registry)
+    assert cfg is not None and cfg.num_speculative_tokens is None
+
+
+def test_k_is_required_and_at_most_block_minus_one(target_dir, drafter_dir) -> None:
+    from draftwise import LLM
+
+    with pytest.raises(MissingKeyError, match='set "num_speculative_tokens": 7'):
+        LLM(model=str(target_dir), speculative_config={"method": "dflash",
+                                                       "model": str(drafter_dir)})
+    with pytest.raises(RefusedValueError, match="num_speculative_tokens=8 is refused: the "
+                       "drafter's block_size is 8"):
+        LLM(model=str(target_dir), speculative_config={
+            "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 8})

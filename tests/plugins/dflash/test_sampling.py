@@ -1,0 +1,131 @@
+"""dflash under sampling, through the whole engine, with the drafter's real q.
+
+The trained drafter is sharp where the target (temperature 1, top-k 3) is not, so q
+differs from p at every drafted slot: acceptance and the recovered token both matter.
+The joint distribution of the 2nd and 3rd generated tokens (both from the first step,
+which verifies two drafts) must match speculation off for one-hot q (greedy drafting),
+DFlash1's sampled q (probabilistic) under standard and block verification, and DFlash2's
+walk q; a wrong accept rule and a wrong q must be caught by the same test.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from stats import CHI2_9999, chi2_two_sample, pool_rare
+
+from draftwise import LLM, SamplingParams
+
+from .conftest import TRAIN_PROMPTS
+
+PROMPT = TRAIN_PROMPTS[0]
+N = 2000
+
+
+def sample(target: Path, config: dict[str, Any] | None, seed: int, check: bool = True
+           ) -> Counter:
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [
+        SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
+                       ignore_eos=True)
+        for i in range(N)
+    ]
+    outs = llm.generate([{"prompt_token_ids": PROMPT}] * N, params)
+    if config is not None and check:
+        m = llm.engine.spec.metrics
+        assert m.num_draft_tokens >= 2 * N, "every request must get two drafts"
+        assert 0 < m.num_accepted_tokens < m.num_draft_tokens, "some drafts must be rejected"
+        assert llm.engine.kv.num_used_blocks == 0
+    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+
+
+@pytest.fixture(scope="module")
+def reference(target_dir: Path) -> Counter:
+    return sample(target_dir, None, seed=1)
+
+
+def config(drafter: Path, **extra: Any) -> dict[str, Any]:
+    return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 2, **extra}
+
+
+@pytest.mark.parametrize(
+    ("version", "draft_sample_method", "rejection_sample_method"),
+    [(1, "greedy", "standard"), (1, "probabilistic", "standard"),
+     (1, "probabilistic", "block"), (2, "probabilistic", "standard")],
+)
+def test_sampling_distribution_matches_spec_off(
+    target_dir: Path, trained_dir: Path, trained2_dir: Path, reference: Counter,
+    version: int, draft_sample_method: str, rejection_sample_method: str,
+) -> None:
+    drafter = trained_dir if version == 1 else trained2_dir
+    on = sample(target_dir, config(drafter, draft_sample_method=draft_sample_method,
+                                   rejection_sample_method=rejection_sample_method), seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat < CHI2_9999[dof], (stat, dof, reference, on)
+
+
+def test_wrong_accept_rule_is_detected(
+    target_dir: Path, trained_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import draftwise.verify as verify_mod
+
+    # accept with min(1, q/p) instead of min(1, p/q)
+    monkeypatch.setattr(
+        verify_mod, "_standard_accept_prob",
+        lambda p_x, q_x: np.minimum(1.0, q_x / np.maximum(p_x, 1e-30)),
+    )
+    # (the wrong rule accepts every draft here: q >= p wherever the drafter drafts)
+    on = sample(target_dir, config(trained_dir, draft_sample_method="probabilistic"), seed=2,
+                check=False)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat > CHI2_9999[dof], "a wrong accept rule must be caught by the distribution test"
+
+
+def test_a_wrong_q_is_detected(
+    target_dir: Path, trained_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q must be the distribution the drafts were sampled from: report a flatter one and
+    the test fails, so it checks the proposer's q, not just verify."""
+    import draftwise_dflash.proposer as proposer_mod
+
+    real = proposer_mod.pick_draft_tokens
+
+    def flat_q(logits, params, generators, probabilistic):
+        tok, q = real(logits, params, generators, probabilistic)
+        if q is not None:
+            _, q = real(logits * 0.3, params, [None] * len(params), probabilistic)
+        return tok, q
+
+    monkeypatch.setattr(proposer_mod, "pick_draft_tokens", flat_q)
+    on = sample(target_dir, config(trained_dir, draft_sample_method="probabilistic"), seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat > CHI2_9999[dof], "a q that is not the drafter's must be caught"
+
+
+def test_a_wrong_walk_q_is_detected(
+    target_dir: Path, trained2_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DFlash2: claiming uniform q over the candidates instead of softmax(S / T)."""
+    import draftwise_dflash.proposer as proposer_mod
+
+    real = proposer_mod.selector_walk
+
+    def uniform_q(sel, hidden, logits, anchors, lengths, choose, keep_q=False):
+        tokens, qs = real(sel, hidden, logits, anchors, lengths, choose, keep_q)
+        out = []
+        for row in qs:
+            fixed = []
+            for q in row:
+                u = (q > 0).float()
+                fixed.append(u / u.sum())
+            out.append(fixed)
+        return tokens, out
+
+    monkeypatch.setattr(proposer_mod, "selector_walk", uniform_q)
+    on = sample(target_dir, config(trained2_dir, draft_sample_method="probabilistic"), seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat > CHI2_9999[dof], "a q that is not the walk's must be caught"
