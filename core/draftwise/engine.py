@@ -29,7 +29,9 @@ from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 from draftwise.text import check_text
+from draftwise.logits_process import bad_words_token_ids, token_history
 from draftwise.step import StepDrafts, StepOutcome
+from draftwise.stopping import append_tokens
 
 logger = logging.getLogger("draftwise.engine")
 
@@ -161,10 +163,18 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise RequestError("prompt_token_ids", f"token id {bad[0]} outside [0, {vocab})")
-        bad = [t for t in params.stop_token_ids if t >= vocab]
-        if bad:
-            raise RequestError("stop_token_ids", f"token id {bad[0]} outside [0, {vocab}): it "
-                               "can never be generated")
+        for name, toks in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("logit_bias", tuple(params.logit_bias or ())),
+        ):
+            bad = [t for t in toks if t >= vocab]
+            if bad:
+                raise RequestError(name, f"token id {bad[0]} outside [0, {vocab}): not in "
+                                   "this model's vocabulary")
+        if params.bad_words and self.tokenizer is None:
+            raise RequestError("bad_words", "this checkpoint has no tokenizer, so bad words "
+                               "cannot be tokenized; use allowed_token_ids or logit_bias")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestError(
                 "max_tokens",
@@ -187,6 +197,10 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             generator=generator,
         )
+        if params.bad_words:
+            req.bad_words_token_ids = bad_words_token_ids(
+                params.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False)
+            )
         if self.tokenizer is not None:
             req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         elif params.stop_strings:
@@ -302,6 +316,11 @@ class LLMEngine:
         if not sampling:
             return outcome
         reqs = [rows[i].request for i in sampling]
+        draft_rows = drafts.rows()
+        histories = [
+            token_history(r, draft_rows[i]) if r.params.needs_history else None
+            for i, r in zip(sampling, reqs)
+        ]
         # rows that do not sample never draft, so the flat drafts are the sampling rows'
         result = verify(
             logits,
@@ -311,6 +330,7 @@ class LLMEngine:
             [r.generator for r in reqs],
             draft_probs=drafts.draft_probs,
             method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
+            histories=histories if any(h is not None for h in histories) else None,
         )
         for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
             outcome.output_token_ids[i] = toks
@@ -372,7 +392,11 @@ class LLMEngine:
         if toks is not None:  # None: a prefill chunk that does not reach the end yet
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._append_tokens(req, toks)
+            kept = append_tokens(req, toks)
+            self.stats.num_generated_tokens += kept
+            if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
+                outcome.output_token_ids[i] = toks[:kept]
+                outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             self.scheduler.finish(req, req.status)
@@ -441,48 +465,6 @@ class LLMEngine:
         if time.monotonic() - self._last_log >= interval:
             self.spec.logging.log(logger.info)
             self._last_log = time.monotonic()
-
-    def _append_tokens(self, req: Request, toks: list[int]) -> None:
-        """Append tokens one by one, stopping at EOS, stop ids, stop strings or length."""
-        params = req.params
-        new: list[int] = []
-        for tok in toks:
-            req.append(tok)
-            new.append(tok)
-            self.stats.num_generated_tokens += 1
-            if not params.ignore_eos and tok in req.eos_token_ids:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, None
-                break
-            if tok in params.stop_token_ids_set:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
-                break
-            if req.num_output_tokens >= params.max_tokens:
-                req.status = RequestStatus.FINISHED_LENGTH
-                break
-        req.new_token_ids = new
-        if req.detok_state is None:
-            req.new_text = ""
-            return
-        delta = req.detok_state.step(new)
-        if req.status.finished:
-            delta += req.detok_state.flush()
-        old_len = len(req.text)
-        req.text += delta
-        if params.stop_strings and not req.status.finished:
-            self._check_stop_strings(req, old_len)
-        req.new_text = req.text[old_len:]
-
-    def _check_stop_strings(self, req: Request, old_len: int) -> None:
-        """Cut the text at the first stop string that the new text completes."""
-        params = req.params
-        for stop in params.stop_strings:
-            begin = max(0, old_len - len(stop) + 1)
-            idx = req.text.find(stop, begin)
-            if idx != -1:
-                end = idx + len(stop) if params.include_stop_str_in_output else idx
-                req.text = req.text[:end]
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
-                return
 
     def _make_output(self, req: Request) -> RequestOutput:
         """The vLLM-shaped cumulative output for a request."""

@@ -64,6 +64,8 @@ class Request:
     #: text produced so far (stop strings already cut off)
     text: str = ""
     detok_state: Any = None
+    #: ``params.bad_words`` tokenized (``logits_process.bad_words_token_ids``)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     #: speculation record; None when the engine runs without a speculative config
     spec: RequestSpecDecodeMetrics | None = None
     token_buf: np.ndarray = field(init=False)

@@ -15,6 +15,11 @@ row ``j`` is the target's distribution for the token after the context plus
 sampling, bitwise the same as :func:`draftwise.sampling.sample`, so the engine sends
 every sampling row through :func:`verify`, speculating or not.
 
+Processing: before anything else, each position's logits go through the request's
+penalties, logit bias, allowed / bad words and min_tokens
+(:func:`draftwise.logits_process.apply_logits_processors`, ONE call on the step's logits),
+each position seeing the tokens committed before the step plus the drafts before it.
+
 Probabilities: p is the target after the request's temperature / min-p / top-k / top-p
 (:meth:`SamplingMetadata.probs`, the same code as plain sampling); q is the proposer's
 ``draft_probs``, or one-hot at the draft token when there are none (n-gram, greedy
@@ -43,6 +48,7 @@ import numpy as np
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.logits_process import TokenHistory, apply_logits_processors
 from draftwise.sampling import (
     SamplingMetadata,
     SamplingParams,
@@ -74,6 +80,8 @@ class VerifyResult:
 
     output_token_ids: list[list[int]]
     num_accepted: list[int]
+    #: ``[T, V]`` the target logits after per-position processing (what was verified)
+    logits: torch.Tensor | None = None
 
     def to_padded(self, width: int | None = None) -> torch.Tensor:  # [B, width] int64
         """vLLM's output buffer: one row per request, padded with PLACEHOLDER_TOKEN_ID."""
@@ -107,6 +115,7 @@ def verify(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V] q, None = one-hot
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    histories: Sequence[TokenHistory | None] | None = None,  # [B]
 ) -> VerifyResult:
     """Verify every request's drafts (0 drafts = plain sampling) in one vectorised pass.
 
@@ -118,10 +127,13 @@ def verify(
     :param generators: per-request generator, None for unseeded random or greedy rows.
     :param draft_probs: q of every draft position (``draft_sample_method="probabilistic"``).
     :param method: ``"standard"`` rejection sampling or ``"block"`` verification.
-    :returns: output tokens and accepted counts per request.
+    :param histories: per request, what its positions condition on (penalties, bias,
+        masks); None, or a None entry, for requests with no such settings.
+    :returns: output tokens and accepted counts per request, and the processed logits.
     """
     b = _prepare(
-        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs, method
+        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
+        method, histories,
     )
     num_rows = len(b.num_draft)
     outputs: list[list[int]] = [[]] * num_rows  # every row is replaced below
@@ -132,7 +144,7 @@ def verify(
         _verify_greedy(b, greedy_rows, outputs, accepted)
     if random_rows.size:
         _verify_random(b, random_rows, outputs, accepted)
-    return VerifyResult(outputs, accepted)
+    return VerifyResult(outputs, accepted, b.logits)
 
 
 def rejection_sample_reference(
@@ -143,11 +155,17 @@ def rejection_sample_reference(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V]
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    histories: Sequence[TokenHistory | None] | None = None,  # [B]
 ) -> torch.Tensor:  # [B, max(num_draft_tokens) + 1] int64, PLACEHOLDER_TOKEN_ID padded
     """One request at a time, written to be read; :func:`verify` must match it token for token."""
+    from draftwise.logits_process import apply_logits_processors_reference
+
     b = _prepare(
-        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs, method
+        target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
+        method, None,
     )
+    if histories is not None:
+        b.logits = apply_logits_processors_reference(b.logits, b.cu_logits, histories)
     width = int(b.num_draft.max(initial=0)) + 1
     out = torch.full((len(b.num_draft), width), PLACEHOLDER_TOKEN_ID)
     for i, n in enumerate(b.num_draft.tolist()):
@@ -366,6 +384,7 @@ def _prepare(
     generators: Sequence[torch.Generator | None],
     draft_probs: torch.Tensor | None,
     method: VerifyMethod | str,
+    histories: Sequence[TokenHistory | None] | None,
 ) -> _Batch:
     """Check shapes and values with errors that say what does not fit; compute offsets."""
     try:
@@ -406,11 +425,17 @@ def _prepare(
             f"{num_rows} requests, but sampling covers {sampling.num_rows} and "
             f"{len(generators)} generators were given"
         )
+    cu_logits = _cumsum0(nd + 1)
+    logits = target_logits.float()
+    if histories is not None:
+        if len(histories) != num_rows:
+            raise VerifyInputError(f"{num_rows} requests but {len(histories)} histories")
+        logits = apply_logits_processors(logits, cu_logits, histories)
     return _Batch(
-        logits=target_logits.float(),
+        logits=logits,
         drafts=drafts,
         num_draft=nd,
-        cu_logits=_cumsum0(nd + 1),
+        cu_logits=cu_logits,
         cu_draft=_cumsum0(nd),
         sampling=sampling,
         generators=list(generators),

@@ -1,0 +1,198 @@
+"""Every sampling parameter under speculation: spec-on is token-identical to spec-off.
+
+An oracle drafter (installed as a fake distribution) drafts speculation-off's own output
+for the same settings, wrong at every fifth position, so accepted drafts sit in the
+middle of verified blocks: a penalty, bias, mask or min_tokens that did not see the
+drafts accepted before a position would change the tokens. The n-gram drafter runs the
+same table on a repetitive prompt. Stop conditions inside an accepted block truncate
+there: tokens, text, usage, metrics and the streamed deltas end at the stop.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_checkpoints import save_tiny, write_wordlevel_tokenizer
+
+from draftwise import LLM, SamplingParams
+
+ORACLE = '''
+import json
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+from draftwise import hookimpl
+from draftwise.speculator import Capabilities, Drafts, Speculator
+
+
+class OracleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    script_path: str
+
+
+class OracleProposer:
+    """Drafts the reference continuation of its prompt, wrong where position % 5 == 3."""
+
+    def __init__(self, options, ctx):
+        with open(options.script_path) as f:
+            self.refs = [(tuple(p), o) for p, o in json.load(f)]
+        self.k, self.vocab = ctx.num_speculative_tokens, ctx.vocab_size
+
+    def propose(self, batch):
+        ids, counts = [], []
+        for row in batch.rows:
+            toks = row.token_ids.tolist()
+            n = 0
+            for prompt, out in self.refs:
+                done = toks[len(prompt):]
+                if tuple(toks[:len(prompt)]) == prompt and out[:len(done)] == done:
+                    for j in range(min(self.k, row.max_draft, len(out) - len(done))):
+                        pos = len(done) + j
+                        ids.append((out[pos] + 1) % self.vocab if pos % 5 == 3 else out[pos])
+                        n += 1
+                    break
+            counts.append(n)
+        return Drafts(np.asarray(ids, dtype=np.int64), counts)
+
+    def on_verified(self, outcome):
+        pass
+
+    def release(self, req_id):
+        pass
+
+
+@hookimpl
+def register_speculators(register):
+    register(Speculator(method="oracle", options=OracleOptions,
+                        make_proposer=lambda o, c: OracleProposer(o, c),
+                        capabilities=Capabilities()))
+'''
+
+PROMPTS = [[7, 3, 11, 5, 2, 9], [4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23, 42, 4, 8]]
+TOKENS = [f"w{i}" for i in range(511)] + ["[UNK]"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = save_tiny("llama", tmp_path_factory.mktemp("params-llama"), seed=5, std=0.25)
+    return write_wordlevel_tokenizer(path, TOKENS)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3.5 hybrid (GDN layers: rollback of recurrent state under the drafts)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("build_tiny_hybrid",
+                                                  root / "scripts" / "build_tiny_hybrid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build(tmp_path_factory.mktemp("params-hybrid"), "qwen3_5", mtp=False)
+
+
+@pytest.fixture
+def oracle(make_dist: Any) -> None:
+    make_dist("acme-oracle", "1.0", {"oracle": "acme_oracle"}, {"acme_oracle": ORACLE})
+
+
+def run(tiny: Path, params: SamplingParams, spec: dict | None = None) -> tuple[list, LLM]:
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=spec)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert llm.engine.kv.num_used_blocks == 0
+    return outs, llm
+
+
+def oracle_config(tmp_path: Path, outs: list, k: int) -> dict[str, Any]:
+    script = tmp_path / "oracle.json"
+    script.write_text(json.dumps([[p, o.outputs[0].token_ids] for p, o in zip(PROMPTS, outs)]))
+    return {"method": "oracle", "num_speculative_tokens": k, "script_path": str(script)}
+
+
+def greedy(**kw: Any) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", 20),
+                          ignore_eos=kw.pop("ignore_eos", True), **kw)
+
+
+PARAMS = {
+    "presence_penalty": greedy(presence_penalty=1.5),
+    "frequency_penalty": greedy(frequency_penalty=1.0),
+    "negative_frequency_penalty": greedy(frequency_penalty=-2.0),
+    "repetition_penalty": greedy(repetition_penalty=1.5),
+    "repetition_penalty_below_1": greedy(repetition_penalty=0.5),
+    "logit_bias": greedy(logit_bias={17: 4.0, 40: 3.0, 99: -100.0}),
+    "allowed_token_ids": greedy(allowed_token_ids=tuple(range(3, 60, 2))),
+    "bad_words": greedy(bad_words=("w344", "w459 w415")),
+    # 432 and 463 are tokens 6 and 10 of the free outputs: min_tokens holds them back
+    "min_tokens": greedy(min_tokens=12, ignore_eos=False, stop_token_ids=(432, 463)),
+    "all_together": greedy(presence_penalty=0.5, frequency_penalty=0.4, repetition_penalty=1.2,
+                           logit_bias={5: 1.0}, bad_words=("w344",), min_tokens=5,
+                           ignore_eos=False),
+    # repetition encouraged, so the n-gram drafter finds matches in the output too
+    "looping_mix": greedy(frequency_penalty=-1.5, presence_penalty=0.5, logit_bias={5: 1.0},
+                          bad_words=("w344",), min_tokens=5, ignore_eos=False),
+}
+
+
+PARAMS_CHANGED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                  "allowed_token_ids")
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_greedy_with_the_parameter_is_identical_to_spec_off(
+    tiny: Path, oracle: None, tmp_path: Path, name: str, k: int
+) -> None:
+    params = PARAMS[name]
+    off, _ = run(tiny, params)
+    plain, _ = run(tiny, params.model_copy(update={"min_tokens": 0, "bad_words": (), **{
+        f: SamplingParams.model_fields[f].default for f in PARAMS_CHANGED}}))
+    assert [o.outputs[0].token_ids for o in off] != [o.outputs[0].token_ids for o in plain], \
+        "the parameter must change the output, or the test cannot fail"
+    on, llm = run(tiny, params, oracle_config(tmp_path, off, k))
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    m = llm.engine.spec.metrics
+    assert m.num_accepted_tokens > 0
+    if k > 1:
+        assert m.num_accepted_tokens < m.num_draft_tokens, "some drafts must be rejected"
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("name", ["negative_frequency_penalty", "repetition_penalty_below_1",
+                                  "logit_bias", "looping_mix"])
+def test_ngram_with_the_parameter_is_identical_to_spec_off(tiny: Path, name: str, k: int) -> None:
+    params = PARAMS[name]
+    off, _ = run(tiny, params)
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1}
+    on, llm = run(tiny, params, spec)
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    m = llm.engine.spec.metrics
+    assert m.num_draft_tokens > 0
+    if name != "looping_mix":  # its n-gram drafts happen to be all wrong; the oracle covers it
+        assert m.num_accepted_tokens > 0
+
+
+def test_min_tokens_holds_back_eos_and_stop_ids(tiny: Path) -> None:
+    free, _ = run(tiny, greedy(max_tokens=20))
+    first = free[0].outputs[0].token_ids
+    params = greedy(max_tokens=20, min_tokens=8, stop_token_ids=(first[2],))
+    outs, _ = run(tiny, params)
+    toks = outs[0].outputs[0].token_ids
+    assert len(toks) >= 8 and first[2] not in toks[:8]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty", "repetition_penalty",
+                                  "logit_bias", "allowed_token_ids", "all_together"])
+def test_hybrid_target_with_the_parameter_is_identical_to_spec_off(
+    hybrid: Path, oracle: None, tmp_path: Path, name: str, k: int
+) -> None:
+    params = PARAMS[name].model_copy(update={"bad_words": ()})  # the hybrid has no tokenizer
+    off, _ = run(hybrid, params)
+    on, llm = run(hybrid, params, oracle_config(tmp_path, off, k))
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    m = llm.engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens
