@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from draftwise.engine_args import EngineArgs
-from draftwise.errors import RequestError
+from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
 from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.models.batch import ForwardBatch
@@ -29,6 +29,7 @@ from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 from draftwise.text import check_text
+from draftwise.logprobs import LogprobsMode, position_logprobs
 from draftwise.logits_process import bad_words_token_ids, token_history
 from draftwise.step import StepDrafts, StepOutcome
 from draftwise.stopping import append_tokens
@@ -67,6 +68,13 @@ class LLMEngine:
         from draftwise.bootstrap import build_engine_parts
 
         self.args = args
+        try:
+            self.logprobs_mode = LogprobsMode(args.logprobs_mode)
+        except ValueError:
+            raise EngineConfigError(
+                f"logprobs_mode {args.logprobs_mode!r} is not one of "
+                f"{', '.join(repr(m.value) for m in LogprobsMode)}"
+            ) from None
         start = time.monotonic()
         parts = build_engine_parts(args, progress=progress)
         #: seconds spent building the engine (weights, tokenizer, cache): reported apart
@@ -312,7 +320,7 @@ class LLMEngine:
         from draftwise.verify import verify
 
         sampling = [i for i, row in enumerate(rows) if row.samples]
-        outcome = StepOutcome([0] * len(rows), [None] * len(rows))
+        outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))
         if not sampling:
             return outcome
         reqs = [rows[i].request for i in sampling]
@@ -332,10 +340,25 @@ class LLMEngine:
             method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
             histories=histories if any(h is not None for h in histories) else None,
         )
+        start = 0
         for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
             outcome.output_token_ids[i] = toks
             outcome.num_accepted[i] = n_acc
+            params = rows[i].request.params
+            if params.logprobs is not None:  # positions start .. start+len(toks)-1 emitted
+                span = slice(start, start + len(toks))
+                outcome.logprobs[i] = position_logprobs(
+                    logits[span], result.logits[span], toks, params, self.logprobs_mode,
+                    self._decode_token,
+                )
+            start += drafts.num_draft_tokens[i] + 1
         return outcome
+
+    def _decode_token(self, tok: int) -> str | None:
+        """One token's text for a logprobs entry (None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def _commit(
         self,
@@ -397,6 +420,12 @@ class LLMEngine:
             if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
                 outcome.output_token_ids[i] = toks[:kept]
                 outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
+            lps = outcome.logprobs[i] if outcome.logprobs else None
+            if lps is not None:
+                kept_lps = lps[:kept]
+                req.logprobs = (req.logprobs or []) + kept_lps
+                req.cumulative_logprob = (req.cumulative_logprob or 0.0) + sum(
+                    lp[t].logprob for lp, t in zip(kept_lps, toks))
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             self.scheduler.finish(req, req.status)
@@ -475,6 +504,8 @@ class LLMEngine:
             token_ids=req.output_token_ids,
             finish_reason=req.status.value if finished else None,
             stop_reason=req.stop_reason,
+            cumulative_logprob=req.cumulative_logprob,
+            logprobs=None if req.logprobs is None else list(req.logprobs),
         )
         return RequestOutput(
             request_id=req.req_id,

@@ -12,6 +12,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.logprobs import PositionLogprobs
+
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
 
@@ -64,6 +66,9 @@ class Request:
     #: text produced so far (stop strings already cut off)
     text: str = ""
     detok_state: Any = None
+    #: per generated token, when ``params.logprobs`` is set (None otherwise)
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
     #: ``params.bad_words`` tokenized (``logits_process.bad_words_token_ids``)
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     #: speculation record; None when the engine runs without a speculative config
@@ -109,7 +114,7 @@ class Request:
 
 @dataclass(slots=True)
 class CompletionOutput:
-    """One completion of a request (vLLM's shape; n=1 so index is 0)."""
+    """One completion of a request (vLLM's shape); ``index`` is its place among ``n``."""
 
     index: int
     text: str
@@ -117,7 +122,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
-    logprobs: None = None
+    #: per generated token: token id -> Logprob (the chosen token, then the top-n)
+    logprobs: list[PositionLogprobs] | None = None
 
     def finished(self) -> bool:
         """Whether a finish reason is set."""

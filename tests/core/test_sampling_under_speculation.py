@@ -196,3 +196,136 @@ def test_hybrid_target_with_the_parameter_is_identical_to_spec_off(
     assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
     m = llm.engine.spec.metrics
     assert 0 < m.num_accepted_tokens < m.num_draft_tokens
+
+
+def logprob_table(outs: list) -> list[list[dict[int, tuple[float, int]]]]:
+    return [[{t: (lp.logprob, lp.rank) for t, lp in pos.items()} for pos in o.outputs[0].logprobs]
+            for o in outs]
+
+
+def assert_close(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert len(ra) == len(rb)
+        for pa, pb in zip(ra, rb):
+            assert pa.keys() == pb.keys()
+            for t in pa:
+                assert pa[t][1] == pb[t][1]
+                assert pa[t][0] == pytest.approx(pb[t][0], abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_logprobs_equal_spec_off(tiny: Path, oracle: None, tmp_path: Path, mode: str,
+                                 k: int) -> None:
+    params = greedy(logprobs=5, presence_penalty=1.0, logit_bias={17: 3.0})
+    llm = LLM(model=str(tiny), dtype="bfloat16", logprobs_mode=mode)
+    off = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    llm = LLM(model=str(tiny), dtype="bfloat16", logprobs_mode=mode,
+              speculative_config=oracle_config(tmp_path, off, k))
+    on = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert llm.engine.spec.metrics.num_accepted_tokens > 0
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    assert_close(logprob_table(on), logprob_table(off))
+    for o in on:
+        lps = o.outputs[0].logprobs
+        assert len(lps) == len(o.outputs[0].token_ids)
+        for pos, tok in zip(lps, o.outputs[0].token_ids):
+            assert next(iter(pos)) == tok and len(pos) in (5, 6)
+        total = sum(pos[t].logprob for pos, t in zip(lps, o.outputs[0].token_ids))
+        assert o.outputs[0].cumulative_logprob == pytest.approx(total)
+    ranks = [pos[tok].rank for o in on for pos, tok in
+             zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+    if mode == "processed_logprobs":  # greedy picks the processed top token
+        assert set(ranks) == {1}
+    else:  # the penalty and bias moved some choices off the model's own top token
+        assert max(ranks) > 1
+
+
+def test_raw_logprobs_are_the_models_own(tiny: Path) -> None:
+    plain = LLM(model=str(tiny), dtype="bfloat16").generate(
+        {"prompt_token_ids": PROMPTS[0]}, greedy(max_tokens=6, logprobs=2))[0]
+    biased = LLM(model=str(tiny), dtype="bfloat16").generate(
+        {"prompt_token_ids": PROMPTS[0]}, greedy(max_tokens=6, logprobs=2,
+                                                 logit_bias={7: 50.0}))[0]
+    assert biased.outputs[0].token_ids == [7] * 6  # the bias decides the tokens...
+    first = plain.outputs[0].token_ids[0]
+    # ...but the raw log-probabilities at the first position are the model's, unbiased
+    assert biased.outputs[0].logprobs[0][first].logprob == pytest.approx(
+        plain.outputs[0].logprobs[0][first].logprob, abs=1e-6)
+    assert biased.outputs[0].logprobs[0][7].rank > 1
+
+
+def stream(llm: LLM, params: SamplingParams) -> tuple[list, list[int], str]:
+    """Step the engine by hand: the last output, and the concatenated streamed deltas."""
+    engine = llm.engine
+    rid = engine.add_request({"prompt_token_ids": PROMPTS[0]}, params)
+    toks: list[int] = []
+    text = ""
+    last = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id == rid
+            toks += out.new_token_ids
+            text += out.new_text
+            last = out
+    return last, toks, text
+
+
+STOPS = {
+    "stop_token_ids": lambda ref, words: {"stop_token_ids": (ref[5],)},
+    "stop_string": lambda ref, words: {"stop": (f"{words[4]} {words[5]}",)},
+    "stop_string_kept": lambda ref, words: {"stop": (f"{words[4]} {words[5]}",),
+                                            "include_stop_str_in_output": True},
+    "eos": lambda ref, words: {"ignore_eos": False},
+    "max_tokens": lambda ref, words: {"max_tokens": 6},
+}
+
+
+@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("name", list(STOPS))
+def test_a_stop_inside_an_accepted_block_truncates_there(
+    tiny: Path, oracle: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, k: int
+) -> None:
+    import draftwise.engine as engine_mod
+
+    free, _ = run(tiny, greedy())
+    ref = free[0].outputs[0].token_ids
+    extra = STOPS[name](ref, free[0].outputs[0].text.split())
+    if name == "eos":  # make token 7 the model's EOS for this run
+        llm_eos = {"eos": ref[5]}
+    params = greedy(**{"max_tokens": 20, **extra})
+    off = LLM(model=str(tiny), dtype="bfloat16")
+    if name == "eos":
+        off.engine.eos_token_ids = frozenset({llm_eos["eos"]})
+    want, want_toks, want_text = stream(off, params)
+    # the oracle is wrong at token 3: the next step accepts 4, 5, 6 (+1), so 5 is inside
+    assert len(want.outputs[0].token_ids) == 6, "the stop must fire at token 5"
+    cuts: list[tuple[int, int]] = []
+    real = engine_mod.append_tokens
+
+    def record(req, toks):  # type: ignore[no-untyped-def]
+        kept = real(req, toks)
+        cuts.append((len(toks), kept))
+        return kept
+
+    monkeypatch.setattr(engine_mod, "append_tokens", record)
+    on = LLM(model=str(tiny), dtype="bfloat16", speculative_config=oracle_config(tmp_path, free, k))
+    if name == "eos":
+        on.engine.eos_token_ids = frozenset({llm_eos["eos"]})
+    got, got_toks, got_text = stream(on, params)
+    if name != "max_tokens":  # the scheduler drafts no further than max_tokens
+        assert any(kept < n - 1 for n, kept in cuts), f"no stop inside a block: {cuts}"
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids == got_toks == want_toks
+    assert got.outputs[0].text == want.outputs[0].text
+    # a stop string spanning two steps was partly streamed before it completed: the
+    # server holds those characters back (``serving.TextDelta``); the engine's text is cut
+    assert got_text.startswith(got.outputs[0].text) and want_text.startswith(want.outputs[0].text)
+    assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
+    assert got.outputs[0].stop_reason == want.outputs[0].stop_reason
+    n_out = len(got.outputs[0].token_ids)
+    assert got.metrics["num_output_tokens"] == n_out
+    assert on.engine.stats.num_generated_tokens == n_out
+    sd = got.metrics["speculative_decoding"]
+    assert sd["num_accepted_draft_tokens"] <= n_out - 1
+    assert on.engine.kv.num_used_blocks == 0
