@@ -24,7 +24,9 @@ from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
 from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.models.batch import ForwardBatch
-from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
+from draftwise.parallel import ParentRequest, child_params
+from draftwise.outputs import parent_output, request_metrics, request_output
+from draftwise.request import Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
@@ -93,6 +95,8 @@ class LLMEngine:
         self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
         self.stats = EngineStats()
         self._ids = itertools.count()
+        #: ``n > 1`` requests by the user's id, while any sample runs
+        self._parents: dict[str, ParentRequest] = {}
         self._seed_gen = torch.Generator().manual_seed(args.seed)
         self._last_log = time.monotonic()
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
@@ -161,7 +165,7 @@ class LLMEngine:
         """Validate and queue a request; returns its id. Bad input raises RequestError."""
         params = params or SamplingParams()
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if req_id in self.scheduler.requests:
+        if req_id in self.scheduler.requests or req_id in self._parents:
             raise RequestError("request_id", f"request id {req_id!r} is already running")
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
@@ -190,6 +194,43 @@ class LLMEngine:
                 f"context length {self.max_model_len}; ask for at most "
                 f"{self.max_model_len - len(ids)} tokens",
             )
+        if params.bad_words and self.tokenizer is not None:
+            bad_words = bad_words_token_ids(
+                params.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False)
+            )
+        else:
+            bad_words = ()
+        if self.tokenizer is None and params.stop_strings:
+            raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
+        if params.prompt_logprobs is not None:
+            raise RequestError("prompt_logprobs", "prompt_logprobs is not implemented; "
+                               "logprobs (per generated token) is")
+        self.stats.num_prompt_tokens += len(ids)
+        if params.n == 1:
+            self.scheduler.add(self._new_request(req_id, text, ids, params, bad_words))
+            return req_id
+        parent = ParentRequest(req_id)
+        for i, child in enumerate(child_params(params)):
+            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words)
+            req.parent, req.index = parent, i
+            parent.children.append(req)
+        self._parents[req_id] = parent
+        first, *rest = parent.children
+        self.scheduler.add(first)
+        if self.args.enable_prefix_caching:  # the rest reuse its prompt blocks
+            parent.pending = rest
+        else:
+            for req in rest:
+                self.scheduler.add(req)
+        return req_id
+
+    def _new_request(
+        self, req_id: str, text: str | None, ids: list[int], params: SamplingParams,
+        bad_words: tuple[tuple[int, ...], ...],
+    ) -> Request:
+        """A checked request's state: its generator, detokenizer and records."""
+        if req_id in self.scheduler.requests or req_id in self._parents:
+            raise RequestError("request_id", f"request id {req_id!r} is already running")
         generator = None
         if not params.is_greedy:
             seed = params.seed
@@ -204,23 +245,31 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             generator=generator,
+            bad_words_token_ids=bad_words,
         )
-        if params.bad_words:
-            req.bad_words_token_ids = bad_words_token_ids(
-                params.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False)
-            )
+        if params.logprobs is not None:
+            req.logprobs, req.cumulative_logprob = [], 0.0
         if self.tokenizer is not None:
             req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        elif params.stop_strings:
-            raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
         if self.spec is not None:
             req.spec = RequestSpecDecodeMetrics(self.spec.k)
-        self.scheduler.add(req)
-        self.stats.num_prompt_tokens += len(ids)
-        return req_id
+        return req
+
+    def _release_pending(self, parent: ParentRequest) -> None:
+        """Child 0's prompt K/V is cached: schedule the other children."""
+        for req in parent.pending:
+            self.scheduler.add(req)
+        parent.pending = []
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request wherever it is; its KV blocks are returned at once."""
+        parent = self._parents.pop(request_id, None)
+        if parent is not None:  # every sample of it
+            parent.pending = []
+            for child in parent.children:
+                if not child.status.finished:
+                    self.abort_request(child.req_id)
+            return True
         req = self.scheduler.abort(request_id)
         if req is None:
             return False
@@ -376,6 +425,9 @@ class LLMEngine:
         progressed: list[Request] = []
         failed: list[RequestOutput] = []
         for i, row in enumerate(rows):
+            if row.request.status.finished:  # a sibling sample failed earlier in this loop
+                outcome.output_token_ids[i] = None
+                continue
             try:  # detokenizing, stop strings, a row's draft state: its failure is its own
                 self._commit_row(i, row, drafts, outcome, hidden_states, starts[i], offsets[i], now)
             except Exception as exc:  # noqa: BLE001 - this row fails alone
@@ -394,7 +446,21 @@ class LLMEngine:
                        if req.req_id in drafted and not req.status.finished}
                 failed += [self._fail(req, exc) for req in progressed if req.req_id in hit]
                 progressed = [req for req in progressed if req.req_id not in hit]
-        return [self._make_output(req) for req in progressed] + failed
+        return self._outputs(progressed) + failed
+
+    def _outputs(self, progressed: list[Request]) -> list[RequestOutput]:
+        """One output per request the user sent, however many of its samples moved."""
+        moved: dict[int, list[Request]] = {}
+        for req in progressed:
+            if req.parent is not None:
+                moved.setdefault(id(req.parent), []).append(req)
+        out: list[RequestOutput] = []
+        for req in progressed:
+            if req.parent is None:
+                out.append(self._make_output(req))
+            elif moved.get(id(req.parent), [None])[0] is req:
+                out.append(self._make_output(req, moved[id(req.parent)]))
+        return out
 
     def _commit_row(
         self,
@@ -416,6 +482,8 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             kept = append_tokens(req, toks)
+            if req.parent is not None and req.parent.pending:
+                self._release_pending(req.parent)
             self.stats.num_generated_tokens += kept
             if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
                 outcome.output_token_ids[i] = toks[:kept]
@@ -484,6 +552,11 @@ class LLMEngine:
         req.finished_time = time.monotonic()
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
         self._release_state(req.req_id)
+        if req.parent is not None:  # a failed sample fails the request: stop the others
+            req.parent.pending = []
+            for sib in req.parent.children:
+                if not sib.status.finished:
+                    self.abort_request(sib.req_id)
         return self._make_output(req)
 
     def _maybe_log_stats(self) -> None:
@@ -495,48 +568,18 @@ class LLMEngine:
             self.spec.logging.log(logger.info)
             self._last_log = time.monotonic()
 
-    def _make_output(self, req: Request) -> RequestOutput:
-        """The vLLM-shaped cumulative output for a request."""
-        finished = req.status.finished
-        completion = CompletionOutput(
-            index=0,
-            text=req.text,
-            token_ids=req.output_token_ids,
-            finish_reason=req.status.value if finished else None,
-            stop_reason=req.stop_reason,
-            cumulative_logprob=req.cumulative_logprob,
-            logprobs=None if req.logprobs is None else list(req.logprobs),
-        )
-        return RequestOutput(
-            request_id=req.req_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            metrics=self.request_metrics(req),
-            new_token_ids=list(req.new_token_ids),
-            new_text=req.new_text,
-            num_cached_tokens=req.num_cached_tokens,
-            error=req.error,
-        )
+    def _make_output(self, req: Request, moved: list[Request] | None = None) -> RequestOutput:
+        """The cumulative output of the request the user sent (a sample reports its parent)."""
+        if req.parent is None:
+            return request_output(req)
+        parent = req.parent
+        if parent.finished:
+            self._parents.pop(parent.req_id, None)
+        return parent_output(parent, moved or [req])
 
     def request_metrics(self, req: Request) -> dict[str, Any]:
         """Timing and speculation metrics of one request."""
-        out: dict[str, Any] = {
-            "arrival_time": req.arrival_time,
-            "first_token_time": req.first_token_time,
-            "finished_time": req.finished_time,
-            "time_to_first_token": (
-                req.first_token_time - req.arrival_time if req.first_token_time else None
-            ),
-            "num_prompt_tokens": req.num_prompt_tokens,
-            "num_output_tokens": req.num_output_tokens,
-            "num_cached_tokens": req.num_cached_tokens,
-            "num_preemptions": req.num_preemptions,
-        }
-        if req.spec is not None:
-            out["speculative_decoding"] = req.spec.as_dict()
-        return out
+        return request_metrics(req)
 
     # -- chat -----------------------------------------------------------------------------
 

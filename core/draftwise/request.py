@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import torch
 
     from draftwise.logprobs import PositionLogprobs
+    from draftwise.parallel import ParentRequest
 
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
@@ -69,6 +70,9 @@ class Request:
     #: per generated token, when ``params.logprobs`` is set (None otherwise)
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
+    #: ``n > 1``: the request this one is sample ``index`` of (None: a request of its own)
+    parent: ParentRequest | None = None
+    index: int = 0
     #: ``params.bad_words`` tokenized (``logits_process.bad_words_token_ids``)
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     #: speculation record; None when the engine runs without a speculative config
