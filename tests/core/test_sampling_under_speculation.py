@@ -11,10 +11,12 @@ there: tokens, text, usage, metrics and the streamed deltas end at the stop.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from stats import CHI2_9999, chi2_two_sample, pool_rare
 from tiny_checkpoints import save_tiny, write_wordlevel_tokenizer
 
 from draftwise import LLM, SamplingParams
@@ -329,3 +331,107 @@ def test_a_stop_inside_an_accepted_block_truncates_there(
     sd = got.metrics["speculative_decoding"]
     assert sd["num_accepted_draft_tokens"] <= n_out - 1
     assert on.engine.kv.num_used_blocks == 0
+
+
+UNIFORM = '''
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+from draftwise import hookimpl
+from draftwise.speculator import Capabilities, Drafts, Speculator
+
+
+class UniformOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidates: list[int]
+
+
+class UniformProposer:
+    """Drafts k tokens uniformly from a fixed candidate set, q = that uniform distribution."""
+
+    def __init__(self, options, ctx):
+        self.cands = torch.tensor(options.candidates)
+        self.k, self.vocab = ctx.num_speculative_tokens, ctx.vocab_size
+        self.gen = torch.Generator().manual_seed(99)
+
+    def propose(self, batch):
+        counts = [min(self.k, row.max_draft) for row in batch.rows]
+        total = sum(counts)
+        pick = torch.randint(0, len(self.cands), (total,), generator=self.gen)
+        q = torch.zeros(total, self.vocab)
+        q[:, self.cands] = 1.0 / len(self.cands)
+        return Drafts(self.cands[pick].numpy().astype(np.int64), counts, q)
+
+    def on_verified(self, outcome):
+        pass
+
+    def release(self, req_id):
+        pass
+
+
+@hookimpl
+def register_speculators(register):
+    register(Speculator(method="uniform", options=UniformOptions,
+                        make_proposer=lambda o, c: UniformProposer(o, c),
+                        capabilities=Capabilities(draft_probs=True)))
+'''
+
+#: three tokens the target may choose from; presence/frequency penalties then decide a lot
+CANDIDATES = [17, 40, 99]
+N = 2400
+
+
+def sample_joint(tiny: Path, config: dict | None, seed: int) -> Counter:
+    """Joint counts of tokens 2 and 3: the step verifying two drafts makes both."""
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [SamplingParams(temperature=1.0, max_tokens=4, seed=seed * 100_000 + i,
+                             ignore_eos=True, allowed_token_ids=tuple(CANDIDATES),
+                             presence_penalty=2.0, frequency_penalty=1.0,
+                             logit_bias={17: 2.5, 40: 1.0})
+              for i in range(N)]
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[0]}] * N, params)
+    if config is not None:
+        m = llm.engine.spec.metrics
+        assert m.num_draft_tokens >= 2 * N and 0 < m.num_accepted_tokens < m.num_draft_tokens
+    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+
+
+@pytest.fixture
+def uniform(make_dist: Any) -> dict[str, Any]:
+    make_dist("acme-uniform", "1.0", {"uniform": "acme_uniform"}, {"acme_uniform": UNIFORM})
+    return {"method": "uniform", "num_speculative_tokens": 2, "candidates": CANDIDATES,
+            "draft_sample_method": "probabilistic"}
+
+
+@pytest.fixture(scope="module")
+def joint_off(tiny: Path) -> Counter:
+    return sample_joint(tiny, None, seed=1)
+
+
+@pytest.mark.parametrize("rejection_sample_method", ["standard", "block"])
+def test_sampled_penalties_match_spec_off_in_distribution(
+    tiny: Path, uniform: dict, joint_off: Counter, rejection_sample_method: str
+) -> None:
+    on = sample_joint(tiny, {**uniform, "rejection_sample_method": rejection_sample_method},
+                      seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(joint_off, on))
+    assert stat < CHI2_9999[dof], (stat, dof, joint_off, on)
+
+
+def test_penalties_that_ignore_the_accepted_drafts_are_detected(
+    tiny: Path, uniform: dict, joint_off: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import draftwise.logits_process as lp
+
+    real = lp._apply_penalties
+
+    def blind(sub, hs, row_of, local, vocab):  # type: ignore[no-untyped-def]
+        hs = [dataclasses.replace(h, draft_token_ids=h.draft_token_ids[:0]) for h in hs]
+        return real(sub, hs, row_of, local, vocab)
+
+    monkeypatch.setattr(lp, "_apply_penalties", blind)
+    on = sample_joint(tiny, uniform, seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(joint_off, on))
+    assert stat > CHI2_9999[dof], "penalties blind to in-block drafts must be caught"
