@@ -27,7 +27,7 @@ mask (a grammar's) belongs next to these, called at the same place.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,6 +59,14 @@ class TokenHistory:
     def num_positions(self) -> int:
         """Verified positions: one per draft plus the bonus position."""
         return len(self.draft_token_ids) + 1
+
+    def after(self, drafts: Sequence[int]) -> TokenHistory:
+        """The history of the position after ``drafts`` (a drafter's next token)."""
+        if not len(drafts) and not len(self.draft_token_ids):
+            return self
+        out = np.concatenate([self.output_before(len(self.draft_token_ids)),
+                              np.asarray(drafts, dtype=np.int64)])
+        return replace(self, output_token_ids=out, draft_token_ids=np.zeros(0, dtype=np.int64))
 
     def output_before(self, j: int) -> np.ndarray:  # [L_out + j]
         """The output tokens position ``j`` conditions on."""

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from draftwise.logits_process import token_history
 import torch
 
 from draftwise.errors import DraftwiseError
@@ -160,6 +162,8 @@ class Speculation:
             max_draft=self._room(drafter, row),
             params=req.params,
             generator=req.generator,
+            history=(token_history(req, np.zeros(0, dtype=np.int64))
+                     if req.params.needs_history else None),
         )
         if drafter.own_kv:
             state = self._states[req.req_id]

@@ -6,10 +6,12 @@ blocks, where each position's penalties and masks must see the drafts before it.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from stats import CHI2_9999, chi2_two_sample, pool_rare
 
 from draftwise import LLM, SamplingParams
 
@@ -49,3 +51,55 @@ def test_greedy_with_the_parameter_is_identical_to_spec_off(
     assert on == off
     m = llm.engine.spec.metrics
     assert 0 < m.num_accepted_tokens < m.num_draft_tokens
+
+
+def test_drafts_follow_the_requests_processing(
+    target_dir: Path, draft_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draft applies the penalties and bias too, so more of its drafts are accepted."""
+    import draftwise_draft_model.proposer as proposer_mod
+
+    extra = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "logit_bias": {17: 4.0}}
+    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 4}
+    off, _ = tokens(target_dir, None, extra)
+    on, llm = tokens(target_dir, config, extra)
+    assert on == off
+    rate = llm.engine.spec.metrics.num_accepted_tokens / llm.engine.spec.metrics.num_draft_tokens
+    real = proposer_mod.pick_draft_tokens
+    monkeypatch.setattr(proposer_mod, "pick_draft_tokens",
+                        lambda logits, p, g, prob, histories=None: real(logits, p, g, prob))
+    blind, llm = tokens(target_dir, config, extra)
+    assert blind == off  # still exact: drafts only propose
+    blind_rate = (llm.engine.spec.metrics.num_accepted_tokens
+                  / llm.engine.spec.metrics.num_draft_tokens)
+    assert rate > blind_rate + 0.1, (rate, blind_rate)
+
+
+N = 2500
+
+
+def sample_pairs(target: Path, config: dict | None, seed: int) -> Counter:
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
+                             ignore_eos=True, presence_penalty=1.0, frequency_penalty=0.5,
+                             logit_bias={17: 1.5})
+              for i in range(N)]
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[0]}] * N, params)
+    if config is not None:
+        m = llm.engine.spec.metrics
+        assert m.num_draft_tokens >= 2 * N and 0 < m.num_accepted_tokens < m.num_draft_tokens
+    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+
+
+@pytest.mark.parametrize("rejection_sample_method", ["standard", "block"])
+def test_sampled_penalties_with_the_drafts_q_match_spec_off(
+    target_dir: Path, draft_dir: Path, rejection_sample_method: str
+) -> None:
+    """Probabilistic drafting under the request's penalties: q is the processed draft."""
+    off = sample_pairs(target_dir, None, seed=1)
+    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 2,
+              "draft_sample_method": "probabilistic",
+              "rejection_sample_method": rejection_sample_method}
+    on = sample_pairs(target_dir, config, seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(off, on))
+    assert stat < CHI2_9999[dof], (stat, dof)
