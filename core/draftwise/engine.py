@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
@@ -171,40 +172,13 @@ class LLMEngine:
         if not ids:
             raise RequestError("prompt", "the prompt is empty")
         self._check_prompt_tokens(len(ids))  # before the per-token scan below
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError("prompt_token_ids", f"token id {bad[0]} outside [0, {vocab})")
-        for name, toks in (
-            ("stop_token_ids", params.stop_token_ids),
-            ("allowed_token_ids", params.allowed_token_ids or ()),
-            ("logit_bias", tuple(params.logit_bias or ())),
-        ):
-            bad = [t for t in toks if t >= vocab]
-            if bad:
-                raise RequestError(name, f"token id {bad[0]} outside [0, {vocab}): not in "
-                                   "this model's vocabulary")
-        if params.bad_words and self.tokenizer is None:
-            raise RequestError("bad_words", "this checkpoint has no tokenizer, so bad words "
-                               "cannot be tokenized; use allowed_token_ids or logit_bias")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise RequestError(
-                "max_tokens",
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"context length {self.max_model_len}; ask for at most "
-                f"{self.max_model_len - len(ids)} tokens",
-            )
-        if params.bad_words and self.tokenizer is not None:
+        check_params(params, ids, self.loaded.config.vocab_size, self.max_model_len,
+                     self.tokenizer is not None)
+        bad_words: tuple[tuple[int, ...], ...] = ()
+        if params.bad_words:
             bad_words = bad_words_token_ids(
                 params.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False)
             )
-        else:
-            bad_words = ()
-        if self.tokenizer is None and params.stop_strings:
-            raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
-        if params.prompt_logprobs is not None:
-            raise RequestError("prompt_logprobs", "prompt_logprobs is not implemented; "
-                               "logprobs (per generated token) is")
         self.stats.num_prompt_tokens += len(ids)
         if params.n == 1:
             self.scheduler.add(self._new_request(req_id, text, ids, params, bad_words))
