@@ -193,8 +193,13 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
 
 
 def _rename(err: APIError, body: AnyRequest) -> APIError:
-    """Chat names two settings its own way: ``max_completion_tokens``, ``top_logprobs``."""
+    """Chat names settings its own way: ``max_completion_tokens``, ``top_logprobs``, and
+    its prompt is ``messages``."""
     if not isinstance(body, ChatCompletionRequest):
+        return err
+    if err.param in ("prompt", "prompt_token_ids"):
+        err.param = "messages"
+        err.message = f"messages: {err.message.split(': ', 1)[-1]}"
         return err
     if err.param == "max_tokens" and body.max_completion_tokens is not None:
         err.param = "max_completion_tokens"
