@@ -360,8 +360,19 @@ def test_errors_and_auth(served):
         c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert info.value.param == "model"
     with pytest.raises(openai.BadRequestError) as info:
-        c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=129)
     assert info.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"99999999": 1})
+    assert info.value.param == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                  max_tokens=2, top_logprobs=3)
+    assert info.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                  max_tokens=2, logprobs=True, top_logprobs=21)
+    assert info.value.param == "top_logprobs" and "top_logprobs" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         c.completions.create(model=MODEL, prompt="word " * 1100, max_tokens=2)
     assert info.value.param == "prompt"
