@@ -140,7 +140,9 @@ def apply_logits_processors(
     sub = _apply_masks(sub, hs, row_of, local, vocab)
     sub = _apply_bias(sub, hs, counts)
     sub = _apply_penalties(sub, hs, row_of, local, vocab)
-    if bool(torch.isneginf(sub).all(-1).any()):
+    masked = any(h.params.allowed_token_ids is not None or h.bad_words_token_ids
+                 or h.params.min_tokens for h in hs)
+    if masked and bool(torch.isneginf(sub.amax(-1)).any()):
         raise AllTokensExcludedError()
     out = logits.clone() if len(pos) != logits.shape[0] else sub
     if out is not sub:
@@ -182,55 +184,69 @@ def _apply_masks(
 
 
 def _apply_bias(sub: torch.Tensor, hs: list[TokenHistory], counts: np.ndarray) -> torch.Tensor:
-    """Add each request's logit bias at every one of its positions."""
-    rows = [r for r, h in enumerate(hs) if h.params.logit_bias]
-    if not rows:
-        return sub
-    bias = torch.zeros(len(hs), sub.shape[1], dtype=torch.float32)
-    for r in rows:
-        items = hs[r].params.logit_bias.items()  # type: ignore[union-attr]
-        bias[r, torch.tensor([t for t, _ in items])] = torch.tensor(
-            [b for _, b in items], dtype=torch.float32
-        )
-    return sub + bias.repeat_interleave(torch.from_numpy(counts), dim=0)
+    """Add each request's logit bias at every one of its positions (only the biased ids)."""
+    pos: list[int] = []
+    tok: list[int] = []
+    val: list[float] = []
+    start = 0
+    for h, n in zip(hs, counts.tolist()):
+        for t, b in (h.params.logit_bias or {}).items():
+            pos.extend(range(start, start + n))
+            tok.extend([t] * n)
+            val.extend([b] * n)
+        start += n
+    if pos:
+        p, t = torch.tensor(pos), torch.tensor(tok)
+        sub[p, t] = sub[p, t] + torch.tensor(val, dtype=torch.float32)
+    return sub
 
 
 def _apply_penalties(
     sub: torch.Tensor, hs: list[TokenHistory], row_of: np.ndarray, local: np.ndarray, vocab: int
 ) -> torch.Tensor:  # [P, V]
-    """Repetition, then frequency and presence penalties, each position with its own counts."""
-    rep = [h.params.repetition_penalty for h in hs]
-    freq = [h.params.frequency_penalty for h in hs]
-    pres = [h.params.presence_penalty for h in hs]
-    if all(x == 1.0 for x in rep) and not any(freq) and not any(pres):
-        return sub
-    base = torch.from_numpy(
-        np.stack([np.bincount(h.output_token_ids, minlength=vocab)[:vocab] for h in hs])
-    ).float()  # [R, V] committed output counts
-    ri = torch.from_numpy(row_of)
-    counts = base[ri]  # [P, V]
-    inc_p: list[int] = []
-    inc_t: list[int] = []
+    """Repetition, then frequency and presence penalties, each position with its own counts.
+
+    Only the tokens a position has seen change, so the work is gathered at those
+    (position, token) pairs (a few hundred) instead of all ``P x V`` logits.
+    """
+    pos_l: list[np.ndarray] = []
+    tok_l: list[np.ndarray] = []
+    cnt_l: list[np.ndarray] = []
+    hit_l: list[np.ndarray] = []  # the repetition penalty applies (prompt or output)
+    par_l: list[int] = []  # the request of each gathered pair's position
     for p, (r, j) in enumerate(zip(row_of.tolist(), local.tolist())):
-        for tok in hs[r].draft_token_ids[:j].tolist():  # the drafts accepted before j
-            inc_p.append(p)
-            inc_t.append(tok)
-    if inc_p:
-        counts.index_put_((torch.tensor(inc_p), torch.tensor(inc_t)),
-                          torch.ones(len(inc_p)), accumulate=True)
-    seen = counts > 0
-    if any(x != 1.0 for x in rep):
-        prompt = torch.from_numpy(np.stack([
-            np.bincount(h.prompt_token_ids, minlength=vocab)[:vocab] > 0
-            if h.params.repetition_penalty != 1.0 else np.zeros(vocab, dtype=bool) for h in hs
-        ]))
-        factor = torch.where(seen | prompt[ri], torch.tensor(rep, dtype=torch.float32)[ri]
-                             .unsqueeze(1), torch.ones(()))
-        sub = torch.where(sub > 0, sub / factor, sub * factor)
-    if any(freq):
-        sub = sub - torch.tensor(freq, dtype=torch.float32)[ri].unsqueeze(1) * counts
-    if any(pres):
-        sub = sub - torch.tensor(pres, dtype=torch.float32)[ri].unsqueeze(1) * seen.float()
+        h = hs[r]
+        params = h.params
+        rep = params.repetition_penalty != 1.0
+        if not (rep or params.frequency_penalty or params.presence_penalty):
+            continue
+        seen, count = np.unique(h.output_before(j), return_counts=True)
+        if rep and len(h.prompt_token_ids):
+            toks = np.union1d(seen, h.prompt_token_ids)
+        else:
+            toks = seen
+        cnt = np.zeros(len(toks))
+        cnt[np.searchsorted(toks, seen)] = count
+        pos_l.append(np.full(len(toks), p))
+        tok_l.append(toks)
+        cnt_l.append(cnt)
+        hit_l.append(np.ones(len(toks), dtype=bool) if rep else cnt > 0)
+        par_l.extend([r] * len(toks))
+    if not pos_l:
+        return sub
+    pos = torch.from_numpy(np.concatenate(pos_l).astype(np.int64))
+    tok = torch.from_numpy(np.concatenate(tok_l).astype(np.int64))
+    cnt = torch.from_numpy(np.concatenate(cnt_l)).float()
+    owner = torch.from_numpy(np.asarray(par_l, dtype=np.int64))
+    per_row = torch.tensor([[h.params.repetition_penalty, h.params.frequency_penalty,
+                             h.params.presence_penalty] for h in hs], dtype=torch.float32)
+    rep_t, freq, pres = per_row[owner].unbind(1)
+    vals = sub[pos, tok]
+    factor = torch.where(torch.from_numpy(np.concatenate(hit_l)), rep_t, torch.ones(()))
+    vals = torch.where(vals > 0, vals / factor, vals * factor)
+    vals = vals - freq * cnt
+    vals = vals - pres * (cnt > 0).float()
+    sub[pos, tok] = vals
     return sub
 
 
