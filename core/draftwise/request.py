@@ -13,9 +13,8 @@ if TYPE_CHECKING:
     import torch
 
     from draftwise.logprobs import PositionLogprobs
-    from draftwise.parallel import ParentRequest
-
     from draftwise.metrics import RequestSpecDecodeMetrics
+    from draftwise.parallel import ParentRequest
     from draftwise.sampling import SamplingParams
 
 

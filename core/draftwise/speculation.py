@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from draftwise.logits_process import token_history
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.logits_process import token_history
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
 from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, ReportsStats, VerifyOutcome
 from draftwise.step import StepDrafts, StepOutcome

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     import torch
 
     from draftwise.logits_process import TokenHistory
-
     from draftwise.models.batch import KVCache
     from draftwise.sampling import SamplingParams
 

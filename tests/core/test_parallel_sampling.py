@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_checkpoints import save_tiny
-
 from draftwise import LLM, SamplingParams
+from tiny_checkpoints import save_tiny
 
 PROMPT = [(i * 37) % 500 + 3 for i in range(40)]
 

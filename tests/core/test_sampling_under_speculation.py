@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from draftwise import LLM, SamplingParams
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 from tiny_checkpoints import save_tiny, write_wordlevel_tokenizer
-
-from draftwise import LLM, SamplingParams
 
 ORACLE = '''
 import json

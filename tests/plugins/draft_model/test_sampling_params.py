@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stats import CHI2_9999, chi2_two_sample, pool_rare
-
 from draftwise import LLM, SamplingParams
+from stats import CHI2_9999, chi2_two_sample, pool_rare
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], [(i * 37) % 500 + 3 for i in range(23)]]
 

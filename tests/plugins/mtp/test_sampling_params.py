@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from draftwise import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]
