@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from draftwise.logits_process import TokenHistory, apply_logits_processors
 from draftwise.sampling import (
     SamplingMetadata,
     SamplingParams,
@@ -28,8 +29,17 @@ def pick_draft_tokens(
     params: Sequence[SamplingParams],  # [R]
     generators: Sequence[torch.Generator | None],  # [R]
     probabilistic: bool,
+    histories: Sequence[TokenHistory | None] | None = None,  # [R] each row's next position
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [R] int64, q [R, V] float32 or None
-    """One draft token per row, and q when any row sampled (greedy rows get one-hot q)."""
+    """One draft token per row, and q when any row sampled (greedy rows get one-hot q).
+
+    With ``histories`` (target-vocabulary logits only), each row's logits first get the
+    request's penalties, bias and masks at the drafted position, as the target's will in
+    verify: not needed for exactness (q is whatever the draft sampled from) but the draft
+    then proposes what the processed target is likely to accept.
+    """
+    if histories is not None and any(h is not None for h in histories):
+        logits = apply_logits_processors(logits, np.arange(len(histories) + 1), histories)
     if not probabilistic:
         return argmax_rows(logits), None
     meta = SamplingMetadata.from_params(params)

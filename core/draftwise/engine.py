@@ -19,16 +19,22 @@ from typing import Any
 
 import torch
 
+from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
-from draftwise.errors import RequestError
+from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
+from draftwise.logits_process import bad_words_token_ids, token_history
+from draftwise.logprobs import LogprobsMode, position_logprobs
 from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.models.batch import ForwardBatch
-from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
+from draftwise.outputs import parent_output, request_metrics, request_output
+from draftwise.parallel import ParentRequest, child_params
+from draftwise.request import Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.speculation import Speculation
 from draftwise.step import StepDrafts, StepOutcome
+from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.drafts import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
@@ -69,6 +75,13 @@ class LLMEngine:
         from draftwise.bootstrap import build_engine_parts
 
         self.args = args
+        try:
+            self.logprobs_mode = LogprobsMode(args.logprobs_mode)
+        except ValueError:
+            raise EngineConfigError(
+                f"logprobs_mode {args.logprobs_mode!r} is not one of "
+                f"{', '.join(repr(m.value) for m in LogprobsMode)}"
+            ) from None
         start = time.monotonic()
         parts = build_engine_parts(args, progress=progress)
         #: seconds spent building the engine (weights, tokenizer, cache): reported apart
@@ -91,6 +104,8 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self._ids = itertools.count()
+        #: ``n > 1`` requests by the user's id, while any sample runs
+        self._parents: dict[str, ParentRequest] = {}
         self._seed_gen = torch.Generator().manual_seed(args.seed)
         self._last_log = time.monotonic()
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
@@ -159,28 +174,45 @@ class LLMEngine:
         """Validate and queue a request; returns its id. Bad input raises RequestError."""
         params = params or SamplingParams()
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if req_id in self.scheduler.requests:
+        if req_id in self.scheduler.requests or req_id in self._parents:
             raise RequestError("request_id", f"request id {req_id!r} is already running")
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise RequestError("prompt", "the prompt is empty")
         self._check_prompt_tokens(len(ids))  # before the per-token scan below
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError("prompt_token_ids", f"token id {bad[0]} outside [0, {vocab})")
-        bad = [t for t in params.stop_token_ids if t >= vocab]
-        if bad:
-            raise RequestError("stop_token_ids", f"token id {bad[0]} outside [0, {vocab}): it "
-                               "can never be generated")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise RequestError(
-                "max_tokens",
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"context length {self.max_model_len}; ask for at most "
-                f"{self.max_model_len - len(ids)} tokens",
+        check_params(params, ids, self.loaded.config.vocab_size, self.max_model_len,
+                     self.tokenizer is not None)
+        bad_words: tuple[tuple[int, ...], ...] = ()
+        if params.bad_words:
+            bad_words = bad_words_token_ids(
+                params.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False)
             )
-        grammar = self._grammar(params)
+        self.stats.num_prompt_tokens += len(ids)
+        if params.n == 1:
+            self.scheduler.add(self._new_request(req_id, text, ids, params, bad_words))
+            return req_id
+        parent = ParentRequest(req_id)
+        for i, child in enumerate(child_params(params)):
+            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words)
+            req.parent, req.index = parent, i
+            parent.children.append(req)
+        self._parents[req_id] = parent
+        first, *rest = parent.children
+        self.scheduler.add(first)
+        if self.args.enable_prefix_caching:  # the rest reuse its prompt blocks
+            parent.pending = rest
+        else:
+            for req in rest:
+                self.scheduler.add(req)
+        return req_id
+
+    def _new_request(
+        self, req_id: str, text: str | None, ids: list[int], params: SamplingParams,
+        bad_words: tuple[tuple[int, ...], ...],
+    ) -> Request:
+        """A checked request's state: its generator, detokenizer and records."""
+        if req_id in self.scheduler.requests or req_id in self._parents:
+            raise RequestError("request_id", f"request id {req_id!r} is already running")
         generator = None
         if not params.is_greedy:
             seed = params.seed
@@ -195,32 +227,38 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             generator=generator,
-            grammar=grammar,
+            grammar=self._grammar(params),
+            bad_words_token_ids=bad_words,
         )
+        if params.logprobs is not None:
+            req.logprobs, req.cumulative_logprob = [], 0.0
         if self.tokenizer is not None:
             req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        elif params.stop_strings:
-            raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
         if self.spec is not None:
             req.spec = RequestSpecDecodeMetrics(self.spec.k)
-        self.scheduler.add(req)
-        self.stats.num_prompt_tokens += len(ids)
-        return req_id
+        return req
+
+    def _release_pending(self, parent: ParentRequest) -> None:
+        """Child 0's prompt K/V is cached: schedule the other children."""
+        for req in parent.pending:
+            self.scheduler.add(req)
+        parent.pending = []
 
     def _grammar(self, params: SamplingParams) -> GrammarMatcher | None:
-        """The request's grammar matcher (structured output), or None without one."""
+        """The request's own grammar matcher (structured output; checked in admission)."""
         if params.structured_outputs is None:
             return None
-        if params.ignore_eos:
-            raise RequestError(
-                "ignore_eos",
-                "ignore_eos cannot be combined with structured output: a completed grammar "
-                "allows only EOS, so the output could never end there; drop ignore_eos",
-            )
         return self.grammars.matcher(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request wherever it is; its KV blocks are returned at once."""
+        parent = self._parents.pop(request_id, None)
+        if parent is not None:  # every sample of it
+            parent.pending = []
+            for child in parent.children:
+                if not child.status.finished:
+                    self.abort_request(child.req_id)
+            return True
         req = self.scheduler.abort(request_id)
         if req is None:
             return False
@@ -322,16 +360,20 @@ class LLMEngine:
         from draftwise.verify import verify
 
         sampling = [i for i, row in enumerate(rows) if row.samples]
-        outcome = StepOutcome([0] * len(rows), [None] * len(rows))
+        outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))
         if not sampling:
             return outcome
         reqs = [rows[i].request for i in sampling]
+        draft_rows = drafts.rows()
+        histories = [
+            token_history(r, draft_rows[i]) if r.params.needs_history else None
+            for i, r in zip(sampling, reqs)
+        ]
         bitmask = None
         if any(r.grammar is not None for r in reqs):  # structured output: masks per position
-            row_drafts = drafts.rows()
             bitmask = step_bitmask(
                 self.grammars.executor, [r.grammar for r in reqs],
-                [row_drafts[i].tolist() for i in sampling], self.grammars.vocab_size,
+                [draft_rows[i].tolist() for i in sampling], self.grammars.vocab_size,
             )
         # rows that do not sample never draft, so the flat drafts are the sampling rows'
         result = verify(
@@ -342,12 +384,28 @@ class LLMEngine:
             [r.generator for r in reqs],
             draft_probs=drafts.draft_probs,
             method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
+            histories=histories if any(h is not None for h in histories) else None,
             token_bitmask=bitmask,
         )
+        start = 0
         for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
             outcome.output_token_ids[i] = toks
             outcome.num_accepted[i] = n_acc
+            params = rows[i].request.params
+            if params.logprobs is not None:  # positions start .. start+len(toks)-1 emitted
+                span = slice(start, start + len(toks))
+                outcome.logprobs[i] = position_logprobs(
+                    logits[span], result.logits[span], toks, params, self.logprobs_mode,
+                    self._decode_token,
+                )
+            start += drafts.num_draft_tokens[i] + 1
         return outcome
+
+    def _decode_token(self, tok: int) -> str | None:
+        """One token's text for a logprobs entry (None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def _commit(
         self,
@@ -365,6 +423,9 @@ class LLMEngine:
         progressed: list[Request] = []
         failed: list[RequestOutput] = []
         for i, row in enumerate(rows):
+            if row.request.status.finished:  # a sibling sample failed earlier in this loop
+                outcome.output_token_ids[i] = None
+                continue
             try:  # detokenizing, stop strings, a row's draft state: its failure is its own
                 self._commit_row(i, row, drafts, outcome, hidden_states, starts[i], offsets[i], now)
             except Exception as exc:  # noqa: BLE001 - this row fails alone
@@ -383,7 +444,21 @@ class LLMEngine:
                        if req.req_id in drafted and not req.status.finished}
                 failed += [self._fail(req, exc) for req in progressed if req.req_id in hit]
                 progressed = [req for req in progressed if req.req_id not in hit]
-        return [self._make_output(req) for req in progressed] + failed
+        return self._outputs(progressed) + failed
+
+    def _outputs(self, progressed: list[Request]) -> list[RequestOutput]:
+        """One output per request the user sent, however many of its samples moved."""
+        moved: dict[int, list[Request]] = {}
+        for req in progressed:
+            if req.parent is not None:
+                moved.setdefault(id(req.parent), []).append(req)
+        out: list[RequestOutput] = []
+        for req in progressed:
+            if req.parent is None:
+                out.append(self._make_output(req))
+            elif moved.get(id(req.parent), [None])[0] is req:
+                out.append(self._make_output(req, moved[id(req.parent)]))
+        return out
 
     def _commit_row(
         self,
@@ -404,9 +479,21 @@ class LLMEngine:
         if toks is not None:  # None: a prefill chunk that does not reach the end yet
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._append_tokens(req, toks)
+            kept = append_tokens(req, toks)
+            if req.parent is not None and req.parent.pending:
+                self._release_pending(req.parent)
+            self.stats.num_generated_tokens += kept
             if req.grammar is not None:  # the grammar moves through committed tokens only
                 req.grammar.consume(req.new_token_ids)
+            if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
+                outcome.output_token_ids[i] = toks[:kept]
+                outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
+            lps = outcome.logprobs[i] if outcome.logprobs else None
+            if lps is not None:
+                kept_lps = lps[:kept]
+                req.logprobs = (req.logprobs or []) + kept_lps
+                req.cumulative_logprob = (req.cumulative_logprob or 0.0) + sum(
+                    lp[t].logprob for lp, t in zip(kept_lps, toks))
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             self.scheduler.finish(req, req.status)
@@ -465,6 +552,11 @@ class LLMEngine:
         req.finished_time = time.monotonic()
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
         self._release_state(req.req_id)
+        if req.parent is not None:  # a failed sample fails the request: stop the others
+            req.parent.pending = []
+            for sib in req.parent.children:
+                if not sib.status.finished:
+                    self.abort_request(sib.req_id)
         return self._make_output(req)
 
     def _maybe_log_stats(self) -> None:
@@ -476,88 +568,18 @@ class LLMEngine:
             self.spec.logging.log(logger.info)
             self._last_log = time.monotonic()
 
-    def _append_tokens(self, req: Request, toks: list[int]) -> None:
-        """Append tokens one by one, stopping at EOS, stop ids, stop strings or length."""
-        params = req.params
-        new: list[int] = []
-        for tok in toks:
-            req.append(tok)
-            new.append(tok)
-            self.stats.num_generated_tokens += 1
-            if not params.ignore_eos and tok in req.eos_token_ids:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, None
-                break
-            if tok in params.stop_token_ids_set:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
-                break
-            if req.num_output_tokens >= params.max_tokens:
-                req.status = RequestStatus.FINISHED_LENGTH
-                break
-        req.new_token_ids = new
-        if req.detok_state is None:
-            req.new_text = ""
-            return
-        delta = req.detok_state.step(new)
-        if req.status.finished:
-            delta += req.detok_state.flush()
-        old_len = len(req.text)
-        req.text += delta
-        if params.stop_strings and not req.status.finished:
-            self._check_stop_strings(req, old_len)
-        req.new_text = req.text[old_len:]
-
-    def _check_stop_strings(self, req: Request, old_len: int) -> None:
-        """Cut the text at the first stop string that the new text completes."""
-        params = req.params
-        for stop in params.stop_strings:
-            begin = max(0, old_len - len(stop) + 1)
-            idx = req.text.find(stop, begin)
-            if idx != -1:
-                end = idx + len(stop) if params.include_stop_str_in_output else idx
-                req.text = req.text[:end]
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
-                return
-
-    def _make_output(self, req: Request) -> RequestOutput:
-        """The vLLM-shaped cumulative output for a request."""
-        finished = req.status.finished
-        completion = CompletionOutput(
-            index=0,
-            text=req.text,
-            token_ids=req.output_token_ids,
-            finish_reason=req.status.value if finished else None,
-            stop_reason=req.stop_reason,
-        )
-        return RequestOutput(
-            request_id=req.req_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            metrics=self.request_metrics(req),
-            new_token_ids=list(req.new_token_ids),
-            new_text=req.new_text,
-            num_cached_tokens=req.num_cached_tokens,
-            error=req.error,
-        )
+    def _make_output(self, req: Request, moved: list[Request] | None = None) -> RequestOutput:
+        """The cumulative output of the request the user sent (a sample reports its parent)."""
+        if req.parent is None:
+            return request_output(req)
+        parent = req.parent
+        if parent.finished:
+            self._parents.pop(parent.req_id, None)
+        return parent_output(parent, moved or [req])
 
     def request_metrics(self, req: Request) -> dict[str, Any]:
         """Timing and speculation metrics of one request."""
-        out: dict[str, Any] = {
-            "arrival_time": req.arrival_time,
-            "first_token_time": req.first_token_time,
-            "finished_time": req.finished_time,
-            "time_to_first_token": (
-                req.first_token_time - req.arrival_time if req.first_token_time else None
-            ),
-            "num_prompt_tokens": req.num_prompt_tokens,
-            "num_output_tokens": req.num_output_tokens,
-            "num_cached_tokens": req.num_cached_tokens,
-            "num_preemptions": req.num_preemptions,
-        }
-        if req.spec is not None:
-            out["speculative_decoding"] = req.spec.as_dict()
-        return out
+        return request_metrics(req)
 
     # -- chat -----------------------------------------------------------------------------
 

@@ -29,3 +29,6 @@ class EngineArgs:
     num_threads: int | None = None
     #: seconds between spec-decode log lines; None disables the periodic line
     log_stats_interval: float | None = None
+    #: what ``logprobs`` report (vLLM V1's names): "raw_logprobs" (the target's own
+    #: distribution, vLLM's default) or "processed_logprobs" (what the token was drawn from)
+    logprobs_mode: str = "raw_logprobs"

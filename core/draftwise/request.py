@@ -12,7 +12,9 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
+    from draftwise.parallel import ParentRequest
     from draftwise.sampling import SamplingParams
     from draftwise.structured.matcher import GrammarMatcher
 
@@ -65,6 +67,14 @@ class Request:
     #: text produced so far (stop strings already cut off)
     text: str = ""
     detok_state: Any = None
+    #: per generated token, when ``params.logprobs`` is set (None otherwise)
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    #: ``n > 1``: the request this one is sample ``index`` of (None: a request of its own)
+    parent: ParentRequest | None = None
+    index: int = 0
+    #: ``params.bad_words`` tokenized (``logits_process.bad_words_token_ids``)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     #: speculation record; None when the engine runs without a speculative config
     spec: RequestSpecDecodeMetrics | None = None
     #: structured output: the grammar state after the committed tokens; None: no grammar
@@ -110,7 +120,7 @@ class Request:
 
 @dataclass(slots=True)
 class CompletionOutput:
-    """One completion of a request (vLLM's shape; n=1 so index is 0)."""
+    """One completion of a request (vLLM's shape); ``index`` is its place among ``n``."""
 
     index: int
     text: str
@@ -118,7 +128,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
-    logprobs: None = None
+    #: per generated token: token id -> Logprob (the chosen token, then the top-n)
+    logprobs: list[PositionLogprobs] | None = None
 
     def finished(self) -> bool:
         """Whether a finish reason is set."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, field_validator
 
 from draftwise.models.kernels import KERNELS as _kernels
 from draftwise.structured.params import StructuredOutputsParams
@@ -48,6 +48,18 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 #: stop token ids a request may give
 MAX_STOP_TOKEN_IDS = 1024
+#: completions one request may ask for (``n``): each is a request of its own in the batch
+MAX_N = 128
+#: OpenAI's (and vLLM's) range of presence / frequency penalties
+PENALTY_RANGE = (-2.0, 2.0)
+#: OpenAI's range of a logit bias; a value outside is refused, never clamped
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+#: token ids a request may bias, allow or ban (per-token work each verified position)
+MAX_TOKEN_LIST = 4096
+#: bad words a request may give (each is matched at every verified position)
+MAX_BAD_WORDS = 256
+#: top log-probabilities per position (vLLM's default ``max_logprobs``)
+MAX_LOGPROBS = 20
 
 
 def _shown(v: Any) -> str:
@@ -76,6 +88,23 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # logits processing (vLLM's semantics, ``draftwise.logits_process``): applied at every
+    # verified position with the tokens accepted before it, so speculation changes nothing
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: token id -> bias added to its logit (OpenAI's ``logit_bias``)
+    logit_bias: dict[int, float] | None = None
+    #: only these tokens may be generated
+    allowed_token_ids: tuple[int, ...] | None = None
+    #: words never generated (tokenized by the engine, with and without a leading space)
+    bad_words: tuple[str, ...] = ()
+    #: EOS and stop token ids are excluded (and stop strings unchecked) before this many
+    min_tokens: int = 0
+    #: top log-probabilities to return per generated token (0: only the chosen one's)
+    logprobs: int | None = None
+    #: top log-probabilities per prompt token (the first prompt token has none)
+    prompt_logprobs: int | None = None
     #: structured output (vLLM's field): the output must match this schema / regex / grammar
     structured_outputs: StructuredOutputsParams | None = None
 
@@ -88,13 +117,104 @@ class SamplingParams(BaseModel):
     @field_validator("n")
     @classmethod
     def _check_n(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"n must be at least 1, got {_shown(v)}")
-        if v > 1:
-            shown = v if v <= 1024 else "several"
+        if not 1 <= v <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {_shown(v)}")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _check_penalty(cls, v: float, info: ValidationInfo) -> float:
+        lo, hi = PENALTY_RANGE
+        if not lo <= v <= hi:
+            raise ValueError(f"{info.field_name} must be in [{lo}, {hi}], got {v}")
+        return v
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _check_repetition_penalty(cls, v: float) -> float:
+        if not 0.0 < v <= TEMPERATURE_MAX:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {v}")
+        return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _int_keys(cls, v: Any) -> Any:
+        if isinstance(v, dict):  # OpenAI sends token ids as JSON object keys (strings)
+            out = {}
+            for key, bias in v.items():
+                try:
+                    out[int(key)] = bias
+                except (TypeError, ValueError):
+                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+            return out or None
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_TOKEN_LIST:
+            raise ValueError(f"at most {MAX_TOKEN_LIST} logit_bias entries, got {len(v)}")
+        lo, hi = LOGIT_BIAS_RANGE
+        for tok, bias in v.items():
+            _check_token_id("logit_bias", tok)
+            if not lo <= bias <= hi:
+                raise ValueError(f"logit_bias values must be in [{lo}, {hi}], got {bias}")
+        return v
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _check_allowed(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("allowed_token_ids must not be empty (omit it to allow every token)")
+        if len(v) > MAX_TOKEN_LIST:
+            raise ValueError(f"at most {MAX_TOKEN_LIST} allowed_token_ids, got {len(v)}")
+        for tok in v:
+            _check_token_id("allowed_token_ids", tok)
+        return v
+
+    @field_validator("bad_words", mode="before")
+    @classmethod
+    def _wrap_bad_words(cls, v: Any) -> Any:
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("bad_words")
+    @classmethod
+    def _check_bad_words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(v) > MAX_BAD_WORDS:
+            raise ValueError(f"at most {MAX_BAD_WORDS} bad_words, got {len(v)}")
+        for word in v:
+            if not word.strip():
+                raise ValueError("bad_words must be non-empty words")
+            if len(word) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"a bad word may have at most {MAX_STOP_STRING_CHARS} characters, got {len(word)}"
+                )
+            bad = invalid_text_at(word)
+            if bad is not None:
+                raise ValueError(f"a bad word is {describe_invalid(word, bad)}")
+        return v
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _check_min_tokens(cls, v: int, info: ValidationInfo) -> int:
+        top = info.data.get("max_tokens", INT64_MAX)  # absent: max_tokens was refused itself
+        if not 0 <= v <= top:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={top}], got {_shown(v)}")
+        return v
+
+    @field_validator("logprobs", "prompt_logprobs")
+    @classmethod
+    def _check_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not 0 <= v <= MAX_LOGPROBS:
             raise ValueError(
-                f"n={_shown(v)} is not supported: this engine returns one completion per "
-                f"request; send {shown} requests (with different seeds) instead"
+                f"{info.field_name} must be in [0, {MAX_LOGPROBS}] (the top log-probabilities "
+                f"per token; 0 = only the chosen token's), got {_shown(v)}"
             )
         return v
 
@@ -205,6 +325,15 @@ class SamplingParams(BaseModel):
         return self.temperature < GREEDY_TEMPERATURE_EPS
 
     @property
+    def needs_history(self) -> bool:
+        """Whether a position's logits depend on the tokens before it (or on a bias/mask)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.logit_bias or self.allowed_token_ids is not None or self.bad_words
+            or self.min_tokens
+        )
+
+    @property
     def stop_strings(self) -> tuple[str, ...]:
         """The stop strings (alias of ``stop``, normalised to a tuple)."""
         return self.stop
@@ -213,6 +342,12 @@ class SamplingParams(BaseModel):
     def stop_token_ids_set(self) -> frozenset[int]:
         """``stop_token_ids`` as a set, for the per-token check."""
         return self._stop_ids
+
+
+def _check_token_id(field: str, tok: int) -> None:
+    """A token id in a list field: >= 0 and int64 (the vocabulary is checked by the engine)."""
+    if not 0 <= tok <= INT64_MAX:
+        raise ValueError(f"{field} must hold token ids >= 0, got {_shown(tok)}")
 
 
 def make_generator(seed: int) -> torch.Generator:

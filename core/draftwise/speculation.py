@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.logits_process import token_history
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
 from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, ReportsStats, VerifyOutcome
 from draftwise.step import StepDrafts, StepOutcome
@@ -160,6 +161,8 @@ class Speculation:
             max_draft=self._room(drafter, row),
             params=req.params,
             generator=req.generator,
+            history=(token_history(req, np.zeros(0, dtype=np.int64))
+                     if req.params.needs_history else None),
         )
         if drafter.own_kv:
             state = self._states[req.req_id]

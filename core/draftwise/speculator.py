@@ -44,6 +44,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.logits_process import TokenHistory
     from draftwise.models.batch import KVCache
     from draftwise.sampling import SamplingParams
 
@@ -240,6 +241,10 @@ class DraftRow:
     params: SamplingParams = field(default_factory=lambda: _default_params())
     #: the request's own generator (None: greedy or unseeded); verification draws after you
     generator: torch.Generator | None = None
+    #: the committed history its logits are processed with (penalties, bias, masks), when
+    #: ``params`` asks for any; pass ``history.after(drafts_so_far)`` to
+    #: ``draftwise.drafting.pick_draft_tokens`` so drafts follow the target's processing
+    history: TokenHistory | None = None
     #: ``own_kv_cache``: leading positions whose entries in your KV are right
     num_kv_computed: int = 0
     #: ``own_kv_cache``: the request's block ids; covers every position up to

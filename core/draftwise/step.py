@@ -19,6 +19,8 @@ from draftwise.speculator import prefix_sums
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.logprobs import PositionLogprobs
+
 
 @dataclass(slots=True)
 class StepDrafts:
@@ -64,6 +66,8 @@ class StepOutcome:
     #: ``[num_rows]`` output tokens (accepted + recovered or bonus); None: no sample
     #: (a prefill chunk that does not reach the end of the prompt)
     output_token_ids: list[list[int] | None]
+    #: ``[num_rows]`` per output token its log-probabilities, for rows that asked
+    logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
 
 
 __all__ = ["StepDrafts", "StepOutcome"]

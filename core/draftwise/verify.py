@@ -15,6 +15,11 @@ row ``j`` is the target's distribution for the token after the context plus
 sampling, bitwise the same as :func:`draftwise.sampling.sample`, so the engine sends
 every sampling row through :func:`verify`, speculating or not.
 
+Processing: before anything else, each position's logits go through the request's
+penalties, logit bias, allowed / bad words and min_tokens
+(:func:`draftwise.logits_process.apply_logits_processors`, ONE call on the step's logits),
+each position seeing the tokens committed before the step plus the drafts before it.
+
 Probabilities: p is the target after the request's temperature / min-p / top-k / top-p
 (:meth:`SamplingMetadata.probs`, the same code as plain sampling); q is the proposer's
 ``draft_probs``, or one-hot at the draft token when there are none (n-gram, greedy
@@ -48,6 +53,7 @@ import numpy as np
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.logits_process import TokenHistory, apply_logits_processors
 from draftwise.sampling import (
     SamplingMetadata,
     SamplingParams,
@@ -80,6 +86,8 @@ class VerifyResult:
 
     output_token_ids: list[list[int]]
     num_accepted: list[int]
+    #: ``[T, V]`` the target logits after per-position processing (what was verified)
+    logits: torch.Tensor | None = None
 
     def to_padded(self, width: int | None = None) -> torch.Tensor:  # [B, width] int64
         """vLLM's output buffer: one row per request, padded with PLACEHOLDER_TOKEN_ID."""
@@ -113,6 +121,7 @@ def verify(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V] q, None = one-hot
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    histories: Sequence[TokenHistory | None] | None = None,  # [B]
     token_bitmask: np.ndarray | None = None,  # [sum(num_draft_tokens) + B, ceil(V / 32)] int32
 ) -> VerifyResult:
     """Verify every request's drafts (0 drafts = plain sampling) in one vectorised pass.
@@ -125,13 +134,15 @@ def verify(
     :param generators: per-request generator, None for unseeded random or greedy rows.
     :param draft_probs: q of every draft position (``draft_sample_method="probabilistic"``).
     :param method: ``"standard"`` rejection sampling or ``"block"`` verification.
+    :param histories: per request, what its positions condition on (penalties, bias,
+        masks); None, or a None entry, for requests with no such settings.
     :param token_bitmask: the grammar's allowed tokens at every row of ``target_logits``
         (``draftwise.structured.masks``), None when no request has a grammar.
-    :returns: output tokens and accepted counts per request.
+    :returns: output tokens and accepted counts per request, and the processed logits.
     """
     b = _prepare(
         target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
-        method, token_bitmask,
+        method, histories, token_bitmask,
     )
     # structured output: the grammar's mask at every verified position, before p exists
     b.logits = apply_token_bitmask(b.logits, token_bitmask)
@@ -144,7 +155,7 @@ def verify(
         _verify_greedy(b, greedy_rows, outputs, accepted)
     if random_rows.size:
         _verify_random(b, random_rows, outputs, accepted)
-    return VerifyResult(outputs, accepted)
+    return VerifyResult(outputs, accepted, b.logits)
 
 
 def rejection_sample_reference(
@@ -155,13 +166,18 @@ def rejection_sample_reference(
     generators: Sequence[torch.Generator | None],  # [B]
     draft_probs: torch.Tensor | None = None,  # [sum(num_draft_tokens), V]
     method: VerifyMethod | str = VerifyMethod.STANDARD,
+    histories: Sequence[TokenHistory | None] | None = None,  # [B]
     token_bitmask: np.ndarray | None = None,  # [sum(num_draft_tokens) + B, ceil(V / 32)] int32
 ) -> torch.Tensor:  # [B, max(num_draft_tokens) + 1] int64, PLACEHOLDER_TOKEN_ID padded
     """One request at a time, written to be read; :func:`verify` must match it token for token."""
+    from draftwise.logits_process import apply_logits_processors_reference
+
     b = _prepare(
         target_logits, draft_token_ids, num_draft_tokens, sampling, generators, draft_probs,
-        method, token_bitmask,
+        method, None, token_bitmask,
     )
+    if histories is not None:
+        b.logits = apply_logits_processors_reference(b.logits, b.cu_logits, histories)
     width = int(b.num_draft.max(initial=0)) + 1
     out = torch.full((len(b.num_draft), width), PLACEHOLDER_TOKEN_ID)
     for i, n in enumerate(b.num_draft.tolist()):
@@ -383,6 +399,7 @@ def _prepare(
     generators: Sequence[torch.Generator | None],
     draft_probs: torch.Tensor | None,
     method: VerifyMethod | str,
+    histories: Sequence[TokenHistory | None] | None,
     token_bitmask: np.ndarray | None = None,
 ) -> _Batch:
     """Check shapes and values with errors that say what does not fit; compute offsets."""
@@ -429,11 +446,17 @@ def _prepare(
             f"{num_rows} requests, but sampling covers {sampling.num_rows} and "
             f"{len(generators)} generators were given"
         )
+    cu_logits = _cumsum0(nd + 1)
+    logits = target_logits.float()
+    if histories is not None:
+        if len(histories) != num_rows:
+            raise VerifyInputError(f"{num_rows} requests but {len(histories)} histories")
+        logits = apply_logits_processors(logits, cu_logits, histories)
     return _Batch(
-        logits=target_logits.float(),
+        logits=logits,
         drafts=drafts,
         num_draft=nd,
-        cu_logits=_cumsum0(nd + 1),
+        cu_logits=cu_logits,
         cu_draft=_cumsum0(nd),
         sampling=sampling,
         generators=list(generators),

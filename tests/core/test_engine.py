@@ -119,6 +119,11 @@ def test_seeded_sampling_is_reproducible(tiny_llama: Path) -> None:
         ([1, 2, 99999], greedy(), "prompt_token_ids"),
         (list(range(3, 70)), greedy(), "prompt"),
         ([1, 2, 3], greedy(max_tokens=100), "max_tokens"),
+        ([1, 2, 3], greedy(logit_bias={99999: 1.0}), "logit_bias"),
+        ([1, 2, 3], greedy(allowed_token_ids=(5, 99999)), "allowed_token_ids"),
+        ([1, 2, 3], greedy(bad_words=("hello",)), "bad_words"),  # no tokenizer
+        ([1, 2, 3], greedy(prompt_logprobs=2), "prompt_logprobs"),  # not built
+        ([1, 2, 3], greedy(n=3, stop_token_ids=(99999,)), "stop_token_ids"),
     ],
 )
 def test_bad_requests_are_refused_by_field(
@@ -128,13 +133,15 @@ def test_bad_requests_are_refused_by_field(
     with pytest.raises(RequestError) as err:
         engine.add_request({"prompt_token_ids": prompt}, params)
     assert err.value.field == field
-    assert not engine.has_unfinished_requests()
+    assert not engine.has_unfinished_requests() and not engine._parents
 
 
 def test_engine_settings_refused_before_weights(tmp_path: Path) -> None:
     missing = tmp_path / "nothing-here"
     with pytest.raises(EngineConfigError, match="max_num_seqs"):
         LLMEngine(EngineArgs(model=str(missing), max_num_seqs=0))
+    with pytest.raises(EngineConfigError, match="logprobs_mode 'raw'"):
+        LLMEngine(EngineArgs(model=str(missing), logprobs_mode="raw"))
 
 
 def test_kv_cache_too_small_is_refused(tiny_llama: Path) -> None:

@@ -140,14 +140,16 @@ def test_a_failure_in_commit_fails_that_row_only(
     want = alone(tiny_llama)
     llm = LLM(model=str(tiny_llama), dtype="bfloat16")
     engine = llm.engine
-    real = engine._append_tokens
+    import draftwise.engine as engine_mod
+
+    real = engine_mod.append_tokens
 
     def append(req, toks):  # type: ignore[no-untyped-def]
         if req.params.max_tokens == CULPRIT_MAX_TOKENS and req.num_output_tokens >= 2:
             raise Boom("injected fault while committing")
         return real(req, toks)
 
-    monkeypatch.setattr(engine, "_append_tokens", append)
+    monkeypatch.setattr(engine_mod, "append_tokens", append)
     got, bad = run_with_culprit(llm, culprit=3)
     assert got == want
     assert bad.error is not None and "committing" in bad.error

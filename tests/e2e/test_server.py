@@ -401,8 +401,19 @@ def test_errors_and_auth(served):
         c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert info.value.param == "model"
     with pytest.raises(openai.BadRequestError) as info:
-        c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=129)
     assert info.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"99999999": 1})
+    assert info.value.param == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                  max_tokens=2, top_logprobs=3)
+    assert info.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                  max_tokens=2, logprobs=True, top_logprobs=21)
+    assert info.value.param == "top_logprobs" and "top_logprobs" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         c.completions.create(model=MODEL, prompt="word " * 1100, max_tokens=2)
     assert info.value.param == "prompt"
@@ -412,6 +423,79 @@ def test_errors_and_auth(served):
         "draftwise:e2e_request_latency_seconds",
         "draftwise:inter_token_latency_seconds",
     } <= families
+
+
+def _close_logprobs(a: list[dict], b: list[dict]) -> None:
+    """Chat logprobs content lists equal: same tokens, log-probabilities within 1e-4."""
+    assert [e["token"] for e in a] == [e["token"] for e in b]
+    for x, y in zip(a, b):
+        assert x["logprob"] == pytest.approx(y["logprob"], abs=1e-4)
+        assert [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
+
+
+def test_penalties_bias_and_logprobs_are_identical_with_ngram(served):
+    off_url, ng_url = served["off"][0], served["ngram"][0]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {
+        "model": MODEL, "messages": [{"role": "user", "content": REPEAT}], "max_tokens": 24,
+        "temperature": 0, "logprobs": True, "top_logprobs": 5, "presence_penalty": 0.4,
+        "frequency_penalty": 0.2, "repetition_penalty": 1.05, "logit_bias": {"28": -3.0},
+        "min_tokens": 4, "return_spec_metrics": True,
+    }
+    off, ng = (httpx.post(f"{u}/v1/chat/completions", json=body, headers=headers,
+                          timeout=60).json() for u in (off_url, ng_url))
+    assert ng["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
+    assert ng["usage"] == off["usage"]
+    assert ng["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] > 0
+    lp_off, lp_ng = off["choices"][0]["logprobs"]["content"], ng["choices"][0]["logprobs"]["content"]
+    assert len(lp_ng) == ng["usage"]["completion_tokens"]
+    assert all(len(e["top_logprobs"]) == 5 for e in lp_ng)
+    _close_logprobs(lp_ng, lp_off)
+    # streamed: the same text, and the chunks' logprobs add up to the same list
+    extras = ("return_spec_metrics", "repetition_penalty", "min_tokens")  # vLLM's extra body
+    chunks = list(client(ng_url).chat.completions.create(
+        **{k: v for k, v in body.items() if k not in extras}, stream=True,
+        extra_body={"repetition_penalty": 1.05, "min_tokens": 4}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == off["choices"][0]["message"]["content"]
+    streamed = [e.model_dump() for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    _close_logprobs(streamed, lp_off)
+    # completions: logprobs is an int
+    prompt = {"model": MODEL, "prompt": "a b c a b c a b c a b", "max_tokens": 16,
+              "temperature": 0, "logprobs": 3, "frequency_penalty": -0.5}
+    comp = [httpx.post(f"{u}/v1/completions", json=prompt, headers=headers,
+                       timeout=60).json()["choices"][0] for u in (off_url, ng_url)]
+    assert comp[0]["text"] == comp[1]["text"]
+    assert comp[0]["logprobs"]["tokens"] == comp[1]["logprobs"]["tokens"]
+    assert "".join(comp[1]["logprobs"]["tokens"]) == comp[1]["text"]
+    assert comp[1]["logprobs"]["token_logprobs"] == pytest.approx(
+        comp[0]["logprobs"]["token_logprobs"], abs=1e-4)
+    assert all(len(t) == 3 for t in comp[1]["logprobs"]["top_logprobs"])
+    wait_idle(off_url)
+
+
+def test_n_choices_with_a_seed_are_reproducible_under_ngram(served):
+    ng_url = served["ngram"][0]
+    kwargs = {"model": MODEL, "prompt": "a b c a b c a b c a b", "max_tokens": 12,
+              "temperature": 0.8, "seed": 11, "n": 3}
+    first = client(ng_url).completions.create(**kwargs)
+    again = client(ng_url).completions.create(**kwargs)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    assert first.usage.completion_tokens == 36 and first.usage.prompt_tokens > 0
+    chunks = list(client(ng_url).completions.create(**kwargs, stream=True))
+    texts = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(3)}
+    assert [texts[i] for i in range(3)] == [c.text for c in first.choices]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices
+                and c.choices[0].finish_reason]
+    assert finishes == ["length"] * 3
+    chat = client(ng_url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": REPEAT}], max_tokens=8,
+        temperature=0.7, seed=5, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
+    wait_idle(ng_url)
 
 
 def test_zz_sigterm_mid_stream_drains_and_exits_0(served):

@@ -31,6 +31,16 @@ import click
 @click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
 @click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0))
 @click.option("--seed", default=None, type=int)
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float)
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float)
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float)
+@click.option("--logit-bias", default=None,
+              help='JSON object of token id -> bias, e.g. \'{"42": -100}\'.')
+@click.option("--min-tokens", default=0, show_default=True, type=int)
+@click.option("--stop", multiple=True, help="A stop string (repeatable).")
+@click.option("--bad-words", multiple=True, help="A word never to generate (repeatable).")
+@click.option("--logprobs", default=None, type=int,
+              help="Top log-probabilities per token, in the --json output.")
 @click.option("--speculative-config", "-sc", default=None,
               help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
 @click.option("--dtype", default="auto", show_default=True,
@@ -51,6 +61,14 @@ def generate(
     top_k: int,
     min_p: float,
     seed: int | None,
+    presence_penalty: float,
+    frequency_penalty: float,
+    repetition_penalty: float,
+    logit_bias: str | None,
+    min_tokens: int,
+    stop: tuple[str, ...],
+    bad_words: tuple[str, ...],
+    logprobs: int | None,
     speculative_config: str | None,
     dtype: str,
     as_json: bool,
@@ -65,9 +83,20 @@ def generate(
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
     check_text_option("--prompt", prompt)
     check_text_option("--system", system)
+    for value in (*stop, *bad_words):
+        check_text_option("--stop / --bad-words", value)
+    bias = None
+    if logit_bias is not None:
+        try:
+            bias = json.loads(logit_bias)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--logit-bias") from None
     params = sampling_params(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        seed=seed, max_tokens=max_tokens,
+        seed=seed, max_tokens=max_tokens, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+        logit_bias=bias, min_tokens=min_tokens, stop=stop, bad_words=bad_words,
+        logprobs=logprobs,
     )
     ids: list[int] | None = None
     if prompt_token_ids is not None:
@@ -126,6 +155,9 @@ def generate(
             "text": completion.text,
             "token_ids": completion.token_ids,
             "finish_reason": completion.finish_reason,
+            "logprobs": None if completion.logprobs is None else [
+                {str(t): {"logprob": lp.logprob, "rank": lp.rank, "token": lp.decoded_token}
+                 for t, lp in pos.items()} for pos in completion.logprobs],
             "prompt_token_ids": final.prompt_token_ids,
             "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
             "metrics": metrics,

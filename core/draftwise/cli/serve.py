@@ -74,6 +74,10 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="Open connections served at once; beyond it a request gets 503.")
 @click.option("--enable-docs", is_flag=True,
               help="Serve /docs, /redoc and /openapi.json (behind --api-key when set).")
+@click.option("--logprobs-mode", default=None,
+              type=click.Choice(["raw_logprobs", "processed_logprobs"]),
+              help="What logprobs report: the model's raw distribution (raw_logprobs, the "
+              "default, as vLLM's) or the processed one tokens are drawn from.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(
@@ -96,6 +100,7 @@ def serve(
     enable_docs: bool,
     log_level: str,
     num_threads: int | None,
+    logprobs_mode: str | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import build_engine, check_text_option, fail
@@ -117,6 +122,8 @@ def serve(
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    if logprobs_mode is not None:
+        kwargs["logprobs_mode"] = logprobs_mode
     if num_threads is not None:
         kwargs["num_threads"] = num_threads
     if max_model_len is not None:

@@ -20,10 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import draftwise
-from draftwise.request import RequestOutput
+from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.server.body import BodyGuard
 from draftwise.server.engine_loop import EngineLoop
 from draftwise.server.errors import APIError, install_handlers
+from draftwise.server.logprobs import chat_logprobs, completion_logprobs
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.protocol import (
     ChatChoice,
@@ -111,17 +112,42 @@ class _Gate:
         return False
 
 
+def _completion_logprobs(body: CompletionRequest, completion: CompletionOutput, start: int,
+                         end: int, offset: int) -> dict[str, Any] | None:
+    """The completions shape of tokens ``start:end``, when ``logprobs`` was asked for."""
+    if body.logprobs is None or completion.logprobs is None:
+        return None
+    return completion_logprobs(completion.logprobs[start:end], completion.token_ids[start:end],
+                               body.logprobs, offset)
+
+
+def _chat_logprobs(body: ChatCompletionRequest, completion: CompletionOutput, start: int,
+                   end: int) -> dict[str, Any] | None:
+    """The chat shape of tokens ``start:end``, when ``logprobs: true`` was asked for."""
+    if not body.logprobs or completion.logprobs is None:
+        return None
+    return chat_logprobs(completion.logprobs[start:end], completion.token_ids[start:end],
+                         body.top_logprobs or 0)
+
+
 class CompletionChunks(Chunks):
     """``text_completion`` stream events."""
 
-    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
         """A completion chunk (the last one has the finish reason and optional metrics)."""
         resp = CompletionResponse(
             id=self.id, created=self.created, model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
+            choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                      finish_reason=finish_reason)],
             metrics=spec_metrics(self.ctx, self.body, final) if final else None,
         )
         return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+
+    def logprobs(self, completion: CompletionOutput, start: int, end: int,
+                 offset: int) -> dict[str, Any] | None:
+        """The new tokens' logprobs in the completions shape."""
+        return _completion_logprobs(self.body, completion, start, end, offset)  # type: ignore[arg-type]
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         """The usage chunk: ``choices: []``."""
@@ -134,10 +160,12 @@ class ChatChunks(Chunks):
     """``chat.completion.chunk`` stream events."""
 
     def _chunk(self, delta: DeltaMessage, finish: str | None, final: RequestOutput | None,
+               indexes: tuple[int, ...] = (0,), logprobs: dict[str, Any] | None = None,
                ) -> dict[str, Any]:
         chunk = ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model,
-            choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+            choices=[ChatChunkChoice(index=i, delta=delta, logprobs=logprobs,
+                                     finish_reason=finish) for i in indexes],
             metrics=spec_metrics(self.ctx, self.body, final) if final else None,
         )
         data = chunk.to_dict(keep_null=("usage",) if self.include_usage else ())
@@ -146,12 +174,20 @@ class ChatChunks(Chunks):
         return data
 
     def head(self) -> dict[str, Any]:
-        """The first event carries the role and empty content."""
-        return self._chunk(DeltaMessage(role="assistant", content=""), None, None)
+        """The first event carries the role and empty content, for every choice."""
+        return self._chunk(DeltaMessage(role="assistant", content=""), None, None,
+                           tuple(range(self.body.n or 1)))
 
-    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
         """A content delta; the last has the finish reason (and no content when empty)."""
-        return self._chunk(DeltaMessage(content=text or None), finish_reason, final)
+        return self._chunk(DeltaMessage(content=text or None), finish_reason, final, (index,),
+                           logprobs)
+
+    def logprobs(self, completion: CompletionOutput, start: int, end: int,
+                 offset: int) -> dict[str, Any] | None:
+        """The new tokens' logprobs in the chat shape."""
+        return _chat_logprobs(self.body, completion, start, end)  # type: ignore[arg-type]
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         """The usage chunk: ``choices: []``."""
@@ -174,10 +210,11 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         events = stream_events(ctx, stream, CompletionChunks(ctx, body, request_id))
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     out = await collect(ctx, stream, request)
-    completion = out.outputs[0]
     resp = CompletionResponse(
         id=request_id, model=ctx.config.model_name,
-        choices=[CompletionChoice(text=completion.text, finish_reason=completion.finish_reason)],
+        choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason,
+                                  logprobs=_completion_logprobs(body, c, 0, len(c.token_ids), 0))
+                 for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
     )
     return JSONResponse(resp.to_dict())
@@ -192,11 +229,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         events = stream_events(ctx, stream, ChatChunks(ctx, body, request_id))
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     out = await collect(ctx, stream, request)
-    completion = out.outputs[0]
     resp = ChatCompletionResponse(
         id=request_id, model=ctx.config.model_name,
-        choices=[ChatChoice(message=ChatResponseMessage(content=completion.text),
-                            finish_reason=completion.finish_reason)],
+        choices=[ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                            logprobs=_chat_logprobs(body, c, 0, len(c.token_ids)),
+                            finish_reason=c.finish_reason)
+                 for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
     )
     return JSONResponse(resp.to_dict())

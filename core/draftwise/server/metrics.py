@@ -107,12 +107,12 @@ class ServerMetrics:
         self.itl.labels(self.model_name).observe(seconds_per_token)
 
     def on_finished(self, out: RequestOutput, e2e: float) -> None:
-        """Count a finished request and its tokens."""
-        completion = out.outputs[0]
-        reason = completion.finish_reason or "unknown"
+        """Count a finished request and its tokens (every one of its ``n`` completions')."""
+        reason = out.outputs[0].finish_reason or "unknown"
         self.request_success.labels(self.model_name, reason).inc()
         self.prompt_tokens.labels(self.model_name).inc(len(out.prompt_token_ids))
-        self.generation_tokens.labels(self.model_name).inc(len(completion.token_ids))
+        self.generation_tokens.labels(self.model_name).inc(
+            sum(len(c.token_ids) for c in out.outputs))
         self.e2e.labels(self.model_name).observe(e2e)
 
     def on_step(self) -> None:

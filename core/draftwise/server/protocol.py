@@ -50,6 +50,11 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
+    # vLLM extras: logits processing (draftwise.logits_process), speculation-exact
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     #: draftwise extra: return per-request spec-decode metrics (default: the server flag)
     return_spec_metrics: bool | None = None
     # structured output (``server/structured.py``): OpenAI's, then vLLM's names
@@ -105,25 +110,16 @@ class ChatCompletionRequest(_SamplingFields):
 def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
     """Fields set to a value the engine cannot honour: (field, reason)."""
     out: list[tuple[str, str]] = []
-    if req.presence_penalty:
-        out.append(("presence_penalty", "penalties are not implemented; use 0"))
-    if req.frequency_penalty:
-        out.append(("frequency_penalty", "penalties are not implemented; use 0"))
-    if req.logit_bias:
-        out.append(("logit_bias", "logit_bias is not implemented"))
     if isinstance(req, CompletionRequest):
         if req.echo:
             out.append(("echo", "echo is not implemented"))
-        if req.logprobs is not None:
-            out.append(("logprobs", "logprobs are not implemented"))
         if req.best_of not in (None, 1):
             out.append(("best_of", "best_of > 1 is not supported; send several requests"))
         if req.suffix:
             out.append(("suffix", "suffix (insertion) is not implemented"))
     if isinstance(req, ChatCompletionRequest):
-        if req.logprobs or req.top_logprobs:
-            out.append(("logprobs" if req.logprobs else "top_logprobs",
-                        "logprobs are not implemented"))
+        if req.top_logprobs is not None and not req.logprobs:
+            out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
         if req.tools:
             out.append(("tools", "tool calling is not implemented (the default model's chat "
                         "template does not render tools); to get a call's arguments, send "
@@ -185,7 +181,8 @@ class CompletionChoice(BaseModel):
 
     index: int = 0
     text: str
-    logprobs: None = None
+    #: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (legacy shape)
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 
@@ -218,7 +215,8 @@ class ChatChoice(BaseModel):
 
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    #: ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal": None}``
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 
@@ -249,7 +247,7 @@ class ChatChunkChoice(BaseModel):
 
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from draftwise.errors import RequestError
 from draftwise.formats.errors import ChatTemplateError
-from draftwise.request import RequestOutput
+from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.sampling import SamplingParams
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error
@@ -131,10 +131,11 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
     length is known (:func:`make_build`); 1 stands in for it here.
     """
     max_tokens = _max_tokens(body)
+    fill = max(1, body.min_tokens or 0) if isinstance(body.min_tokens, int) else 1
     fields: dict[str, Any] = {
         "n": body.n if body.n is not None else 1,
         "temperature": 1.0 if body.temperature is None else body.temperature,
-        "max_tokens": 1 if max_tokens is None else max_tokens,
+        "max_tokens": fill if max_tokens is None else max_tokens,
         "stop": body.stop,
         "stop_token_ids": body.stop_token_ids,
         "seed": body.seed,
@@ -143,13 +144,22 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         "skip_special_tokens": body.skip_special_tokens is not False,
         "structured_outputs": structured_outputs(body),
     }
-    for name in ("top_p", "top_k", "min_p"):
+    for name in ("top_p", "top_k", "min_p", *_PROCESSING_FIELDS):
         if getattr(body, name) is not None:
             fields[name] = getattr(body, name)
+    if isinstance(body, ChatCompletionRequest):  # logprobs: bool, top_logprobs: how many
+        fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        fields["logprobs"] = body.logprobs
     try:
         return SamplingParams(**fields)
     except ValidationError as exc:
         raise _rename(from_sampling_error(exc), body) from None
+
+
+#: request fields passed to SamplingParams under their own names (OpenAI's, then vLLM's)
+_PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias",
+                      "repetition_penalty", "min_tokens", "allowed_token_ids", "bad_words")
 
 
 def _max_tokens(body: AnyRequest) -> int | None:
@@ -178,21 +188,29 @@ def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tupl
         if _max_tokens(body) is None:  # OpenAI's "as many as fit"
             final = params.model_copy(
                 update={"max_tokens": max(1, engine.max_model_len - len(ids))})
+            if final.min_tokens > final.max_tokens:
+                raise RequestError("min_tokens", f"min_tokens ({final.min_tokens}) is more "
+                                   f"than the {final.max_tokens} tokens the context has room for")
         return {"prompt_token_ids": ids, "prompt": text}, final
 
     return build
 
 
 def _rename(err: APIError, body: AnyRequest) -> APIError:
-    """Chat requests may have set the limit as ``max_completion_tokens``, and their
-    prompt is the rendered ``messages``."""
-    if (err.param == "max_tokens" and isinstance(body, ChatCompletionRequest)
-            and body.max_completion_tokens is not None):
+    """Chat names settings its own way: ``max_completion_tokens``, ``top_logprobs``, and
+    its prompt is ``messages``."""
+    if not isinstance(body, ChatCompletionRequest):
+        return err
+    if err.param in ("prompt", "prompt_token_ids"):
+        err.param = "messages"
+        err.message = f"messages: {err.message.split(': ', 1)[-1]}"
+        return err
+    if err.param == "max_tokens" and body.max_completion_tokens is not None:
         err.param = "max_completion_tokens"
         err.message = err.message.replace("max_tokens", "max_completion_tokens", 1)
-    if err.param == "prompt" and isinstance(body, ChatCompletionRequest):
-        err.param = "messages"
-        err.message = err.message.replace("prompt: the prompt", "messages: the rendered prompt", 1)
+    elif err.param == "logprobs":
+        err.param = "top_logprobs"
+        err.message = err.message.replace("logprobs", "top_logprobs", 1)
     return err
 
 
@@ -228,8 +246,9 @@ def spec_metrics(ctx: ServingContext, body: AnyRequest, out: RequestOutput) -> d
 
 
 def usage_of(out: RequestOutput) -> UsageInfo:
-    """Token counts from the engine's own ids (not a re-tokenization)."""
-    return UsageInfo.of(len(out.prompt_token_ids), len(out.outputs[0].token_ids))
+    """Token counts from the engine's own ids (not a re-tokenization); the prompt once,
+    every one of the ``n`` completions' tokens."""
+    return UsageInfo.of(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))
 
 
 async def collect(ctx: ServingContext, stream: RequestStream, request: Request) -> RequestOutput:
@@ -279,13 +298,42 @@ class TextDelta:
             (len(s) - 1 for s in stops), default=0)
         self.sent = 0
 
-    def next(self, out: RequestOutput) -> str:
+    def next(self, completion: CompletionOutput) -> str:
         """The text not yet streamed that is safe to stream now."""
-        text = out.outputs[0].text
-        limit = len(text) if out.finished else max(self.sent, len(text) - self.holdback)
+        text = completion.text
+        finished = completion.finish_reason is not None
+        limit = len(text) if finished else max(self.sent, len(text) - self.holdback)
         delta = text[self.sent:limit]
         self.sent = max(self.sent, limit)
         return delta
+
+
+class _ChoiceStream:
+    """One choice of a stream: its text so far, its logprobs so far, whether it ended."""
+
+    def __init__(self, body: AnyRequest) -> None:
+        self.text = TextDelta(body)
+        self.tokens_sent = 0
+        self.done = False
+
+    def events(self, chunks: Chunks, completion: CompletionOutput,
+               out: RequestOutput) -> list[dict[str, Any]]:
+        """The chunks this output adds for the choice (none once it has finished)."""
+        if self.done:
+            return []
+        offset = self.text.sent
+        text = self.text.next(completion)
+        end = len(completion.token_ids)
+        lps = chunks.logprobs(completion, self.tokens_sent, end, offset)
+        self.tokens_sent = end
+        finish = completion.finish_reason
+        if finish is not None:
+            self.done = True
+            return [chunks.delta(text, finish, out if out.finished else None,
+                                 completion.index, lps)]
+        if text or lps:
+            return [chunks.delta(text, None, None, completion.index, lps)]
+        return []
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -311,8 +359,14 @@ class Chunks(ABC):
         return None
 
     @abstractmethod
-    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None) -> dict:
-        """A text event; ``final`` is the finished output on the last one."""
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
+        """A text event of choice ``index``; ``final`` is the finished output on the last."""
+
+    def logprobs(self, completion: CompletionOutput, start: int, end: int,
+                 offset: int) -> dict[str, Any] | None:
+        """The choice's logprobs of tokens ``start:end`` (None unless they were asked for)."""
+        return None
 
     @abstractmethod
     def usage(self, final: RequestOutput) -> dict[str, Any]:
@@ -326,19 +380,19 @@ async def stream_events(ctx: ServingContext, stream: RequestStream,
     A failure mid-stream is sent as an ``{"error": …}`` event (the 200 status line is
     already out), which the ``openai`` client raises as an APIError.
     """
-    text_delta = TextDelta(chunks.body)
+    body = chunks.body
     try:
         head = chunks.head()
         if head is not None:
             yield sse(head)
         final: RequestOutput | None = None
+        choices: dict[int, _ChoiceStream] = {}
         async for out in stream:
-            text = text_delta.next(out)
-            if out.finished:
-                final = out
-                yield sse(chunks.delta(text, out.outputs[0].finish_reason, out))
-            elif text:
-                yield sse(chunks.delta(text, None, None))
+            final = out if out.finished else None
+            for completion in out.outputs:
+                state = choices.setdefault(completion.index, _ChoiceStream(body))
+                for event in state.events(chunks, completion, out):
+                    yield sse(event)
         if chunks.include_usage and final is not None:
             yield sse(chunks.usage(final))
         yield sse("[DONE]")

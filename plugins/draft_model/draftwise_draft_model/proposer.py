@@ -111,13 +111,21 @@ class DraftModelProposer:
             self.counters["draft_forwards"] += 1
             return self.model(fb, self.kv).logits
 
+        so_far: list[list[int]] = [[] for _ in rows]
+
         def pick(logits: torch.Tensor, live: list[int]) -> list[int]:
+            histories = None
             if self.mapping is not None:
-                self.mapping.mask_(logits)
+                self.mapping.mask_(logits)  # draft-vocabulary logits: no target processing
+            else:
+                histories = [None if rows[r].history is None
+                             else rows[r].history.after(so_far[r]) for r in live]
             tok, q = pick_draft_tokens(
                 logits, [rows[r].params for r in live], [rows[r].generator for r in live],
-                self.probabilistic,
+                self.probabilistic, histories,
             )
+            for j, r in enumerate(live):
+                so_far[r].append(int(tok[j]))
             if self.probabilistic:
                 for j, r in enumerate(live):
                     probs[r].append(q[j] if q is not None else _one_hot(tok[j], logits.shape[1]))

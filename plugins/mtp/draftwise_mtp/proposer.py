@@ -181,6 +181,8 @@ class MtpProposer:
         tok, q = pick_draft_tokens(
             logits, [r.row.params for r in rows], [r.row.generator for r in rows],
             self.probabilistic,
+            [None if r.row.history is None else r.row.history.after(drafts[r.index])
+             for r in rows],
         )
         for j, r in enumerate(rows):
             drafts[r.index].append(int(tok[j]))

@@ -23,6 +23,14 @@ def no_engine(monkeypatch):
     (["--seed", str(2**64)], "--seed", "64 bits"),
     (["--max-tokens", str(2**63)], "--max-tokens", "int64"),
     (["--top-p", "0"], "--top-p", "(0, 1]"),
+    (["--presence-penalty", "3"], "--presence-penalty", "[-2.0, 2.0]"),
+    (["--frequency-penalty", "-2.5"], "--frequency-penalty", "[-2.0, 2.0]"),
+    (["--repetition-penalty", "0"], "--repetition-penalty", "> 0"),
+    (["--logit-bias", '{"a": 1}'], "--logit-bias", "token ids"),
+    (["--logit-bias", "{oops"], "--logit-bias", "not JSON"),
+    (["--min-tokens", "300", "--max-tokens", "10"], "--min-tokens", "max_tokens=10"),
+    (["--bad-words", " "], "--bad-words", "non-empty"),
+    (["--logprobs", "30"], "--logprobs", "[0, 20]"),
 ])
 def test_sampling_bounds_are_usage_errors_naming_the_option(no_engine, args, option, words):
     result = CliRunner().invoke(generate, ["--prompt", "hi", *args])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from draftwise.request import CompletionOutput, RequestOutput
+from draftwise.request import CompletionOutput
 from draftwise.sampling import SamplingParams
 from draftwise.server.errors import from_sampling_error, from_validation, loc_to_param
 from draftwise.server.protocol import (
@@ -59,15 +59,19 @@ def test_sampling_params_errors_name_their_field():
 
 
 def test_unsupported_fields_are_listed():
-    req = CompletionRequest.model_validate({"prompt": "x", "echo": True, "presence_penalty": 1.0})
-    assert [f for f, _ in unsupported_fields(req)] == ["presence_penalty", "echo"]
+    req = CompletionRequest.model_validate({"prompt": "x", "echo": True, "presence_penalty": 1.0,
+                                            "logprobs": 3, "logit_bias": {"5": 1.0}})
+    assert [f for f, _ in unsupported_fields(req)] == ["echo"]
+    chat = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
+    assert [f for f, _ in unsupported_fields(chat)] == ["top_logprobs"]
     chat = ChatCompletionRequest.model_validate({
         "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})
     assert unsupported_fields(chat) == []
 
 
-def _out(text: str, finished: bool) -> RequestOutput:
-    return RequestOutput("r", None, [1], [CompletionOutput(0, text, [], None)], finished)
+def _out(text: str, finished: bool) -> CompletionOutput:
+    return CompletionOutput(0, text, [], "stop" if finished else None)
 
 
 def test_text_delta_holds_back_a_possible_stop_prefix():

@@ -53,6 +53,14 @@ def test_threads_reach_the_engine(stubs):
     assert stubs["build"][3] == {"max_num_seqs": 32, "num_threads": 2}
 
 
+def test_logprobs_mode_reaches_the_engine(stubs):
+    result = CliRunner().invoke(serve, ["--logprobs-mode", "processed_logprobs"])
+    assert result.exit_code == 0, result.output
+    assert stubs["build"][3] == {"max_num_seqs": 32, "logprobs_mode": "processed_logprobs"}
+    result = CliRunner().invoke(serve, ["--logprobs-mode", "cooked"])
+    assert result.exit_code == 2 and "--logprobs-mode" in result.output
+
+
 def test_default_served_name_is_the_model_argument(stubs):
     result = CliRunner().invoke(serve, ["--model", "/models/x.gguf"])
     assert result.exit_code == 0, result.output

@@ -158,6 +158,8 @@ def test_refusals_name_their_field(target: Path) -> None:
     llm = LLM(model=str(target), dtype="bfloat16")
     with pytest.raises(RequestError, match="ignore_eos"):
         llm.engine.add_request("ab", regex(LETTERS, ignore_eos=True))
+    with pytest.raises(RequestError, match="min_tokens"):  # it would forbid the only token left
+        llm.engine.add_request("ab", regex(LETTERS, min_tokens=2))
     with pytest.raises(ValueError, match="regex"):
         StructuredOutputsParams(regex="(ab")
     assert llm.engine.kv.num_used_blocks == 0

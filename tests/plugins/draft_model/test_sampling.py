@@ -95,10 +95,10 @@ def test_a_wrong_q_is_detected(
 
     real = proposer_mod.pick_draft_tokens
 
-    def sharp_q(logits, params, generators, probabilistic):
-        tok, q = real(logits, params, generators, probabilistic)
+    def sharp_q(logits, params, generators, probabilistic, histories=None):
+        tok, q = real(logits, params, generators, probabilistic, histories)
         if q is not None:  # claim the unscaled target distribution (logits / 0.4)
-            _, q = real(logits / 0.4, params, [None] * len(params), probabilistic)
+            _, q = real(logits / 0.4, params, [None] * len(params), probabilistic, histories)
         return tok, q
 
     monkeypatch.setattr(proposer_mod, "pick_draft_tokens", sharp_q)
