@@ -218,9 +218,14 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
     Py_BEGIN_ALLOW_THREADS
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
-    /* four chunks per thread: a thread whose core is busy elsewhere leaves its chunks to
-     * the others instead of holding up the step */
-    dw_parallel_for_grain(nt, tiles, (tiles + 4 * nt - 1) / (4 * nt), run_tiles, &j);
+    /* several chunks per thread: a thread whose core is busy elsewhere leaves its chunks
+     * to the others instead of holding up the step. Four for a decode or verify (a claim
+     * is not free next to a few microseconds of work); sixteen for more rows, where a
+     * chunk is long: the last one is what a thread that finished first waits for, and
+     * a smaller one keeps its tiles in L2 between the 32-row blocks */
+    const int64_t per_thread = m > 8 ? 16 : 4;
+    dw_parallel_for_grain(nt, tiles, (tiles + per_thread * nt - 1) / (per_thread * nt), run_tiles,
+                          &j);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
