@@ -8,6 +8,7 @@
  * exp round differently before the bf16 rounding. Rows are independent: batch-invariant.
  */
 #include "kernels.h"
+#include "threadpool.h"
 
 /* transformers' RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps)); out = bf16(w * y). */
 static void rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows,
@@ -73,8 +74,18 @@ PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 /* out = bf16(bf16(silu(gate)) * up), gate_up = [gate | up] per row. silu(x) uses
  * exp(-|x|) so the exponent never overflows: x / (1 + e) for x >= 0, x e / (1 + e) else. */
-static void silu_mul_rows(const uint16_t *gu, uint16_t *out, int64_t rows, int64_t inter) {
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const uint16_t *gu;
+    uint16_t *out;
+    int64_t inter;
+} silu_job;
+
+static void silu_mul_rows(void *ctx, int64_t begin, int64_t end) {
+    const silu_job *j = ctx;
+    const uint16_t *gu = j->gu;
+    uint16_t *out = j->out;
+    const int64_t inter = j->inter;
+    for (int64_t r = begin; r < end; r++) {
         const uint16_t *g = gu + r * 2 * inter, *u = g + inter;
         uint16_t *o = out + r * inter;
         int64_t c = 0;
@@ -100,9 +111,12 @@ static void silu_mul_rows(const uint16_t *gu, uint16_t *out, int64_t rows, int64
 PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[2];
-    int64_t n[2];
-    if (dw_parse(args, nargs, 4, 2, p, n, "silu_mul") < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS silu_mul_rows(p[0], p[1], n[0], n[1]);
+    int64_t n[3];
+    if (dw_parse(args, nargs, 5, 2, p, n, "silu_mul") < 0) return NULL;
+    silu_job j = {p[0], p[1], n[1]};
+    /* rows split across the pool from a prefill's size on (each row alone is the same) */
+    const int threads = n[0] >= 16 && n[2] > 1 && n[2] < 64 ? (int)n[2] : 1;
+    Py_BEGIN_ALLOW_THREADS dw_parallel_for(threads, n[0], silu_mul_rows, &j);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 

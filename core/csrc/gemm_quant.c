@@ -16,7 +16,7 @@
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
- * grouped up to six at a time only to share the weight decode, never the arithmetic; threads
+ * grouped up to five at a time only to share the weight decode, never the arithmetic; threads
  * split whole tiles. So an output's bits never depend on the row count, the row's
  * position or the thread count.
  */
@@ -121,8 +121,11 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
             float bias[DW_TILE] = {0};
             if (j->bias)
                 for (int n = 0; n < cols; n++) bias[n] = bf16_to_f32(j->bias[col + n]);
-            for (int64_t r = r0; r < r1; r += DW_MAX_ROWS) {
-                const int rows = (int)(r1 - r < DW_MAX_ROWS ? r1 - r : DW_MAX_ROWS);
+            /* the block's rows in passes of as equal a size as DW_MAX_ROWS allows (16 rows:
+             * 4 x 4, not 5 + 5 + 5 + 1: a one-row pass is nearly a whole decode's work) */
+            const int64_t passes = (r1 - r0 + DW_MAX_ROWS - 1) / DW_MAX_ROWS;
+            for (int64_t pi = 0, r = r0; pi < passes; pi++) {
+                const int rows = (int)((r1 - r0) / passes + (pi < (r1 - r0) % passes));
                 const dw_act *x[DW_MAX_ROWS];
                 for (int i = 0; i < rows; i++) x[i] = j->act + (r + i) * j->chunks;
                 float out[DW_MAX_ROWS][DW_TILE];
@@ -136,6 +139,7 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
                         for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(out[i][n] + bias[n]);
                     }
                 }
+                r += rows;
             }
         }
     }
@@ -214,9 +218,14 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
     Py_BEGIN_ALLOW_THREADS
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
-    /* four chunks per thread: a thread whose core is busy elsewhere leaves its chunks to
-     * the others instead of holding up the step */
-    dw_parallel_for_grain(nt, tiles, (tiles + 4 * nt - 1) / (4 * nt), run_tiles, &j);
+    /* several chunks per thread: a thread whose core is busy elsewhere leaves its chunks
+     * to the others instead of holding up the step. Four for a decode or verify (a claim
+     * is not free next to a few microseconds of work); sixteen for more rows, where a
+     * chunk is long: the last one is what a thread that finished first waits for, and
+     * a smaller one keeps its tiles in L2 between the 32-row blocks */
+    const int64_t per_thread = m > 8 ? 16 : 4;
+    dw_parallel_for_grain(nt, tiles, (tiles + per_thread * nt - 1) / (per_thread * nt), run_tiles,
+                          &j);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -1,6 +1,6 @@
 /*
  * The AVX2 tile kernel of the quantized GEMM: the contract of quant.h, eight outputs at
- * a time (one fp32 lane each) and up to six activation rows per pass over a tile.
+ * a time (one fp32 lane each) and up to five activation rows per pass over a tile.
  *
  * Per step (four k of eight outputs, one 32-byte vector of codes decoded with a shift
  * and a mask or two) each row costs one broadcast load, one vpmaddubsw (codes x the
@@ -219,12 +219,20 @@ ALWAYS chunk_scales chunk_of(const int T, const blk_scales *bs, const int c) {
     return r;
 }
 
+/* Per-row state as named variables, one per row (acc0..acc4 and so on), expanded by
+ * FOR_ROWS with the rows past R compiled away: GCC keeps arrays of vectors indexed in
+ * loops on the stack here (every sum a load and a store), named variables in registers. */
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4)
+
 ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t chunks,
                         const dw_act *const *x, float (*out)[DW_TILE]) {
     const int cpb = is_k(T) ? 8 : 1, fl = flush_steps(T), nm = min_terms(T);
     const int64_t tb = (int64_t)DW_TILE * block_bytes(T);
-    __m256 acc[DW_MAX_ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+#define DECL(r)                                                                                   \
+    __m256 acc##r = _mm256_setzero_ps();                                                          \
+    const dw_act *x##r = R > r ? x[r] : NULL;
+    FOR_ROWS(DECL)
+#undef DECL
     /* prefetch whole tile blocks PREFETCH_BYTES ahead: a K-quant block's scales sit at
      * its end (Q6_K, Q3_K, Q2_K), and reading them first defeats the hardware streamer */
     const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
@@ -236,56 +244,66 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
         for (int c = 0; c < cpb; c++) {
             const int64_t ci = bi * cpb + c;
             const chunk_scales cs = chunk_of(T, &bs, c);
-            /* the chunk's eight code vectors first, then each row's steps: written this
-             * way round the compiler keeps one row's sums in registers instead of
-             * spilling four rows' */
-            __m256i v[8], va[8];
+            /* step by step, each decoded code vector applied to every row at once: live
+             * are one code vector and two sums per row, so several rows fit the sixteen
+             * registers (a whole chunk's codes held across the rows would spill) */
+#define DECL(r) __m256i a16_##r = _mm256_setzero_si256(), isum##r = _mm256_setzero_si256();
+            FOR_ROWS(DECL)
+#undef DECL
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
-                v[s] = codes(T, b, c, s);
-                va[s] = T == DW_Q8_0 ? _mm256_abs_epi8(v[s]) : v[s];
+                const __m256i v = codes(T, b, c, s);
+                const __m256i va = T == DW_Q8_0 ? _mm256_abs_epi8(v) : v;
+#define STEP(r)                                                                                   \
+    if (R > r) {                                                                                  \
+        __m256i xb = bcast4(x##r[ci].q + 4 * s);                                                  \
+        if (T == DW_Q8_0) xb = _mm256_sign_epi8(xb, v);                                           \
+        const __m256i prod = _mm256_maddubs_epi16(va, xb);                                        \
+        a16_##r = s % fl == 0 ? prod : _mm256_add_epi16(a16_##r, prod);                           \
+        if ((s + 1) % fl == 0) {                                                                  \
+            const __m256i w = _mm256_madd_epi16(a16_##r, cs.p[s / 4]);                            \
+            isum##r = s + 1 == fl ? w : _mm256_add_epi32(isum##r, w);                             \
+        }                                                                                         \
+    }
+                FOR_ROWS(STEP)
+#undef STEP
             }
-            __m256i isum[DW_MAX_ROWS];
-            for (int r = 0; r < R; r++) {
-                const int8_t *xq = x[r][ci].q;
-                __m256i a16 = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int s = 0; s < 8; s++) {
-                    __m256i xb = bcast4(xq + 4 * s);
-                    if (T == DW_Q8_0) xb = _mm256_sign_epi8(xb, v[s]);
-                    const __m256i prod = _mm256_maddubs_epi16(va[s], xb);
-                    a16 = s % fl == 0 ? prod : _mm256_add_epi16(a16, prod);
-                    if ((s + 1) % fl == 0) {
-                        const __m256i w = _mm256_madd_epi16(a16, cs.p[s / 4]);
-                        isum[r] = s + 1 == fl ? w : _mm256_add_epi32(isum[r], w);
-                    }
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const dw_act *a = x[r] + ci;
-                const __m256 dd = _mm256_mul_ps(bs.d, _mm256_set1_ps(a->d));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
-                if (nm == 1) acc[r] = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[0]), acc[r]);
-                if (nm == 2) {
-                    acc[r] = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[1]), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(cs.m[1], _mm256_set1_ps(a->s[2]), acc[r]);
-                }
-            }
+#define FINISH(r)                                                                                 \
+    if (R > r) {                                                                                  \
+        const dw_act *a = x##r + ci;                                                              \
+        const __m256 dd = _mm256_mul_ps(bs.d, _mm256_set1_ps(a->d));                              \
+        acc##r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum##r), dd, acc##r);                        \
+        if (nm == 1) acc##r = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[0]), acc##r);          \
+        if (nm == 2) {                                                                            \
+            acc##r = _mm256_fmadd_ps(cs.m[0], _mm256_set1_ps(a->s[1]), acc##r);                   \
+            acc##r = _mm256_fmadd_ps(cs.m[1], _mm256_set1_ps(a->s[2]), acc##r);                   \
+        }                                                                                         \
+    }
+            FOR_ROWS(FINISH)
+#undef FINISH
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
+#define STORE(r) if (R > r) _mm256_storeu_ps(out[r], acc##r);
+    FOR_ROWS(STORE)
+#undef STORE
 }
 
+/* one function per row count (inlined into one, the compiler spills across them) */
+#define KERNEL_R(T, R)                                                                            \
+    static TARGET __attribute__((noinline)) void tile_avx2_##T##_##R(                            \
+        const uint8_t *t, int64_t c, const dw_act *const *x, float (*out)[DW_TILE]) {            \
+        tile_kernel(T, R, t, c, x, out);                                                          \
+    }
 #define KERNEL(T)                                                                                 \
-    static TARGET void tile_avx2_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,      \
-                              float (*out)[DW_TILE]) {                                            \
+    KERNEL_R(T, 1) KERNEL_R(T, 2) KERNEL_R(T, 3) KERNEL_R(T, 4) KERNEL_R(T, 5)                    \
+    static TARGET void tile_avx2_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows, \
+                                     float (*out)[DW_TILE]) {                                     \
         switch (rows) {                                                                           \
-        case 1: tile_kernel(T, 1, t, c, x, out); break;                                           \
-        case 2: tile_kernel(T, 2, t, c, x, out); break;                                           \
-        case 3: tile_kernel(T, 3, t, c, x, out); break;                                           \
-        case 4: tile_kernel(T, 4, t, c, x, out); break;                                           \
-        case 5: tile_kernel(T, 5, t, c, x, out); break;                                           \
-        default: tile_kernel(T, 6, t, c, x, out); break;                                          \
+        case 1: tile_avx2_##T##_1(t, c, x, out); break;                                           \
+        case 2: tile_avx2_##T##_2(t, c, x, out); break;                                           \
+        case 3: tile_avx2_##T##_3(t, c, x, out); break;                                           \
+        case 4: tile_avx2_##T##_4(t, c, x, out); break;                                           \
+        default: tile_avx2_##T##_5(t, c, x, out); break;                                          \
         }                                                                                         \
     }
 KERNEL(DW_Q4_0)

@@ -7,14 +7,14 @@ static PyMethodDef methods[] = {
     {"paged_attention", (PyCFunction)(void (*)(void))dw_paged_attention, METH_FASTCALL,
      "paged_attention(q, k, v, out, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, "
      "block_tables, q_stride, k_stride, v_stride, tokens, width, rows, heads, kv_heads, "
-     "head_dim, block_size, window, scale_bits)"},
+     "head_dim, block_size, window, scale_bits, threads)"},
     {"rms_norm", (PyCFunction)(void (*)(void))dw_rms_norm, METH_FASTCALL,
      "rms_norm(x, weight, out, rows, dim, eps_bits): bf16, transformers' rounding"},
     {"add_rms_norm", (PyCFunction)(void (*)(void))dw_add_rms_norm, METH_FASTCALL,
      "add_rms_norm(h, delta, weight, out, rows, dim, eps_bits): delta = h + delta in place, "
      "out = rms_norm(delta)"},
     {"silu_mul", (PyCFunction)(void (*)(void))dw_silu_mul, METH_FASTCALL,
-     "silu_mul(gate_up, out, rows, inter): out = silu(gate) * up, bf16"},
+     "silu_mul(gate_up, out, rows, inter, threads): out = silu(gate) * up, bf16"},
     {"rope", (PyCFunction)(void (*)(void))dw_rope, METH_FASTCALL,
      "rope(x, cos, sin_signed, positions, tokens, heads, head_dim, x_row_stride): in place"},
     {"argmax_f32", (PyCFunction)(void (*)(void))dw_argmax_f32, METH_FASTCALL,

@@ -28,6 +28,7 @@
  * (qsl[r+1] - qsl[r]) of its seq_lens[r] positions.
  */
 #include "kernels.h"
+#include "threadpool.h"
 
 #include <stdlib.h>
 
@@ -379,7 +380,34 @@ static float *scratch_floats(size_t n) {
     return buf;
 }
 
-static int run(const Args *a) {
+/* One job of the pool: items [begin, end) of the (row, kv group) pairs, each computed
+ * whole by one thread with that thread's scratch, so which thread runs it changes no bit. */
+typedef struct {
+    const Args *a;
+    size_t need;
+    int64_t npad, nq, pairs;
+    int failed; /* a scratch allocation failed (written by any thread, read after) */
+} attend_job;
+
+static void attend_items(void *ctx, int64_t begin, int64_t end) {
+    attend_job *j = ctx;
+    const Args *a = j->a;
+    float *buf = scratch_floats(j->need);
+    if (!buf) {
+        j->failed = 1;
+        return;
+    }
+    const int64_t d = a->dim;
+    Scratch w = {.kt2 = (uint32_t *)buf};
+    w.vp2 = w.kt2 + (d / 2 + 1) * j->npad;
+    w.q2 = w.vp2 + j->pairs * d;
+    w.o = (float *)(w.q2 + j->nq * d / 2);
+    w.s = w.o + j->nq * d;
+    w.sp = (uint16_t *)(w.s + j->nq * j->npad);
+    for (int64_t i = begin; i < end; i++) attend_group(a, i / a->kv_heads, i % a->kv_heads, &w);
+}
+
+static int run(const Args *a, int threads) {
     write_kv(a);
     int64_t max_keys = 0, max_q = 0;
     for (int64_t r = 0; r < a->rows; r++) {
@@ -392,24 +420,18 @@ static int run(const Args *a) {
     /* kt2 is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
     const size_t need = (size_t)((d / 2 + 1) * npad + pairs * d + nq * d / 2 + nq * d +
                                  nq * npad + nq * (npad + 4) / 2 + 1);
-    float *buf = scratch_floats(need);
-    if (!buf) return -1;
-    Scratch w = {.kt2 = (uint32_t *)buf};
-    w.vp2 = w.kt2 + (d / 2 + 1) * npad;
-    w.q2 = w.vp2 + pairs * d;
-    w.o = (float *)(w.q2 + nq * d / 2);
-    w.s = w.o + nq * d;
-    w.sp = (uint16_t *)(w.s + nq * npad);
-    for (int64_t r = 0; r < a->rows; r++)
-        for (int64_t g = 0; g < a->kv_heads; g++) attend_group(a, r, g, &w);
-    return 0;
+    attend_job j = {a, need, npad, nq, pairs, 0};
+    /* one item per (row, kv group): a prefill's groups, a batch's rows, split across the
+     * pool (one item at a time: items differ in size by their context lengths) */
+    dw_parallel_for_grain(threads, a->rows * a->kv_heads, 1, attend_items, &j);
+    return j.failed ? -1 : 0;
 }
 
 PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[10];
-    int64_t n[12];
-    if (dw_parse(args, nargs, 22, 10, p, n, "paged_attention") < 0) return NULL;
+    int64_t n[13];
+    if (dw_parse(args, nargs, 23, 10, p, n, "paged_attention") < 0) return NULL;
     Args a = {
         .q = p[0], .k = p[1], .v = p[2], .out = p[3], .kc = p[4], .vc = p[5],
         .slots = p[6], .qsl = p[7], .seq = p[8], .bt = p[9],
@@ -422,8 +444,9 @@ PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
         return NULL;
     }
+    const int threads = n[12] > 0 && n[12] < 64 ? (int)n[12] : 1;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run(&a);
+    Py_BEGIN_ALLOW_THREADS rc = run(&a, threads);
     Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -83,7 +83,7 @@ void dw_quant_act_row(const uint16_t *x, int64_t k, dw_act *out);
 
 /* The tile kernel: 8 outputs x ``rows`` (1..DW_MAX_ROWS) activation rows over the whole
  * K (``chunks`` = k / 32), results to out[r][0..7] (fp32, before the bias). */
-#define DW_MAX_ROWS 6
+#define DW_MAX_ROWS 5
 typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const dw_act *const *x, int rows,
                            float (*out)[DW_TILE]);
 

@@ -176,7 +176,8 @@ void dw_quant_act_row(const uint16_t *x, int64_t k, dw_act *out) {
             uint32_t bits = (uint32_t)x[i] << 16;
             memcpy(&v[i], &bits, sizeof bits);
             bad |= !(fabsf(v[i]) <= 3.402823466e38f); /* inf or NaN */
-            amax = fmaxf(amax, fabsf(v[i]));
+            const float m = fabsf(v[i]);
+            amax = m > amax ? m : amax; /* not fmaxf: a libm call here; NaN is ``bad`` */
         }
         /* a NaN or inf in the block: a NaN scale makes the outputs NaN, as a float GEMM's */
         const float d = bad ? NAN : amax / 127.0f, id = !bad && amax > 0.0f ? 127.0f / amax : 0.0f;

@@ -111,7 +111,9 @@ class LLMEngine:
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
         # as long as the engine: keep it out of the cyclic collector's full passes, which
         # otherwise walk it every few hundred steps (~5% of a decode step's time here).
-        gc.collect()
+        # No full collection first: it found ~20 unreachable objects after a 1.5B load
+        # (freed cycles are rare: refcounting frees the loader's temporaries) and cost
+        # 0.14 s of start-up walking ~190k live ones.
         gc.freeze()
 
     # -- requests -----------------------------------------------------------------------

@@ -103,11 +103,14 @@ class Tokenizer:
         bos_token_id: int | None = None,
         eos_token_ids: Sequence[int] = (),
         pad_token_id: int | None = None,
+        max_token_chars: int | None = None,
     ) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
+        if max_token_chars is not None:  # known from the build (a GGUF's token list)
+            self.__dict__["max_token_chars"] = max_token_chars
 
     @property
     def vocab_size(self) -> int:
@@ -120,7 +123,9 @@ class Tokenizer:
 
         A byte-level entry spells one character per byte, so this bounds the input
         characters one token can cover: the engine's prompt-length check before
-        tokenizing (``draftwise.engine.prompt_char_limit``) rests on it.
+        tokenizing (``draftwise.engine.prompt_char_limit``) rests on it. Read from the
+        backend's vocabulary unless the constructor was told (building that dict for 150k
+        tokens is ~0.35 s of start-up; a GGUF's token list gives it for free).
         """
         vocab = self.backend.get_vocab(with_added_tokens=True)
         return max((len(token) for token in vocab), default=1)
@@ -243,7 +248,9 @@ class Tokenizer:
                 backend, bos if add_bos else None, eos if add_eos else None
             )
         eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
-        return cls(backend, bos, eos_ids, v.optional_id("tokenizer.ggml.padding_token_id", below=n))
+        pad = v.optional_id("tokenizer.ggml.padding_token_id", below=n)
+        # every vocabulary entry, added tokens included, is one of ``spelled``
+        return cls(backend, bos, eos_ids, pad, max(map(len, spelled)))
 
 
 def _is_tokenizers_failure(exc: BaseException) -> bool:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from draftwise.models.batch import ForwardBatch
-from draftwise.models.kernels import KERNELS, f32_bits
+from draftwise.models.kernels import KERNELS, f32_bits, kernel_threads
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
@@ -350,6 +350,7 @@ def _native_attention(
         k_cache.shape[1],
         window or 0,
         f32_bits(scale),
+        kernel_threads(),
     )
     return out
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.models.kernels import KERNELS as _kernels
-from draftwise.models.kernels import f32_bits
+from draftwise.models.kernels import f32_bits, kernel_threads
 
 BF16 = torch.bfloat16
 
@@ -72,7 +72,8 @@ def silu_mul(gate_up: torch.Tensor, native: bool = False) -> torch.Tensor:  # [T
     if native and gate_up.is_contiguous() and gate_up.dtype == BF16:
         assert _kernels is not None
         out = torch.empty((gate_up.shape[0], inter), dtype=gate_up.dtype)
-        _kernels.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter)
+        _kernels.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter,
+                          kernel_threads())
         return out
     return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
 

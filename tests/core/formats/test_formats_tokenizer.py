@@ -103,6 +103,8 @@ def test_tiny_gguf_tokenizer_matches_transformers(tiny_gguf) -> None:
         assert ours.decode(ours.encode(s), skip_special_tokens=False) == s
     assert ours.encode("hello world") == theirs.encode("hello world")
     assert len(ours.encode("hello world")) == 3  # merges applied: hello, Ġ, world
+    # the bound the build is told equals the one read back from the vocabulary
+    assert ours.max_token_chars == max(map(len, ours.backend.get_vocab(with_added_tokens=True)))
 
 
 def test_sentencepiece_gguf_is_refused() -> None:
@@ -222,6 +224,15 @@ def test_encode_matches_the_backend_and_releases_the_gil(default_tokenizers) -> 
     assert len(ids) > 100_000
     # holding the GIL, the ticker would wait the whole encode (measured 0.8 s of 0.8 s)
     assert worst[0] < max(0.5 * seconds, 0.05), (worst[0], seconds)
+
+
+@pytest.mark.default_model
+def test_gguf_max_token_chars_is_the_vocabularys(default_tokenizers) -> None:
+    """A GGUF build is told the bound from its token list: the backend's vocabulary
+    (added tokens included) must give the same number."""
+    ours, _ = default_tokenizers
+    vocab = ours.backend.get_vocab(with_added_tokens=True)
+    assert ours.max_token_chars == max(len(t) for t in vocab)
 
 
 @pytest.mark.default_model

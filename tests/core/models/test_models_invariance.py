@@ -101,6 +101,40 @@ def test_paged_attention_is_batch_invariant(
 
 
 @pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
+def test_native_attention_and_silu_bits_do_not_depend_on_threads() -> None:
+    """The pool splits attention by (row, kv group) and silu_mul by rows: whichever thread
+    computes an item, and however many there are, the bits are the same."""
+    from draftwise.models import kernels
+    from draftwise.models.fused import silu_mul
+
+    torch.manual_seed(1)
+    heads, kv_heads, d, bs, max_len = 8, 2, 64, 16, 400
+    blocks = max_len // bs + 1
+    table_of = {r: list(range(i * blocks, (i + 1) * blocks)) for i, r in enumerate("abc")}
+    k_cache = torch.zeros(3 * blocks, bs, kv_heads, d, dtype=torch.bfloat16)
+    cache = (k_cache, torch.zeros_like(k_cache), table_of,
+             torch.randn(3, max_len, heads * d).bfloat16(),
+             torch.randn(3, max_len, kv_heads * d).bfloat16(),
+             torch.randn(3, max_len, kv_heads * d).bfloat16())
+    rows = {"a": (0, 300), "b": (0, 7), "c": (0, 1)}
+    gate_up = torch.randn(40, 2 * 96).bfloat16()
+    before = kernels._threads
+    try:
+        got = {}
+        for threads in (1, 2, 3):
+            kernels.set_kernel_threads(threads)
+            out = _attention_case(heads, kv_heads, rows, cache, "native")
+            got[threads] = (torch.cat([out[r] for r in "abc"]), silu_mul(gate_up, native=True))
+    finally:
+        kernels.set_kernel_threads(before)
+    for threads in (2, 3):
+        assert torch.equal(got[threads][0], got[1][0]), threads
+        assert torch.equal(got[threads][1], got[1][1]), threads
+    # a row alone (below the split size: one thread) equals its row in a split call
+    assert torch.equal(silu_mul(gate_up[:1], native=True), got[2][1][:1])
+
+
+@pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "d", "window"),
     [(9, 3, 64, None), (4, 4, 128, None), (8, 2, 64, 100), (6, 1, 16, None)],

@@ -157,8 +157,8 @@ def test_row_order_packs_rows_as_reordered() -> None:
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
 def test_rows_never_depend_on_the_batch(scalar: bool) -> None:
-    """Alone, as any slice of a batch (across the 4-row groups and 32-row blocks), with a
-    bias, in bf16 and fp32: the same bits."""
+    """Alone, as any slice of a batch (across the passes of up to five rows, split evenly,
+    and the 32-row blocks), with a bias, in bf16 and fp32: the same bits."""
     fused, _, x = _fused()
     bias = torch.randn(fused.out_features).bfloat16()
     for out_f32 in (False, True):
