@@ -27,6 +27,7 @@ from draftwise.models.batch import ForwardBatch
 from draftwise.request import CompletionOutput, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
+from draftwise.spec_params import SpeculativeParams, check_against
 from draftwise.speculation import Speculation
 from draftwise.text import check_text
 from draftwise.step import StepDrafts, StepOutcome
@@ -147,9 +148,16 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        speculative: SpeculativeParams | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Bad input raises RequestError."""
+        """Validate and queue a request; returns its id. Bad input raises RequestError.
+
+        ``speculative`` narrows speculation for this request only (off, fewer drafts, one
+        chain member, fixed depth, token provenance): ``draftwise.spec_params``.
+        """
         params = params or SamplingParams()
+        if speculative is not None:
+            check_against(speculative, self.spec)
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if req_id in self.scheduler.requests:
             raise RequestError("request_id", f"request id {req_id!r} is already running")
@@ -193,6 +201,10 @@ class LLMEngine:
             raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
         if self.spec is not None:
             req.spec = RequestSpecDecodeMetrics(self.spec.k)
+        if speculative is not None:
+            req.speculative = speculative
+            if speculative.return_provenance:
+                req.provenance = []
         self.scheduler.add(req)
         self.stats.num_prompt_tokens += len(ids)
         return req_id
@@ -373,6 +385,8 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             self._append_tokens(req, toks)
+            if req.provenance is not None:
+                req.provenance += self._provenance(i, drafts, outcome)[: len(req.new_token_ids)]
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             self.scheduler.finish(req, req.status)
@@ -385,6 +399,17 @@ class LLMEngine:
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
         cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
         self.scheduler.commit(req, computed, cacheable)
+
+    def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
+        """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then
+        the target's recovered token (a draft was rejected) or bonus (all held), or
+        ``plain`` when the row verified no drafts."""
+        nd, acc, pid = drafts.num_draft_tokens[i], outcome.num_accepted[i], drafts.owner[i]
+        toks = outcome.output_token_ids[i] or []
+        if nd == 0 or pid is None or self.spec is None:
+            return ["plain"] * len(toks)
+        method = self.spec.drafters[pid].method
+        return [f"accepted:{method}"] * acc + ["bonus" if acc == nd else "recovered"]
 
     def _release_state(self, req_id: str) -> None:
         """A request left the running set (finish, abort, preemption): drop its
@@ -522,7 +547,13 @@ class LLMEngine:
             "num_preemptions": req.num_preemptions,
         }
         if req.spec is not None:
-            out["speculative_decoding"] = req.spec.as_dict()
+            out["speculative_decoding"] = sd = req.spec.as_dict()
+            if req.speculative is not None:
+                sd["request_settings"] = req.speculative.model_dump(exclude_defaults=True)
+            if req.acceptance is not None:
+                sd["adaptive"] = req.acceptance.as_dict()
+        if req.provenance is not None:
+            out["token_provenance"] = list(req.provenance)
         return out
 
     # -- chat -----------------------------------------------------------------------------

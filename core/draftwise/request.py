@@ -12,8 +12,10 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.adaptive import AcceptanceEstimate
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
+    from draftwise.spec_params import SpeculativeParams
 
 
 class RequestStatus(enum.Enum):
@@ -66,6 +68,15 @@ class Request:
     detok_state: Any = None
     #: speculation record; None when the engine runs without a speculative config
     spec: RequestSpecDecodeMetrics | None = None
+    # -- per-request speculation control (draftwise.spec_params, draftwise.adaptive) --
+    #: what the request asked of speculation (None: the server's settings as they are)
+    speculative: SpeculativeParams | None = None
+    #: running acceptance for adaptive depth (None: the engine runs fixed depth)
+    acceptance: AcceptanceEstimate | None = None
+    #: per output token: "accepted:<method>", "recovered", "bonus" or "plain" (None:
+    #: not asked for)
+    provenance: list[str] | None = None
+    # -------------------------------------------------------------------------------
     token_buf: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
     num_prompt_tokens: int = field(init=False)
