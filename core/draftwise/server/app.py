@@ -119,7 +119,7 @@ class CompletionChunks(Chunks):
         resp = CompletionResponse(
             id=self.id, created=self.created, model=self.model,
             choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
-            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+            metrics=self.chunk_metrics(final),
         )
         return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
 
@@ -138,7 +138,7 @@ class ChatChunks(Chunks):
         chunk = ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model,
             choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
-            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+            metrics=self.chunk_metrics(final),
         )
         data = chunk.to_dict(keep_null=("usage",) if self.include_usage else ())
         for choice in data["choices"]:  # OpenAI omits unset delta keys
