@@ -147,7 +147,7 @@ def measure_costs(
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("cost model cache %s unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    grid = [[_time_forward(runner, kv, r, t) for t in tokens] for r in rows]
+    grid = monotone([[_time_forward(runner, kv, r, t) for t in tokens] for r in rows])
     model = CostModel(rows, tokens, grid, source="measured",
                       measure_seconds=time.perf_counter() - start)
     logger.info("cost model: timed %d forwards in %.2f s", len(rows) * len(tokens),
@@ -159,6 +159,19 @@ def measure_costs(
         except OSError as exc:  # a read-only home is not a reason to refuse serving
             logger.warning("cost model not cached at %s: %s", path, exc)
     return model
+
+
+def monotone(grid: list[list[float]]) -> list[list[float]]:
+    """More rows or more tokens never cost less: a point timed low under another process's
+    load is lifted to its smaller neighbours' time (running maximum along both axes)."""
+    out = [list(row) for row in grid]
+    for i, row in enumerate(out):
+        for j in range(len(row)):
+            below = [row[j - 1]] if j else []
+            if i:
+                below.append(out[i - 1][j])
+            row[j] = max([row[j], *below])
+    return out
 
 
 def _time_forward(runner: ModelRunner, kv: KVCacheManager, num_rows: int, per_row: int) -> float:
@@ -215,4 +228,4 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {"path": str(p)}
 
 
-__all__ = ["CostModel", "cache_dir", "measure_costs", "model_identity", "rows_grid"]
+__all__ = ["CostModel", "cache_dir", "measure_costs", "model_identity", "monotone", "rows_grid"]

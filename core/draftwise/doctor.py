@@ -318,9 +318,9 @@ def recommend(config: dict[str, Any], speedups: dict[int, float], per_prompt_bes
 def table(walks: list[Walk], predicted: dict[int, float], measured: dict[int, float]) -> str:
     """The printed table: acceptance per position (deepest walk), then one line per k."""
     deepest = walks[-1].stats
-    lines = ["acceptance per position (k=%d): %s" % (walks[-1].k, ", ".join(
-        f"{r:.3f}" if r is not None else "-" for r in deepest.summary()["acceptance_rate_per_pos"]
-    ))]
+    rates = ", ".join(f"{r:.3f}" if r is not None else "-"
+                      for r in deepest.summary()["acceptance_rate_per_pos"])
+    lines = [f"acceptance per position (k={walks[-1].k}): {rates}"]
     lines.append(f"{'k':>3} {'drafts':>7} {'accepted':>9} {'mean_acc_len':>13} "
                  f"{'predicted':>10} {'measured':>9}")
     for w in walks:

@@ -138,8 +138,8 @@ class Scheduler:
         policy = self.depth_policy
         if policy is None:
             return depths
-        adaptive = [r for r in reqs
-                    if r.speculative is None or r.speculative.adaptive is not False]
+        adaptive = [r for r in reqs if r.speculative is None
+                    or (r.speculative.drafts and r.speculative.adaptive is not False)]
         for r in adaptive:
             if r.acceptance is None:
                 r.acceptance = policy.new_estimate()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-from draftwise.cost_model import CostModel, rows_grid
+from draftwise.cost_model import CostModel, monotone, rows_grid
 
 
 def grid() -> CostModel:
@@ -36,6 +36,10 @@ def test_draft_cost_is_a_weighted_mean() -> None:
     assert cm.draft_seconds_per_token == pytest.approx(0.1)
     cm.observe_draft(0.0, 0)  # nothing asked: nothing learned
     assert cm.draft_seconds_per_token == pytest.approx(0.1)
+
+
+def test_monotone_lifts_points_timed_low() -> None:
+    assert monotone([[1.0, 0.5, 2.0], [0.8, 3.0, 1.0]]) == [[1.0, 1.0, 2.0], [1.0, 3.0, 3.0]]
 
 
 def test_rows_grid() -> None:
