@@ -40,6 +40,8 @@ REPEATS = 3
 #: context each timed row attends over (a typical decode position, well inside any model)
 CONTEXT = 128
 _PROBE_ID = "draftwise-cost-probe"
+#: bumped when what a cached grid means changes (then old files are simply not found)
+CACHE_FORMAT = 1
 
 
 @dataclass(slots=True)
@@ -139,7 +141,9 @@ def measure_costs(
     """Time the forward grid (or read it from the file cache when ``cache_key`` is given)."""
     rows = rows_grid(max_rows)
     tokens = list(range(1, max_k + 2))
-    path = _cache_path({**cache_key, "rows": rows, "tokens": tokens}) if cache_key else None
+    full_key = {**cache_key, "rows": rows, "tokens": tokens, "format": CACHE_FORMAT} \
+        if cache_key else None
+    path = _cache_path(full_key) if full_key else None
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
@@ -155,7 +159,7 @@ def measure_costs(
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"key": cache_key, "seconds": grid}))
+            path.write_text(json.dumps({"key": full_key, "seconds": grid}))
         except OSError as exc:  # a read-only home is not a reason to refuse serving
             logger.warning("cost model not cached at %s: %s", path, exc)
     return model

@@ -67,12 +67,14 @@ def bench(
         },
     }
 
-    def measure(spec: str | None, label: str) -> tuple[list[Any], Any]:
+    def build(spec: str | None) -> Any:
         engine = build_engine(
             model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
         )
         warm_up(engine, items)
-        runs = [run_engine(engine, items, max_tokens, concurrency) for _ in range(repeat)]
+        return engine
+
+    def describe(label: str, spec: str | None, engine: Any, runs: list[Any]) -> list[Any]:
         results, wall = best_of(runs)
         report[label] = {
             "speculative_config": json.loads(spec) if spec else None,
@@ -101,23 +103,37 @@ def bench(
             f"{total['wall_tok_per_s']:.1f} tok/s throughput (concurrency {concurrency})",
             err=True,
         )
-        return results, engine
+        return results
 
+    # every engine is built first and the repeats are interleaved (A B C, A B C, ...), so
+    # a load change on a shared machine lands on every configuration alike
+    configs: list[tuple[str, str | None]] = [("draftwise", speculative_config)]
+    if compare_off and speculative_config:
+        configs.append(("draftwise_spec_off", None))
+        fixed_spec = _without_adaptive(speculative_config)
+        if fixed_spec is not None:  # adaptive: fixed depth side by side in the same run
+            configs.append(("draftwise_fixed_k", fixed_spec))
     try:
-        ours, engine = measure(speculative_config, "draftwise")
-        if compare_off and speculative_config:
-            off, _ = measure(None, "draftwise_spec_off")
+        engines = {label: build(spec) for label, spec in configs}
+        runs: dict[str, list[Any]] = {label: [] for label, _ in configs}
+        for _ in range(repeat):
+            for label, _spec in configs:
+                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency))
+        results = {label: describe(label, spec, engines[label], runs[label])
+                   for label, spec in configs}
+        ours, engine = results["draftwise"], engines["draftwise"]
+        if "draftwise_spec_off" in results:
+            off = results["draftwise_spec_off"]
             report["ratios"] = report.get("ratios", {})
             report["ratios"]["spec_on_vs_off"] = _ratio(report, "draftwise", "draftwise_spec_off")
             report["identical_to_spec_off"] = _identical(ours, off)
-            fixed_spec = _without_adaptive(speculative_config)
-            if fixed_spec is not None:  # adaptive: fixed depth side by side in the same run
-                fixed, _ = measure(fixed_spec, "draftwise_fixed_k")
+            if "draftwise_fixed_k" in results:
                 report["ratios"]["fixed_k_vs_off"] = _ratio(
                     report, "draftwise_fixed_k", "draftwise_spec_off")
                 report["ratios"]["adaptive_vs_fixed_k"] = _ratio(
                     report, "draftwise", "draftwise_fixed_k")
-                report["identical_fixed_k_to_spec_off"] = _identical(fixed, off)
+                report["identical_fixed_k_to_spec_off"] = _identical(
+                    results["draftwise_fixed_k"], off)
             _per_prompt_ratios(report)
             for name, value in report["ratios"].items():
                 click.echo(f"ratio {name}: {value['all']:.2f}x", err=True)
