@@ -126,3 +126,32 @@ def test_provenance_sums_equal_the_metrics(adaptive: LLM, plain: list[list[int]]
         assert counts["bonus"] >= sd["acceptance_histogram"][4]  # every full accept ends so
     total = Counter(t for o in outs for t in o.metrics["token_provenance"])
     assert total["accepted:ngram"] > 0
+
+
+def test_chain_with_adaptive_and_per_request_member(tiny: Path, plain: list[list[int]]) -> None:
+    chain = {"num_speculative_tokens": 3, "draftwise": {
+        "adaptive": {"cost_cache": False},
+        "drafter_chain": [{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+                          {"method": "draft_model", "model": str(tiny)}]}}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=chain, max_num_seqs=8)
+    for member in ("ngram", "draft_model", None):
+        ask = SpeculativeParams(method=member, return_provenance=True)
+        outs = llm.generate(prompts(), greedy(), speculative=ask)
+        assert [o.outputs[0].token_ids for o in outs] == plain
+        used = {t for o in outs for t in o.metrics["token_provenance"] if t.startswith("acc")}
+        if member is not None:
+            assert used <= {f"accepted:{member}"}
+    assert llm.engine.spec.num_tracked_requests == 0
+
+
+def test_batch_size_schedule_caps_adaptive(tiny: Path, plain: list[list[int]]) -> None:
+    cfg = {**ADAPTIVE, "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 8, 1]]}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    outs = llm.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    # five requests run together until the last ones finish: with more than one running,
+    # no step verifies more than one draft; alone, up to the full depth
+    per_pos = llm.engine.spec.metrics.num_draft_tokens_per_pos
+    assert per_pos[0] > 0 and per_pos[1] <= per_pos[0]
+    for o in outs[:3]:  # finished while all were running: capped at 1
+        assert sum(o.metrics["speculative_decoding"]["acceptance_histogram"][2:]) == 0
