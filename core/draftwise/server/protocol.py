@@ -124,7 +124,8 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
             out.append(("suffix", "suffix (insertion) is not implemented"))
     if isinstance(req, ChatCompletionRequest):
         if req.logprobs or req.top_logprobs:
-            out.append(("logprobs", "logprobs are not implemented"))
+            out.append(("logprobs" if req.logprobs else "top_logprobs",
+                        "logprobs are not implemented"))
         if req.tools:
             out.append(("tools", "tool calling is not implemented"))
         if req.response_format and req.response_format.get("type", "text") != "text":
