@@ -2,8 +2,9 @@
 
 Each request keeps an exponentially weighted acceptance rate per draft position,
 conditional on the position being reached (position j is observed only when the drafts
-before it were all accepted), and the fraction of asked steps on which its drafter
-produced anything at all (an n-gram lookup often finds nothing, and then costs nothing).
+before it were all accepted), and per position how often its drafter actually produced a
+draft there when asked to go that deep (an n-gram lookup often finds nothing, or a
+shorter match than asked for; a draft never made costs no forward time).
 With rates p_1..p_k the expected output of a row verifying k drafts is
 
     E(k) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_k
@@ -39,8 +40,8 @@ class AcceptanceEstimate:
 
     #: ``[K]`` conditional acceptance rate at each draft position
     rates: list[float]
-    #: fraction of asked steps on which a draft came back
-    draft_rate: float = 1.0
+    #: ``[K]`` chance a draft comes back at position j when the row may draft that deep
+    draft_rates: list[float] = field(default_factory=list)
     #: consecutive steps this request was left at k = 0 while it could have drafted
     steps_off: int = 0
     #: the depth chosen for its last decode step
@@ -48,9 +49,16 @@ class AcceptanceEstimate:
     #: steps it verified drafts on / probe drafts it was given
     num_probes: int = 0
 
-    def observe(self, weight: float, num_drafted: int, num_accepted: int) -> None:
-        """One step that asked for drafts: ``num_drafted`` came, ``num_accepted`` held."""
-        self.draft_rate += weight * (float(num_drafted > 0) - self.draft_rate)
+    def __post_init__(self) -> None:
+        if not self.draft_rates:
+            self.draft_rates = [1.0] * len(self.rates)
+
+    def observe(self, weight: float, num_asked: int, num_drafted: int, num_accepted: int
+                ) -> None:
+        """One step that let the row draft ``num_asked``: ``num_drafted`` came,
+        ``num_accepted`` held."""
+        for j in range(min(num_asked, len(self.draft_rates))):
+            self.draft_rates[j] += weight * (float(j < num_drafted) - self.draft_rates[j])
         for j in range(min(num_accepted + 1, num_drafted)):
             self.rates[j] += weight * (float(j < num_accepted) - self.rates[j])
 
@@ -66,7 +74,7 @@ class AcceptanceEstimate:
         """For per-request metrics."""
         return {
             "acceptance_rate_per_pos": [round(p, 4) for p in self.rates],
-            "draft_rate": round(self.draft_rate, 4),
+            "draft_rate_per_pos": [round(d, 4) for d in self.draft_rates],
             "last_k": self.last_k,
             "num_probes": self.num_probes,
         }
@@ -74,7 +82,7 @@ class AcceptanceEstimate:
 
 def choose_depths(
     rates: Sequence[Sequence[float]],
-    draft_rates: Sequence[float],
+    draft_rates: Sequence[Sequence[float]],
     caps: Sequence[int],
     step_seconds: Callable[[float], float],
     draft_seconds_per_token: float = 0.0,
@@ -82,29 +90,28 @@ def choose_depths(
     """Each row's k in ``0..caps[i]`` maximising expected tokens per second of the step.
 
     :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
-    :param draft_rates: per row, the chance a draft comes back when asked.
+    :param draft_rates: per row and position, the chance a draft comes back there.
     :param step_seconds: forward seconds of this batch given its total (expected) tokens.
     :param draft_seconds_per_token: proposing cost per draft token.
 
     Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
     j) for one token of forward, so the best allocation of any n draft tokens takes the n
     largest ``c_ij``; the best n is found by walking them in order. Scaling both the gain
-    and the tokens by the row's draft rate keeps the order and prices in the steps on
-    which the drafter finds nothing.
+    and the tokens of position j by the chance ``d_ij`` that a draft is made there keeps
+    the order and prices in the drafts the drafter does not make.
     """
     num_rows = len(caps)
-    cands: list[tuple[float, int]] = []
+    cands: list[tuple[float, int, float]] = []
     for i, cap in enumerate(caps):
         cum = 1.0
         for j in range(cap):
             cum *= min(1.0, max(0.0, rates[i][j]))
-            cands.append((cum, i))
+            cands.append((cum, i, max(0.0, min(1.0, draft_rates[i][j]))))
     cands.sort(key=lambda c: -c[0])  # stable: a row's positions stay in order
     gain = tokens = float(num_rows)
     drafted = 0.0
     best, best_n = gain / max(step_seconds(tokens), 1e-12), 0
-    for n, (cum, i) in enumerate(cands, 1):
-        d = max(0.0, min(1.0, draft_rates[i]))
+    for n, (cum, _i, d) in enumerate(cands, 1):
         gain += d * cum
         tokens += d
         drafted += d
@@ -113,7 +120,7 @@ def choose_depths(
         if tput > best * (1.0 + MIN_GAIN):
             best, best_n = tput, n
     ks = [0] * num_rows
-    for _, i in cands[:best_n]:
+    for _, i, _d in cands[:best_n]:
         ks[i] += 1
     return ks
 
@@ -134,20 +141,22 @@ class DepthPolicy:
     def new_estimate(self) -> AcceptanceEstimate:
         """A fresh request's estimate, starting from what the population showed so far."""
         pop = self.population
-        return AcceptanceEstimate(list(pop.rates), pop.draft_rate)
+        return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
 
-    def observe(self, est: AcceptanceEstimate, num_drafted: int, num_accepted: int) -> None:
-        """A step that asked the row for drafts: update its estimate and the population's."""
+    def observe(
+        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int
+    ) -> None:
+        """A step that let the row draft: update its estimate and the population's."""
         w = self.config.ew_weight
-        est.observe(w, num_drafted, num_accepted)
+        est.observe(w, num_asked, num_drafted, num_accepted)
         # the population moves slower: it summarises many requests
-        self.population.observe(w / 4, num_drafted, num_accepted)
+        self.population.observe(w / 4, num_asked, num_drafted, num_accepted)
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
         num_rows = len(caps)
         ks = choose_depths(
-            [e.rates for e in estimates], [e.draft_rate for e in estimates], caps,
+            [e.rates for e in estimates], [e.draft_rates for e in estimates], caps,
             lambda tokens: self.cost.step_seconds(num_rows, tokens),
             self.cost.draft_seconds_per_token,
         )

@@ -291,7 +291,7 @@ class Speculation:
             toks = outcome.output_token_ids[i]
             est = row.request.acceptance
             if self.policy is not None and est is not None and row.max_draft and toks is not None:
-                self.policy.observe(est, nd, outcome.num_accepted[i])
+                self.policy.observe(est, row.max_draft, nd, outcome.num_accepted[i])
             if pid is None or nd == 0 or toks is None:
                 continue
             acc = outcome.num_accepted[i]

@@ -155,3 +155,33 @@ def test_batch_size_schedule_caps_adaptive(tiny: Path, plain: list[list[int]]) -
     assert per_pos[0] > 0 and per_pos[1] <= per_pos[0]
     for o in outs[:3]:  # finished while all were running: capped at 1
         assert sum(o.metrics["speculative_decoding"]["acceptance_histogram"][2:]) == 0
+
+
+def sampled_triples(tiny: Path, config: dict | None, n: int, seed: int) -> tuple[Counter, LLM]:
+    """Joint counts of the first three sampled tokens over ``n`` seeded requests."""
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
+                             ignore_eos=True) for i in range(n)]
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[0]}] * n, params)
+    return Counter(tuple(o.outputs[0].token_ids[:3]) for o in outs), llm
+
+
+def test_adaptive_sampling_keeps_the_distribution(tiny: Path, tmp_path: Path) -> None:
+    """Depth chosen from each request's own (random) history must not bias what is sampled:
+    the joint law of the first three tokens equals speculation off (chi-square). The draft
+    is a different tiny model sampling its own q, so rejection sampling really rejects."""
+    from stats import CHI2_9999, chi2_two_sample
+
+    draft = save_tiny("llama", tmp_path / "draft", seed=3, std=0.1)
+    n = 2000
+    off, _ = sampled_triples(tiny, None, n, seed=1)
+    cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
+           "draft_sample_method": "probabilistic",
+           "draftwise": {"adaptive": {"prior": 0.9, "probe_interval": 1, "cost_cache": False}}}
+    on, llm = sampled_triples(tiny, cfg, n, seed=2)
+    m = llm.engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # it drafted, and some failed
+    # (which depths adaptive picks depends on this machine's measured costs; whatever they
+    # are, each is a function of the request's past, and the law must not move)
+    stat, dof = chi2_two_sample(off, on)
+    assert stat < CHI2_9999[dof], (stat, dof)

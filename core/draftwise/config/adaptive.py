@@ -25,14 +25,15 @@ class AdaptiveConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     #: weight of the newest observation in each request's running acceptance per position
-    ew_weight: float = Field(0.3, gt=0.0, le=1.0)
+    ew_weight: float = Field(0.25, gt=0.0, le=1.0)
     #: acceptance per position assumed before anything was observed (engine-wide
     #: estimates then take over: a new request starts from the population's rates)
     prior: float = Field(0.6, ge=0.0, le=1.0)
     #: steps a request spends at k = 0 before it is given a probe draft again
-    probe_interval: int = Field(8, ge=1, le=1_000_000)
-    #: drafts a probe verifies (cut to the request's limit)
-    probe_depth: int = Field(2, ge=1, le=128)
+    probe_interval: int = Field(16, ge=1, le=1_000_000)
+    #: drafts a probe verifies (cut to the request's limit); one is enough to see whether
+    #: the text turned predictable, and the rule takes it deeper from there
+    probe_depth: int = Field(1, ge=1, le=128)
     #: keep the measured cost model in a file cache (per model, dtype, threads, k grid)
     cost_cache: bool = True
     #: batch sizes the cost model times beyond which it extrapolates linearly
