@@ -35,13 +35,13 @@ logger = logging.getLogger("draftwise.cost_model")
 
 #: weight of the newest step in the drafters' cost per token
 DRAFT_COST_WEIGHT = 0.1
-#: timed forwards per grid point (the minimum is kept: other load only adds time)
-REPEATS = 3
+#: timed passes over the grid (each point's minimum is kept: other load only adds time)
+REPEATS = 4
 #: context each timed row attends over (a typical decode position, well inside any model)
 CONTEXT = 128
 _PROBE_ID = "draftwise-cost-probe"
 #: bumped when what a cached grid means changes (then old files are simply not found)
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 @dataclass(slots=True)
@@ -151,7 +151,7 @@ def measure_costs(
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("cost model cache %s unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    grid = monotone([[_time_forward(runner, kv, r, t) for t in tokens] for r in rows])
+    grid = monotone(_time_grid(runner, kv, rows, tokens))
     model = CostModel(rows, tokens, grid, source="measured",
                       measure_seconds=time.perf_counter() - start)
     logger.info("cost model: timed %d forwards in %.2f s", len(rows) * len(tokens),
@@ -178,27 +178,44 @@ def monotone(grid: list[list[float]]) -> list[list[float]]:
     return out
 
 
-def _time_forward(runner: ModelRunner, kv: KVCacheManager, num_rows: int, per_row: int) -> float:
-    """Min seconds of a forward over ``num_rows`` x ``per_row`` tokens at a decode position."""
+def _time_grid(
+    runner: ModelRunner, kv: KVCacheManager, rows: list[int], tokens: list[int]
+) -> list[list[float]]:
+    """Min seconds per grid point over ``REPEATS`` passes of the whole grid.
+
+    The passes go over every point in turn rather than repeating one point at a time, so a
+    burst of another process's load lands on different points in different passes and the
+    minimum of each point escapes it. The first pass only warms the kernels' buffers.
+    """
     recurrent = runner.has_recurrent_state
     start = 0 if recurrent else CONTEXT
-    ids = [f"{_PROBE_ID}-{i}" for i in range(num_rows)]
+    ids = [f"{_PROBE_ID}-{i}" for i in range(max(rows))]
+    best = [[float("inf")] * len(tokens) for _ in rows]
     try:
         for req_id in ids:
-            if not kv.allocate_slots(req_id, start + per_row):
-                raise RuntimeError("the KV pool cannot hold the cost model's timing batch")
+            if not kv.allocate_slots(req_id, start + max(tokens)):
+                from draftwise.errors import EngineConfigError
+
+                raise EngineConfigError(
+                    f"adaptive depth's cost model times batches of up to {max(rows)} rows "
+                    f"of {start + max(tokens)} positions, which the KV pool "
+                    f"({kv.capacity} blocks) cannot hold; lower "
+                    "draftwise.adaptive.max_measured_rows or raise num_kv_blocks"
+                )
         tables = [kv.block_table(r) for r in ids]
-        best = float("inf")
-        for _ in range(REPEATS + 1):  # the first run warms the kernels' buffers
-            batch = runner.build(
-                [[1] * per_row for _ in ids], [start] * num_rows, tables,
-                [list(range(per_row)) for _ in ids], (), ids,
-            )
-            t0 = time.perf_counter()
-            runner.forward(batch)
-            best = min(best, time.perf_counter() - t0)
-            for req_id in ids:  # a recurrent row restarts from zero state each run
-                runner.release(req_id)
+        for rep in range(REPEATS + 1):
+            for i, r in enumerate(rows):
+                for j, t in enumerate(tokens):
+                    batch = runner.build(
+                        [[1] * t for _ in range(r)], [start] * r, tables[:r],
+                        [list(range(t)) for _ in range(r)], (), ids[:r],
+                    )
+                    t0 = time.perf_counter()
+                    runner.forward(batch)
+                    if rep:
+                        best[i][j] = min(best[i][j], time.perf_counter() - t0)
+                    for req_id in ids[:r]:  # a recurrent row restarts from zero state
+                        runner.release(req_id)
         return best
     finally:
         for req_id in ids:

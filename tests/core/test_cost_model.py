@@ -60,3 +60,15 @@ def test_measured_on_a_tiny_model_and_cached(tmp_path: Path, monkeypatch) -> Non
     again = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=2)
     assert again.engine.spec.policy.cost.source == "cache"
     assert again.engine.spec.policy.cost.seconds == cost.seconds
+
+
+def test_pool_too_small_for_the_timing_batch_is_refused_by_name(tmp_path: Path) -> None:
+    from draftwise import LLM
+    from draftwise.errors import EngineConfigError
+
+    path = save_tiny("llama", tmp_path / "m", seed=1)
+    sc = {"method": "ngram", "num_speculative_tokens": 2,
+          "draftwise": {"adaptive": {"cost_cache": False}}}
+    with pytest.raises(EngineConfigError, match="max_measured_rows"):
+        LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=4,
+            max_model_len=64, block_size=16, num_kv_blocks=8)
