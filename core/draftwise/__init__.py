@@ -2,7 +2,7 @@
 
 Public surface::
 
-    from draftwise import LLM, EngineArgs, LLMEngine, SamplingParams, hookimpl
+    from draftwise import LLM, EngineArgs, LLMEngine, SamplingParams, SpeculativeParams, hookimpl
 """
 
 from __future__ import annotations
@@ -16,19 +16,24 @@ __version__ = "0.1.0"
 #: plugins decorate their hook implementations with this marker
 hookimpl = pluggy.HookimplMarker("draftwise")
 
-__all__ = ["LLM", "EngineArgs", "LLMEngine", "SamplingParams", "__version__", "hookimpl"]
+__all__ = [
+    "LLM", "EngineArgs", "LLMEngine", "SamplingParams", "SpeculativeParams", "__version__",
+    "hookimpl",
+]
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
     from draftwise.llm import LLM
     from draftwise.sampling import SamplingParams
+    from draftwise.spec_params import SpeculativeParams
 
 _LAZY = {
     "LLM": "draftwise.llm",
     "LLMEngine": "draftwise.engine",
     "EngineArgs": "draftwise.engine_args",
     "SamplingParams": "draftwise.sampling",
+    "SpeculativeParams": "draftwise.spec_params",
 }
 
 

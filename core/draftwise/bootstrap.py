@@ -26,6 +26,7 @@ from draftwise.runner import ModelRunner, kv_bytes_per_token
 from draftwise.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from draftwise.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.draft_stage import DetectedDraft
     from draftwise.models.loader import LoadedModel
@@ -150,6 +151,37 @@ def size_kv_cache(
     return blocks
 
 
+def build_depth_policy(
+    spec_config: ResolvedSpeculativeConfig,
+    runner: ModelRunner,
+    kv: KVCacheManager,
+    args: EngineArgs,
+    threads: int,
+    k: int,
+) -> DepthPolicy:
+    """Adaptive depth over a cost model timed on this machine (or read from its cache)."""
+    from draftwise.adaptive import DepthPolicy
+    from draftwise.cost_model import measure_costs, model_identity
+
+    settings = spec_config.adaptive
+    if settings is None:
+        raise ValueError("build_depth_policy needs a config with adaptive settings")
+    model = runner.model
+    key = None
+    if settings.cost_cache:
+        key = {
+            "model": model_identity(runner.loaded.path),
+            "dtype": str(next(model.parameters()).dtype),
+            "threads": threads,
+            "backend": str(getattr(model, "weight_backend", "dense")),
+            "attention": str(getattr(model, "attention_backend", "torch")),
+            "block_size": args.block_size,
+        }
+    rows = min(args.max_num_seqs, settings.max_measured_rows)
+    cost = measure_costs(runner, kv, k, rows, cache_key=key)
+    return DepthPolicy(settings, k, cost)
+
+
 def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
     """Config, draft detection, target weights, draft weights, one KV pool, proposers."""
     from draftwise.config import parse_speculative_config
@@ -206,4 +238,7 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
             spec_config, detected, drafts, registry, loaded,
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
         )
+        if spec_config.adaptive is not None:
+            policy = build_depth_policy(spec_config, runner, kv, args, threads, k)
+            speculation.policy = scheduler.depth_policy = policy
     return EngineParts(spec_config, loaded, runner, kv, scheduler, max_model_len, speculation)

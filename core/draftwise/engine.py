@@ -32,6 +32,7 @@ from draftwise.parallel import ParentRequest, child_params
 from draftwise.request import Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
+from draftwise.spec_params import SpeculativeParams, check_against
 from draftwise.speculation import Speculation
 from draftwise.step import StepDrafts, StepOutcome
 from draftwise.stopping import append_tokens
@@ -172,9 +173,19 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        speculative: SpeculativeParams | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Bad input raises RequestError."""
+        """Validate and queue a request; returns its id. Bad input raises RequestError.
+
+        ``speculative`` narrows speculation for this request only (off, fewer drafts, one
+        chain member, fixed depth, token provenance): ``draftwise.spec_params``.
+        """
         params = params or SamplingParams()
+        if speculative is not None:
+            check_against(speculative, self.spec)
+            if speculative.return_provenance and params.n > 1:
+                raise RequestError("speculative.return_provenance", "token provenance is "
+                                   "per completion and n > 1 returns several; ask with n=1")
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if req_id in self.scheduler.requests or req_id in self._parents:
             raise RequestError("request_id", f"request id {req_id!r} is already running")
@@ -191,11 +202,12 @@ class LLMEngine:
             )
         self.stats.num_prompt_tokens += len(ids)
         if params.n == 1:
-            self.scheduler.add(self._new_request(req_id, text, ids, params, bad_words))
+            self.scheduler.add(
+                self._new_request(req_id, text, ids, params, bad_words, speculative))
             return req_id
         parent = ParentRequest(req_id)
         for i, child in enumerate(child_params(params)):
-            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words)
+            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words, speculative)
             req.parent, req.index = parent, i
             parent.children.append(req)
         self._parents[req_id] = parent
@@ -210,7 +222,7 @@ class LLMEngine:
 
     def _new_request(
         self, req_id: str, text: str | None, ids: list[int], params: SamplingParams,
-        bad_words: tuple[tuple[int, ...], ...],
+        bad_words: tuple[tuple[int, ...], ...], speculative: SpeculativeParams | None,
     ) -> Request:
         """A checked request's state: its generator, detokenizer and records."""
         if req_id in self.scheduler.requests or req_id in self._parents:
@@ -238,6 +250,10 @@ class LLMEngine:
             req.detok_state = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         if self.spec is not None:
             req.spec = RequestSpecDecodeMetrics(self.spec.k)
+        if speculative is not None:
+            req.speculative = speculative
+            if speculative.return_provenance:
+                req.provenance = []
         return req
 
     def _release_pending(self, parent: ParentRequest) -> None:
@@ -490,6 +506,8 @@ class LLMEngine:
             if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
                 outcome.output_token_ids[i] = toks[:kept]
                 outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
+            if req.provenance is not None:
+                req.provenance += self._provenance(i, drafts, outcome)[:kept]
             lps = outcome.logprobs[i] if outcome.logprobs else None
             if lps is not None:
                 kept_lps = lps[:kept]
@@ -508,6 +526,17 @@ class LLMEngine:
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
         cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
         self.scheduler.commit(req, computed, cacheable)
+
+    def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
+        """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then
+        the target's recovered token (a draft was rejected) or bonus (all held), or
+        ``plain`` when the row verified no drafts."""
+        nd, acc, pid = drafts.num_draft_tokens[i], outcome.num_accepted[i], drafts.owner[i]
+        toks = outcome.output_token_ids[i] or []
+        if nd == 0 or pid is None or self.spec is None:
+            return ["plain"] * len(toks)
+        method = self.spec.drafters[pid].method
+        return [f"accepted:{method}"] * acc + ["bonus" if acc == nd else "recovered"]
 
     def _release_state(self, req_id: str) -> None:
         """A request left the running set (finish, abort, preemption): drop its

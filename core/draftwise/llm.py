@@ -15,6 +15,7 @@ from draftwise.engine import LLMEngine, PromptType
 from draftwise.engine_args import EngineArgs
 from draftwise.request import RequestOutput
 from draftwise.sampling import SamplingParams
+from draftwise.spec_params import SpeculativeParams
 
 Message = dict[str, Any]
 
@@ -43,8 +44,12 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: SpeculativeParams | Sequence[SpeculativeParams | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion with continuous batching; outputs in input order."""
+        """Run every prompt to completion with continuous batching; outputs in input order.
+
+        ``speculative``: per-request speculation settings, one for all or one per prompt.
+        """
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -58,7 +63,17 @@ class LLM:
                 raise ValueError(
                     f"{len(params_list)} sampling params for {len(prompt_list)} prompts"
                 )
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompt_list, params_list)]
+        if speculative is None or isinstance(speculative, SpeculativeParams):
+            spec_list: list[SpeculativeParams | None] = [speculative] * len(prompt_list)
+        else:
+            spec_list = list(speculative)
+            if len(spec_list) != len(prompt_list):
+                raise ValueError(f"{len(spec_list)} speculative params for {len(prompt_list)} "
+                                 "prompts")
+        ids = [
+            self.engine.add_request(p, sp, speculative=s)
+            for p, sp, s in zip(prompt_list, params_list, spec_list)
+        ]
         return self._run(ids)
 
     def chat(
@@ -66,6 +81,7 @@ class LLM:
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
+        speculative: SpeculativeParams | Sequence[SpeculativeParams | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
         conversations: list[list[Message]]
@@ -77,7 +93,7 @@ class LLM:
             {"prompt_token_ids": self.engine.apply_chat_template(c, add_generation_prompt)}
             for c in conversations
         ]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, speculative)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         """Step until the given requests finish; other queued requests keep running too."""

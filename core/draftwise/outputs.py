@@ -81,7 +81,13 @@ def request_metrics(req: Request) -> dict[str, Any]:
         "num_preemptions": req.num_preemptions,
     }
     if req.spec is not None:
-        out["speculative_decoding"] = req.spec.as_dict()
+        out["speculative_decoding"] = sd = req.spec.as_dict()
+        if req.speculative is not None:
+            sd["request_settings"] = req.speculative.model_dump(exclude_defaults=True)
+        if req.acceptance is not None:
+            sd["adaptive"] = req.acceptance.as_dict()
+    if req.provenance is not None:
+        out["token_provenance"] = list(req.provenance)
     return out
 
 

@@ -12,10 +12,12 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from draftwise.adaptive import AcceptanceEstimate
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.parallel import ParentRequest
     from draftwise.sampling import SamplingParams
+    from draftwise.spec_params import SpeculativeParams
     from draftwise.structured.matcher import GrammarMatcher
 
 
@@ -79,6 +81,15 @@ class Request:
     spec: RequestSpecDecodeMetrics | None = None
     #: structured output: the grammar state after the committed tokens; None: no grammar
     grammar: GrammarMatcher | None = None
+    # -- per-request speculation control (draftwise.spec_params, draftwise.adaptive) --
+    #: what the request asked of speculation (None: the server's settings as they are)
+    speculative: SpeculativeParams | None = None
+    #: running acceptance for adaptive depth (None: the engine runs fixed depth)
+    acceptance: AcceptanceEstimate | None = None
+    #: per output token: "accepted:<method>", "recovered", "bonus" or "plain" (None:
+    #: not asked for)
+    provenance: list[str] | None = None
+    # -------------------------------------------------------------------------------
     token_buf: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from draftwise.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from draftwise.adaptive import DepthPolicy
     from draftwise.cache.manager import KVCacheManager
 
 
@@ -64,6 +65,7 @@ class Scheduler:
         num_spec_tokens: int = 0,
         k_for_batch: Callable[[int], int] | None = None,
         enable_chunked_prefill: bool = True,
+        depth_policy: DepthPolicy | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -74,6 +76,8 @@ class Scheduler:
         #: batch holds n running requests (None: always ``num_spec_tokens``)
         self.k_for_batch = k_for_batch
         self.enable_chunked_prefill = enable_chunked_prefill
+        #: adaptive depth: picks each decode row's k within its cap (None: the cap)
+        self.depth_policy = depth_policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -115,6 +119,37 @@ class Scheduler:
             return self.num_spec_tokens
         return max(0, min(self.num_spec_tokens, self.k_for_batch(len(self.running))))
 
+    def _cap(self, req: Request, k: int) -> int:
+        """The most drafts a decode row may verify this step: the step's k, narrowed by
+        the request's own settings, its remaining output and the context."""
+        if req.speculative is not None:
+            k = req.speculative.cap(k)
+        remaining_output = req.params.max_tokens - req.num_output_tokens
+        room = self.max_model_len - req.num_tokens
+        return max(0, min(k, remaining_output - 1, room - 1))
+
+    def _depths(self, k: int) -> dict[str, int]:
+        """Each decoding request's k for this step: its cap, then adaptive depth's choice
+        for the rows that use it (one decision for the whole batch, made here only)."""
+        if k == 0:
+            return {}
+        reqs = [r for r in self.running if r.is_decoding]
+        depths = {r.req_id: self._cap(r, k) for r in reqs}
+        policy = self.depth_policy
+        if policy is None:
+            return depths
+        adaptive = [r for r in reqs if r.speculative is None
+                    or (r.speculative.drafts and r.speculative.adaptive is not False)]
+        for r in adaptive:
+            if r.acceptance is None:
+                r.acceptance = policy.new_estimate()
+        chosen = policy.choose(
+            [r.acceptance for r in adaptive if r.acceptance is not None],
+            [depths[r.req_id] for r in adaptive],
+        )
+        depths.update((r.req_id, n) for r, n in zip(adaptive, chosen))
+        return depths
+
     def _draft_slots(self, req: Request, budget_left: int, k: int) -> int:
         """How many draft tokens this decode row may get: k, cut by budget and lengths."""
         if k == 0:
@@ -138,13 +173,16 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
-        k = self.step_k()
+        depths = self._depths(self.step_k())
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            drafts = self._draft_slots(req, budget - 1, k) if req.is_decoding else 0
+            drafts = (
+                self._draft_slots(req, budget - 1, depths.get(req.req_id, 0))
+                if req.is_decoding else 0
+            )
             while not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new + drafts):
                 victim = self.running[-1]
                 self._preempt(victim, out)

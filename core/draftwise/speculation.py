@@ -20,6 +20,7 @@ Proposing reads this state and changes none of it; :meth:`Speculation.commit_row
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, Reports
 from draftwise.step import StepDrafts, StepOutcome
 
 if TYPE_CHECKING:
+    from draftwise.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.scheduler import ScheduledRow
 
@@ -89,6 +91,9 @@ class Speculation:
         self.logging = SpecDecodingLogging()
         #: called with each step's stats (the server's Prometheus counters subscribe here)
         self.observers: list[Callable[[SpecDecodingStats], None]] = []
+        #: adaptive depth (``"draftwise": {"adaptive": ...}``), set by bootstrap once the
+        #: cost model is measured; None: fixed depth
+        self.policy: DepthPolicy | None = None
 
     @property
     def proposers(self) -> list[Proposer]:
@@ -107,10 +112,12 @@ class Speculation:
         for row in rows:
             self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
+        t0, num_asked = time.perf_counter(), sum(r.max_draft for r in rows)
         for pid, drafter in enumerate(self.drafters):
             if not pending:
                 break
-            asked = [i for i in pending if self._room(drafter, rows[i]) > 0]
+            asked = [i for i in pending
+                     if self._room(drafter, rows[i]) > 0 and _may_use(drafter, rows[i])]
             if not asked:
                 continue
             batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in asked])
@@ -129,6 +136,8 @@ class Speculation:
                 if out.draft_probs is not None:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
+        if self.policy is not None:
+            self.policy.cost.observe_draft(time.perf_counter() - t0, num_asked)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
@@ -283,6 +292,9 @@ class Speculation:
         for i, row in enumerate(rows):
             pid, nd = drafts.owner[i], drafts.num_draft_tokens[i]
             toks = outcome.output_token_ids[i]
+            est = row.request.acceptance
+            if self.policy is not None and est is not None and row.max_draft and toks is not None:
+                self.policy.observe(est, row.max_draft, nd, outcome.num_accepted[i])
             if pid is None or nd == 0 or toks is None:
                 continue
             acc = outcome.num_accepted[i]
@@ -327,6 +339,12 @@ class Speculation:
         return len(self._states)
 
 
+def _may_use(drafter: Drafter, row: ScheduledRow) -> bool:
+    """Whether the row's request lets this chain member draft (its ``method`` choice)."""
+    asked = row.request.speculative
+    return asked is None or asked.method is None or asked.method == drafter.method
+
+
 def max_draft_len(config: ResolvedSpeculativeConfig) -> int:
     """k the scheduler reserves per row: the largest of the chain's members."""
     return max(m.num_speculative_tokens or 0 for m in config.drafters)
@@ -336,4 +354,7 @@ def describe(spec: Speculation | None) -> dict[str, Any]:
     """A short JSON-able summary for CLI and bench output."""
     if spec is None:
         return {"enabled": False}
-    return {"enabled": True, "method": spec.config.method, "k": spec.k}
+    out: dict[str, Any] = {"enabled": True, "method": spec.config.method, "k": spec.k}
+    if spec.policy is not None:
+        out["adaptive"] = spec.policy.summary()
+    return out

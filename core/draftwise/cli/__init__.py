@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 #: built-in commands: name -> "module:attribute", imported on first use
 COMMANDS: dict[str, str] = {
     "bench": "draftwise.cli.bench:bench",
+    "doctor": "draftwise.cli.doctor:doctor",
     "check-config": "draftwise.cli.check_config:check_config",
     "generate": "draftwise.cli.generate:generate",
     "plugins": "draftwise.cli.plugins_cmd:plugins",

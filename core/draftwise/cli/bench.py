@@ -67,12 +67,14 @@ def bench(
         },
     }
 
-    def measure(spec: str | None, label: str) -> tuple[list[Any], Any]:
+    def build(spec: str | None) -> Any:
         engine = build_engine(
             model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
         )
         warm_up(engine, items)
-        runs = [run_engine(engine, items, max_tokens, concurrency) for _ in range(repeat)]
+        return engine
+
+    def describe(label: str, spec: str | None, engine: Any, runs: list[Any]) -> list[Any]:
         results, wall = best_of(runs)
         report[label] = {
             "speculative_config": json.loads(spec) if spec else None,
@@ -93,21 +95,48 @@ def bench(
         }
         if engine.spec is not None:
             report[label]["spec_decode"] = engine.spec.metrics.summary()
+            if engine.spec.policy is not None:  # adaptive depth: its measured cost model
+                report[label]["adaptive"] = engine.spec.policy.summary()
         total = report[label]["summary"]["all"]
         click.echo(
             f"{label}: {total['tok_per_s']:.1f} tok/s per request, "
             f"{total['wall_tok_per_s']:.1f} tok/s throughput (concurrency {concurrency})",
             err=True,
         )
-        return results, engine
+        return results
 
+    # every engine is built first and the repeats are interleaved (A B C, A B C, ...), so
+    # a load change on a shared machine lands on every configuration alike
+    configs: list[tuple[str, str | None]] = [("draftwise", speculative_config)]
+    if compare_off and speculative_config:
+        configs.append(("draftwise_spec_off", None))
+        fixed_spec = _without_adaptive(speculative_config)
+        if fixed_spec is not None:  # adaptive: fixed depth side by side in the same run
+            configs.append(("draftwise_fixed_k", fixed_spec))
     try:
-        ours, engine = measure(speculative_config, "draftwise")
-        if compare_off and speculative_config:
-            off, _ = measure(None, "draftwise_spec_off")
+        engines = {label: build(spec) for label, spec in configs}
+        runs: dict[str, list[Any]] = {label: [] for label, _ in configs}
+        for _ in range(repeat):
+            for label, _spec in configs:
+                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency))
+        results = {label: describe(label, spec, engines[label], runs[label])
+                   for label, spec in configs}
+        ours, engine = results["draftwise"], engines["draftwise"]
+        if "draftwise_spec_off" in results:
+            off = results["draftwise_spec_off"]
             report["ratios"] = report.get("ratios", {})
             report["ratios"]["spec_on_vs_off"] = _ratio(report, "draftwise", "draftwise_spec_off")
             report["identical_to_spec_off"] = _identical(ours, off)
+            if "draftwise_fixed_k" in results:
+                report["ratios"]["fixed_k_vs_off"] = _ratio(
+                    report, "draftwise_fixed_k", "draftwise_spec_off")
+                report["ratios"]["adaptive_vs_fixed_k"] = _ratio(
+                    report, "draftwise", "draftwise_fixed_k")
+                report["identical_fixed_k_to_spec_off"] = _identical(
+                    results["draftwise_fixed_k"], off)
+            _per_prompt_ratios(report)
+            for name, value in report["ratios"].items():
+                click.echo(f"ratio {name}: {value['all']:.2f}x", err=True)
     except Exception as exc:  # noqa: BLE001 - config/load errors become a clean exit
         fail(exc)
         return
@@ -161,6 +190,32 @@ def bench(
     Path(out_path).write_text(json.dumps(report, indent=2, default=str))
     click.echo(f"wrote {out_path}", err=True)
     sys.stdout.flush()
+
+
+def _without_adaptive(spec: str) -> str | None:
+    """The same config at fixed depth, or None when it has no adaptive settings."""
+    data = json.loads(spec)
+    ns = data.get("draftwise") if isinstance(data, dict) else None
+    if not isinstance(ns, dict) or ns.get("adaptive") in (None, False):
+        return None
+    ns = {k: v for k, v in ns.items() if k != "adaptive"}
+    data = {k: v for k, v in data.items() if k != "draftwise"}
+    if ns:
+        data["draftwise"] = ns
+    return json.dumps(data)
+
+
+def _per_prompt_ratios(report: dict[str, Any]) -> None:
+    """tok/s of each speculating run over spec off, prompt by prompt (min and each)."""
+    off = {p["id"]: p["tok_per_s"] for p in report["draftwise_spec_off"]["per_prompt"]}
+    out: dict[str, Any] = {}
+    for label in ("draftwise", "draftwise_fixed_k"):
+        if label not in report:
+            continue
+        each = {p["id"]: (p["tok_per_s"] / off[p["id"]] if off.get(p["id"]) else 0.0)
+                for p in report[label]["per_prompt"]}
+        out[label] = {"min": min(each.values(), default=0.0), "per_prompt": each}
+    report["per_prompt_vs_off"] = out
 
 
 def _ratio(report: dict[str, Any], a: str, b: str) -> dict[str, float]:

@@ -105,20 +105,25 @@ def generate(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-token-ids") from exc
 
+    from draftwise.spec_params import SpeculativeParams
+
+    # --json reports where each token came from (accepted draft / recovered / bonus / plain)
+    spec_params = SpeculativeParams(return_provenance=True) if as_json else None
     try:
         engine = build_engine(
             model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
         )
         if ids is not None:
-            engine.add_request({"prompt_token_ids": ids}, params, request_id="cli")
+            engine.add_request({"prompt_token_ids": ids}, params, request_id="cli",
+                               speculative=spec_params)
         elif chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
             ]
             request = {"prompt_token_ids": engine.apply_chat_template(messages)}
-            engine.add_request(request, params, request_id="cli")
+            engine.add_request(request, params, request_id="cli", speculative=spec_params)
         else:
-            engine.add_request(prompt, params, request_id="cli")
+            engine.add_request(prompt, params, request_id="cli", speculative=spec_params)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
         fail(exc)
     t0 = time.perf_counter()
@@ -163,6 +168,7 @@ def generate(
             "metrics": metrics,
             "speculation": speculation,
             "proposers": engine.spec.proposer_stats() if engine.spec is not None else None,
+            "token_provenance": metrics.pop("token_provenance", None),
         }, indent=2))
         return
     click.echo()

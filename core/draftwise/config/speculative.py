@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from draftwise import jsontext
+from draftwise.config.adaptive import AdaptiveConfig, parse_adaptive
 from draftwise.config.core import (
     CORE_REFUSALS,
     KSchedule,
@@ -78,6 +79,10 @@ class ResolvedSpeculativeConfig:
     provider: str | None = None
     #: ``num_speculative_tokens_per_batch_size``: (first, last, k) by batch size, sorted
     k_schedule: KSchedule = ()
+    #: ``"draftwise": {"adaptive": ...}``: acceptance-driven depth (None: fixed depth).
+    #: Precedence per row: the request's limit and the batch-size schedule cap k, then
+    #: adaptive picks a depth in 0..cap (``draftwise.adaptive``)
+    adaptive: AdaptiveConfig | None = None
 
     def k_for_batch(self, batch_size: int) -> int:
         """Draft tokens per row for a step of ``batch_size`` requests (the schedule, or k)."""
@@ -110,8 +115,13 @@ class ResolvedSpeculativeConfig:
             out["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.k_schedule]
         if self.options is not None:
             out.update(self.options.model_dump(mode="json"))
+        ns: dict[str, Any] = {}
         if self.chain:
-            out[NAMESPACE] = {"drafter_chain": [m.to_json() for m in self.chain]}
+            ns["drafter_chain"] = [m.to_json() for m in self.chain]
+        if self.adaptive is not None:
+            ns["adaptive"] = self.adaptive.model_dump(mode="json")
+        if ns:
+            out[NAMESPACE] = ns
         return out
 
     def with_checkpoint(self, checkpoint_config: Mapping[str, Any]) -> ResolvedSpeculativeConfig:
@@ -183,17 +193,21 @@ def _resolve(
     raw: Mapping[Any, Any], registry: SpeculatorRegistry, *, in_chain: bool
 ) -> ResolvedSpeculativeConfig:
     data = normalize_keys(raw)
-    chain = _parse_namespace(data.pop(NAMESPACE, None), in_chain)
+    chain, adaptive = _parse_namespace(data.pop(NAMESPACE, None), in_chain)
     check_unknown_keys(data, registry)
     if chain is not None:
-        return _resolve_chain(data, chain, registry)
-    return _resolve_single(data, registry, in_chain)
+        resolved = _resolve_chain(data, chain, registry)
+    else:
+        resolved = _resolve_single(data, registry, in_chain)
+    if adaptive is not None:
+        resolved = dataclasses.replace(resolved, adaptive=adaptive)
+    return resolved
 
 
-def _parse_namespace(ns: Any, in_chain: bool) -> list[Any] | None:
-    """The ``"draftwise": {...}`` object; returns the drafter_chain, if any."""
+def _parse_namespace(ns: Any, in_chain: bool) -> tuple[list[Any] | None, AdaptiveConfig | None]:
+    """The ``"draftwise": {...}`` object: its drafter_chain and adaptive settings, if any."""
     if ns is None:
-        return None
+        return None, None
     if not isinstance(ns, Mapping):
         raise InvalidValueError(
             f"{NAMESPACE}={show(ns)} is invalid: it must be an object of draftwise's own "
@@ -202,10 +216,18 @@ def _parse_namespace(ns: Any, in_chain: bool) -> list[Any] | None:
         )
     ns = normalize_keys(ns, prefix=f"{NAMESPACE}.")
     check_namespace_keys(ns)
+    adaptive = parse_adaptive(ns.get("adaptive"))
+    if adaptive is not None and in_chain:
+        raise RefusedValueError(
+            f"{NAMESPACE}.adaptive inside a chain member is refused: depth is chosen per "
+            "request for the whole chain. Instead: set it at the top level.",
+            key=f"{NAMESPACE}.adaptive", value=ns.get("adaptive"),
+            reason="adaptive depth is set once per config", instead="set it at the top level",
+        )
     chain = ns.get("drafter_chain")
     key = f"{NAMESPACE}.drafter_chain"
     if chain is None:
-        return None
+        return None, adaptive
     if in_chain:
         raise RefusedValueError(
             f"{key} inside a chain member is refused: chains do not nest. Instead: list "
@@ -219,7 +241,7 @@ def _parse_namespace(ns: Any, in_chain: bool) -> list[Any] | None:
             "configs, in preference order.",
             key=key, value=chain, reason="not a non-empty list",
         )
-    return list(chain)
+    return list(chain), adaptive
 
 
 def _resolve_chain(

@@ -140,7 +140,7 @@ class CompletionChunks(Chunks):
             id=self.id, created=self.created, model=self.model,
             choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
                                       finish_reason=finish_reason)],
-            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+            metrics=self.chunk_metrics(final),
         )
         return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
 
@@ -166,7 +166,7 @@ class ChatChunks(Chunks):
             id=self.id, created=self.created, model=self.model,
             choices=[ChatChunkChoice(index=i, delta=delta, logprobs=logprobs,
                                      finish_reason=finish) for i in indexes],
-            metrics=spec_metrics(self.ctx, self.body, final) if final else None,
+            metrics=self.chunk_metrics(final),
         )
         data = chunk.to_dict(keep_null=("usage",) if self.include_usage else ())
         for choice in data["choices"]:  # OpenAI omits unset delta keys

@@ -162,8 +162,12 @@ class EngineLoop:
 
     # -- the async API ------------------------------------------------------------------
 
-    async def submit(self, request_id: str, build: BuildFn) -> RequestStream:
+    async def submit(
+        self, request_id: str, build: BuildFn, speculative: Any = None
+    ) -> RequestStream:
         """Tokenize on a worker thread, then add on the engine thread.
+
+        ``speculative``: the request's ``SpeculativeParams`` (None: the server's settings).
 
         Raises what ``build`` or ``add_request`` raised (bad input), or :class:`LoopClosed`.
         """
@@ -188,7 +192,10 @@ class EngineLoop:
                 added.set_exception(LoopClosed("the server is shutting down"))
                 return
             try:
-                self.engine.add_request(prompt, params, request_id)
+                if speculative is None:
+                    self.engine.add_request(prompt, params, request_id)
+                else:
+                    self.engine.add_request(prompt, params, request_id, speculative=speculative)
             except Exception as exc:  # noqa: BLE001 - handed to the request's caller
                 added.set_exception(exc)
                 return

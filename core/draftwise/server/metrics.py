@@ -43,6 +43,8 @@ class ServerMetrics:
         spec = getattr(engine, "spec", None)
         #: the spec-decode counters exist only when the engine speculates
         self.spec_feed = SpecCounterFeed(self.registry, spec, model_name) if spec else None
+        if spec is not None and getattr(spec, "policy", None) is not None:
+            cost_model_gauges(self.registry, spec.policy.cost, model_name)
         labels = ["model_name"]
         reg = self.registry
         self.http_requests = Counter(
@@ -170,3 +172,22 @@ class SpecCounterFeed:
             num_accepted_tokens_per_pos=[a - b for a, b in zip(now[3], last[3])],
             num_draft_tokens_per_pos=[a - b for a, b in zip(now[4], last[4])],
         ))
+
+
+def cost_model_gauges(registry: CollectorRegistry, cost: Any, model_name: str) -> None:
+    """Adaptive depth's measured cost model: forward seconds per (rows, tokens per row),
+    and the drafters' running seconds per draft token (read at scrape time)."""
+    forward = Gauge(
+        "draftwise:spec_decode_cost_forward_seconds",
+        "Measured seconds of one target forward of `rows` rows x `tokens_per_row` tokens.",
+        ["model_name", "rows", "tokens_per_row"], registry=registry,
+    )
+    for r, row in zip(cost.rows, cost.seconds):
+        for t, sec in zip(cost.tokens_per_row, row):
+            forward.labels(model_name, str(r), str(t)).set(sec)
+    draft = Gauge(
+        "draftwise:spec_decode_cost_draft_seconds_per_token",
+        "Running mean seconds the drafters spend per draft token asked for.",
+        ["model_name"], registry=registry,
+    )
+    draft.labels(model_name).set_function(lambda: float(cost.draft_seconds_per_token))

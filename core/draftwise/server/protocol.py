@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from draftwise.spec_params import SpeculativeParams
+
 
 class _Strict(BaseModel):
     """Base of request bodies: unknown keys and coerced types are refused."""
@@ -55,8 +57,14 @@ class _SamplingFields(_Strict):
     min_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    #: draftwise extra: return per-request spec-decode metrics (default: the server flag)
-    return_spec_metrics: bool | None = None
+    #: draftwise extra: return per-request spec-decode metrics (default: the server flag);
+    #: "provenance" also returns each output token's provenance (streamed per chunk)
+    return_spec_metrics: bool | Literal["provenance"] | None = None
+    # -- draftwise extra: per-request speculation (draftwise.spec_params) -----------------
+    #: e.g. {"enabled": false}, {"num_speculative_tokens": 2}, {"method": "ngram"}: narrows
+    #: the server's speculative config for this request only; unknown keys are a 400
+    speculative: SpeculativeParams | None = None
+    # -------------------------------------------------------------------------------------
     # structured output (``server/structured.py``): OpenAI's, then vLLM's names
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

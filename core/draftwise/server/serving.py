@@ -23,6 +23,7 @@ from draftwise.errors import RequestError
 from draftwise.formats.errors import ChatTemplateError
 from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.sampling import SamplingParams
+from draftwise.spec_params import SpeculativeParams, check_against
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error
 from draftwise.server.limits import ServerLimits
@@ -218,8 +219,12 @@ async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> Reque
     """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
     check_request(ctx, body)
     params = sampling_params(body)
+    speculative = speculative_params(body)
     try:
-        return await ctx.loop.submit(request_id, make_build(body, params))
+        if speculative is not None:  # before tokenizing: the server's limits are known
+            check_against(speculative, getattr(ctx.loop.engine, "spec", None))
+        return await ctx.loop.submit(request_id, make_build(body, params),
+                                     speculative=speculative)
     except APIError as exc:
         raise _rename(exc, body) from None
     except RequestError as exc:
@@ -235,14 +240,31 @@ async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> Reque
         raise internal_error(exc) from None
 
 
+def speculative_params(body: AnyRequest) -> SpeculativeParams | None:
+    """The request's ``speculative`` field, with provenance on when metrics ask for it."""
+    asked = body.speculative
+    if body.return_spec_metrics == "provenance":
+        asked = (asked or SpeculativeParams()).model_copy(update={"return_provenance": True})
+    return asked
+
+
+def wants_provenance(body: AnyRequest) -> bool:
+    """Whether responses carry ``token_provenance``."""
+    return body.return_spec_metrics == "provenance" or bool(
+        body.speculative and body.speculative.return_provenance)
+
+
 def spec_metrics(ctx: ServingContext, body: AnyRequest, out: RequestOutput) -> dict | None:
     """The per-request ``metrics`` object (vLLM's shape), when asked for."""
     wanted = body.return_spec_metrics
     if wanted is None:
         wanted = ctx.config.return_spec_metrics
-    if not wanted:
+    if not wanted and not wants_provenance(body):
         return None
-    return {"speculative_decoding": out.metrics.get("speculative_decoding")}
+    metrics = {"speculative_decoding": out.metrics.get("speculative_decoding")}
+    if wants_provenance(body):
+        metrics["token_provenance"] = out.metrics.get("token_provenance")
+    return metrics
 
 
 def usage_of(out: RequestOutput) -> UsageInfo:
@@ -353,6 +375,28 @@ class Chunks(ABC):
         self.created = now()
         self.model = ctx.config.model_name
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        #: provenance of tokens produced but not yet sent (with return_spec_metrics
+        #: "provenance"), and how many tokens' provenance went out
+        self.provenance = wants_provenance(body)
+        self._prov_sent = 0
+        self._prov_pending: list[str] = []
+
+    def observe(self, out: RequestOutput) -> None:
+        """A step's output arrived: queue the provenance of its new tokens."""
+        if self.provenance:
+            prov = out.metrics.get("token_provenance") or []
+            self._prov_pending += prov[self._prov_sent:]
+            self._prov_sent = len(prov)
+
+    def chunk_metrics(self, final: RequestOutput | None) -> dict[str, Any] | None:
+        """A chunk's ``metrics``: the final one's spec metrics, and on every chunk the
+        provenance of the tokens produced since the previous chunk."""
+        metrics = spec_metrics(self.ctx, self.body, final) if final else None
+        if self.provenance:
+            metrics = dict(metrics or {})
+            metrics["token_provenance"] = self._prov_pending
+            self._prov_pending = []
+        return metrics
 
     def head(self) -> dict[str, Any] | None:
         """An event before any text (chat's role delta), or None."""
@@ -388,6 +432,7 @@ async def stream_events(ctx: ServingContext, stream: RequestStream,
         final: RequestOutput | None = None
         choices: dict[int, _ChoiceStream] = {}
         async for out in stream:
+            chunks.observe(out)
             final = out if out.finished else None
             for completion in out.outputs:
                 state = choices.setdefault(completion.index, _ChoiceStream(body))

@@ -52,3 +52,28 @@ def test_bench_refuses_bad_config_with_exit_2(tiny: Path, tmp_path: Path) -> Non
     ])
     assert result.exit_code == 2
     assert "ngramm" in result.output
+
+
+def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+    workload = tmp_path / "w.jsonl"
+    rows = [{"id": f"p{i}", "kind": "open", "prompt_token_ids": [3 + i, 5, 7] * 3}
+            for i in range(2)]
+    workload.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.json"
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+                       "draftwise": {"adaptive": True}})
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "6",
+        "--speculative-config", spec, "--compare-off", "--repeat", "2", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["draftwise_fixed_k"]["speculative_config"].get("draftwise") is None
+    assert report["identical_to_spec_off"] == report["identical_fixed_k_to_spec_off"] == 2
+    assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
+    assert set(report["per_prompt_vs_off"]["draftwise"]["per_prompt"]) == {"p0", "p1"}
+    cost = report["draftwise"]["adaptive"]["cost_model"]
+    assert cost["rows"] == [1] and len(cost["forward_seconds"][0]) == 3

@@ -68,3 +68,14 @@ def test_summary_line() -> None:
         "10 tokens in 2.00 s (5.0 tok/s); 6/8 drafts accepted (75%), mean acceptance length "
         "2.50, per position 1.00, 0.50"
     )
+
+
+def test_json_carries_token_provenance_that_sums_to_the_metrics(tiny: Path) -> None:
+    result = run(tiny, "--speculative-config", spec(tiny), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    prov, sd = doc["token_provenance"], doc["metrics"]["speculative_decoding"]
+    assert len(prov) == len(doc["token_ids"]) == 12
+    assert prov.count("accepted:draft_model") == sd["num_accepted_draft_tokens"] == 8
+    assert prov.count("bonus") + prov.count("recovered") == sd["num_spec_steps"]
+    assert prov[0] == "plain"  # the prefill's sample verifies no drafts

@@ -1,0 +1,184 @@
+"""Acceptance-driven adaptive depth: per request, the k that pays for itself.
+
+Each request keeps an exponentially weighted acceptance rate per draft position,
+conditional on the position being reached (position j is observed only when the drafts
+before it were all accepted), and per position how often its drafter actually produced a
+draft there when asked to go that deep (an n-gram lookup often finds nothing, or a
+shorter match than asked for; a draft never made costs no forward time).
+With rates p_1..p_k the expected output of a row verifying k drafts is
+
+    E(k) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_k
+
+which for equal rates is the standard (1 - a^(k+1)) / (1 - a). Each step,
+:func:`choose_depths` picks every row's k in 0..cap to maximise the batch's expected
+tokens per second of step time against the measured cost model
+(:class:`~draftwise.cost_model.CostModel`): a draft token is worth adding while the
+cumulative acceptance it buys outweighs the forward time it adds, and k = 0 (off) is
+one of the choices. A row kept at 0 gets a probe of ``probe_depth`` drafts every
+``probe_interval`` steps, so a request whose text turns repetitive gets speculation back.
+
+Lossless by construction: only how many drafts are verified changes, never how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from draftwise.config.adaptive import AdaptiveConfig
+    from draftwise.cost_model import CostModel
+
+#: relative throughput gain below which a deeper draft is not worth its risk
+MIN_GAIN = 1e-3
+
+
+@dataclass(slots=True)
+class AcceptanceEstimate:
+    """One request's running acceptance (what adaptive depth decides from)."""
+
+    #: ``[K]`` conditional acceptance rate at each draft position
+    rates: list[float]
+    #: ``[K]`` chance a draft comes back at position j when the row may draft that deep
+    draft_rates: list[float] = field(default_factory=list)
+    #: consecutive steps this request was left at k = 0 while it could have drafted
+    steps_off: int = 0
+    #: the depth chosen for its last decode step
+    last_k: int = 0
+    #: steps it verified drafts on / probe drafts it was given
+    num_probes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.draft_rates:
+            self.draft_rates = [1.0] * len(self.rates)
+
+    def observe(self, weight: float, num_asked: int, num_drafted: int, num_accepted: int
+                ) -> None:
+        """One step that let the row draft ``num_asked``: ``num_drafted`` came,
+        ``num_accepted`` held."""
+        for j in range(min(num_asked, len(self.draft_rates))):
+            self.draft_rates[j] += weight * (float(j < num_drafted) - self.draft_rates[j])
+        for j in range(min(num_accepted + 1, num_drafted)):
+            self.rates[j] += weight * (float(j < num_accepted) - self.rates[j])
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k) given a draft came: 1 + sum of cumulative acceptance over k positions."""
+        total, cum = 1.0, 1.0
+        for p in self.rates[:k]:
+            cum *= p
+            total += cum
+        return total
+
+    def as_dict(self) -> dict[str, Any]:
+        """For per-request metrics."""
+        return {
+            "acceptance_rate_per_pos": [round(p, 4) for p in self.rates],
+            "draft_rate_per_pos": [round(d, 4) for d in self.draft_rates],
+            "last_k": self.last_k,
+            "num_probes": self.num_probes,
+        }
+
+
+def choose_depths(
+    rates: Sequence[Sequence[float]],
+    draft_rates: Sequence[Sequence[float]],
+    caps: Sequence[int],
+    step_seconds: Callable[[float], float],
+    draft_seconds_per_token: float = 0.0,
+) -> list[int]:
+    """Each row's k in ``0..caps[i]`` maximising expected tokens per second of the step.
+
+    :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
+    :param draft_rates: per row and position, the chance a draft comes back there.
+    :param step_seconds: forward seconds of this batch given its total (expected) tokens.
+    :param draft_seconds_per_token: proposing cost per draft token.
+
+    Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
+    j) for one token of forward, so the best allocation of any n draft tokens takes the n
+    largest ``c_ij``; the best n is found by walking them in order. Scaling both the gain
+    and the tokens of position j by the chance ``d_ij`` that a draft is made there keeps
+    the order and prices in the drafts the drafter does not make.
+    """
+    num_rows = len(caps)
+    cands: list[tuple[float, int, float]] = []
+    for i, cap in enumerate(caps):
+        cum = 1.0
+        for j in range(cap):
+            cum *= min(1.0, max(0.0, rates[i][j]))
+            cands.append((cum, i, max(0.0, min(1.0, draft_rates[i][j]))))
+    cands.sort(key=lambda c: -c[0])  # stable: a row's positions stay in order
+    gain = tokens = float(num_rows)
+    drafted = 0.0
+    best, best_n = gain / max(step_seconds(tokens), 1e-12), 0
+    for n, (cum, _i, d) in enumerate(cands, 1):
+        gain += d * cum
+        tokens += d
+        drafted += d
+        seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
+        tput = gain / max(seconds, 1e-12)
+        if tput > best * (1.0 + MIN_GAIN):
+            best, best_n = tput, n
+    ks = [0] * num_rows
+    for _, i, _d in cands[:best_n]:
+        ks[i] += 1
+    return ks
+
+
+@dataclass(slots=True)
+class DepthPolicy:
+    """Adaptive depth for one engine: the settings, the cost model, population rates."""
+
+    config: AdaptiveConfig
+    max_k: int
+    cost: CostModel
+    #: engine-wide running rates: where a new request's estimate starts
+    population: AcceptanceEstimate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.population = AcceptanceEstimate([self.config.prior] * self.max_k)
+
+    def new_estimate(self) -> AcceptanceEstimate:
+        """A fresh request's estimate, starting from what the population showed so far."""
+        pop = self.population
+        return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
+
+    def observe(
+        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int
+    ) -> None:
+        """A step that let the row draft: update its estimate and the population's."""
+        w = self.config.ew_weight
+        est.observe(w, num_asked, num_drafted, num_accepted)
+        # the population moves slower: it summarises many requests
+        self.population.observe(w / 4, num_asked, num_drafted, num_accepted)
+
+    def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
+        """This step's depth per decode row (``caps``: each row's most), probes included."""
+        num_rows = len(caps)
+        ks = choose_depths(
+            [e.rates for e in estimates], [e.draft_rates for e in estimates], caps,
+            lambda tokens: self.cost.step_seconds(num_rows, tokens),
+            self.cost.draft_seconds_per_token,
+        )
+        for i, (est, cap) in enumerate(zip(estimates, caps)):
+            if ks[i] == 0 and cap > 0:
+                est.steps_off += 1
+                if est.steps_off >= self.config.probe_interval:
+                    ks[i] = min(cap, self.config.probe_depth)
+                    est.steps_off = 0
+                    est.num_probes += 1
+            else:
+                est.steps_off = 0
+            est.last_k = ks[i]
+        return ks
+
+    def summary(self) -> dict[str, Any]:
+        """JSON for bench reports and ``/metrics``: settings, cost model, population."""
+        return {
+            "settings": self.config.model_dump(mode="json"),
+            "cost_model": self.cost.summary(),
+            "population": self.population.as_dict(),
+        }
+
+
+__all__ = ["AcceptanceEstimate", "DepthPolicy", "choose_depths"]

@@ -1,0 +1,93 @@
+"""``draftwise doctor``: pairing checks, offline acceptance, speedup per k, a recommendation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+@click.command("doctor")
+@click.option("--model", default=None, help="Target checkpoint (default: the embedded model).")
+@click.option("--speculative-config", "-sc", required=True, help="vLLM-style JSON.")
+@click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="JSONL prompts (the bench format).")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(2))
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--measure/--no-measure", default=True, show_default=True,
+              help="Also time each k online (the same engine, depth set per request).")
+@click.option("--ignore-eos", is_flag=True, help="Generate max-tokens per prompt regardless.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def doctor(
+    model: str | None,
+    speculative_config: str,
+    workload: str,
+    max_tokens: int,
+    dtype: str,
+    num_threads: int | None,
+    measure: bool,
+    ignore_eos: bool,
+    as_json: bool,
+) -> None:
+    """Check a target + speculative config and recommend what to serve."""
+    from draftwise import doctor as dr
+    from draftwise.bench import load_workload, prompt_ids
+    from draftwise.cli.common import build_engine, fail
+    from draftwise.cost_model import measure_costs
+
+    try:
+        engine = build_engine(model, speculative_config, dtype, max_num_seqs=1,
+                              num_threads=num_threads)
+        spec = engine.spec
+        if spec is None:
+            raise dr.DoctorError("the speculative config turns speculation off: nothing to check")
+        findings = dr.pairing_checks(engine)
+        dr.check_walkable(spec)
+        items = load_workload(workload)
+        prompts = [prompt_ids(engine, i) for i in items]
+        conts = dr.greedy_continuations(engine, prompts, max_tokens, ignore_eos)
+        ks = list(range(1, spec.k + 1))
+        per_prompt = {k: [dr.simulate_walk(spec, [p], [c], max_tokens, k, engine.max_model_len)
+                          for p, c in zip(prompts, conts)] for k in ks}
+        walks = [dr.merge_walks(per_prompt[k]) for k in ks]
+        cost = spec.policy.cost if spec.policy is not None else measure_costs(
+            engine.runner, engine.kv, spec.k, 1)
+        predicted = {w.k: dr.predicted_speedup(w, cost) for w in walks}
+        best_each = set()
+        for n in range(len(prompts)):
+            pp = {k: dr.predicted_speedup(per_prompt[k][n], cost) for k in ks}
+            k_best = max(pp, key=lambda k: pp[k])
+            best_each.add(k_best if pp[k_best] >= 1.0 else 0)
+        measured = dr.measured_speedup(engine, prompts, max_tokens, ks, ignore_eos) if measure \
+            else {}
+        basis = measured or predicted
+        rec = dr.recommend(engine.spec_config.to_json(), basis, best_each)
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    if as_json:
+        doc: dict[str, Any] = {
+            "pairing": [_finding(f) for f in findings],
+            "num_prompts": len(prompts),
+            "max_tokens": max_tokens,
+            "per_k": [{"k": w.k, **w.stats.summary(), "predicted_speedup": predicted[w.k],
+                       "measured_speedup": measured.get(w.k)} for w in walks],
+            "cost_model": cost.summary(),
+            "recommended": rec,
+        }
+        click.echo(dr.as_json(doc))
+        return
+    click.echo("pairing:")
+    for f in findings:
+        click.echo(f"  [{f.status:>4}] {f.member}: {f.check}: {f.detail}")
+    click.echo(f"offline acceptance over {len(prompts)} prompts, {max_tokens} tokens each "
+               "(teacher-forced on the target's greedy output):")
+    click.echo(dr.table(walks, predicted, measured))
+    click.echo(f"recommended: {dr.as_json(rec['speculative_config'])}")
+    click.echo(f"  because {rec['why']}")
+
+
+def _finding(f: Any) -> dict[str, Any]:
+    """A slotted Finding as a dict."""
+    return {"member": f.member, "check": f.check, "status": f.status, "detail": f.detail}

@@ -1,0 +1,108 @@
+"""Adaptive depth's decision rule, tested with injected timings (the rule, not the clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwise.adaptive import AcceptanceEstimate, DepthPolicy, choose_depths
+from draftwise.config.adaptive import AdaptiveConfig
+from draftwise.cost_model import CostModel
+
+
+def linear(base: float, per_token: float):
+    """A forward whose time grows linearly in the batch's tokens."""
+    return lambda tokens: base + per_token * tokens
+
+
+def test_expected_tokens_is_the_geometric_formula() -> None:
+    a = 0.7
+    est = AcceptanceEstimate([a] * 5)
+    for k in range(6):
+        assert est.expected_tokens(k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+
+
+def test_free_drafts_are_taken_to_the_cap() -> None:
+    # drafts cost nothing: any positive acceptance is worth verifying
+    assert choose_depths([[0.2] * 4], [[1.0] * 4], [4], linear(1.0, 0.0)) == [4]
+
+
+def test_expensive_drafts_turn_speculation_off() -> None:
+    # one extra token costs half the plain step: only well-accepted drafts pay
+    assert choose_depths([[0.5] * 4], [[1.0] * 4], [4], linear(1.0, 1.0)) == [0]
+    assert choose_depths([[0.99] * 4], [[1.0] * 4], [4], linear(1.0, 1.0)) == [4]
+
+
+def test_depth_is_the_argmax_of_tokens_per_second() -> None:
+    rates, base, per = [0.9, 0.8, 0.3, 0.3], 10.0, 2.0
+    est = AcceptanceEstimate(rates)
+    best = max(range(5), key=lambda k: est.expected_tokens(k) / (base + per * (1 + k)))
+    assert choose_depths([rates], [[1.0] * 4], [4], linear(base, per)) == [best] == [2]
+
+
+def test_batch_gives_drafts_to_the_rows_that_accept() -> None:
+    ks = choose_depths(
+        [[0.95] * 4, [0.1] * 4, [0.8] * 4], [[1.0] * 4] * 3, [4, 4, 2], linear(3.0, 1.0)
+    )
+    assert ks[1] == 0 and ks[0] >= ks[2] > 0 and ks[2] <= 2
+
+
+def test_batch_choice_is_the_exhaustive_optimum() -> None:
+    """Against every allocation of two rows, with drafts not always made (short n-gram
+    matches): a linear step cost makes the optimum a threshold on cumulative acceptance,
+    which is what walking the candidates in order finds."""
+    import itertools
+
+    rates = [[0.9, 0.7, 0.5, 0.3], [0.6, 0.6, 0.6, 0.6]]
+    made = [[1.0, 0.8, 0.5, 0.2], [0.9, 0.3, 0.1, 0.05]]
+    step = linear(1.0, 0.3)
+
+    def tput(ks: tuple[int, ...]) -> float:
+        gain = tokens = 2.0
+        for r, d, k in zip(rates, made, ks):
+            cum = 1.0
+            for j in range(k):
+                cum *= r[j]
+                gain += d[j] * cum
+                tokens += d[j]
+        return gain / step(tokens)
+
+    best = max(tput(ks) for ks in itertools.product(range(5), repeat=2))
+    chosen = choose_depths(rates, made, [4, 4], step)
+    assert tput(tuple(chosen)) == pytest.approx(best, rel=2e-3)
+
+
+def test_draft_cost_counts() -> None:
+    free = choose_depths([[0.7] * 4], [[1.0] * 4], [4], linear(1.0, 0.05), 0.0)
+    dear = choose_depths([[0.7] * 4], [[1.0] * 4], [4], linear(1.0, 0.05), 1.0)
+    assert free == [4] and dear == [0]
+
+
+def policy(**settings) -> DepthPolicy:
+    # a forward of r rows x t tokens costs r * (1 + 0.5 t) "seconds": drafts are dear
+    rows, toks = [1, 2, 4], [1, 2, 3, 4, 5]
+    grid = [[r * (1 + 0.5 * t) for t in toks] for r in rows]
+    return DepthPolicy(AdaptiveConfig(**settings), 4, CostModel(rows, toks, grid))
+
+
+def test_off_rows_are_probed_and_recover() -> None:
+    pol = policy(prior=0.1, probe_interval=3, probe_depth=2)
+    est = pol.new_estimate()
+    seen = [pol.choose([est], [4])[0] for _ in range(6)]
+    assert seen == [0, 0, 2, 0, 0, 2]
+    for _ in range(4):  # the text turned repetitive: every probe is accepted
+        pol.observe(est, 2, 2, 2)
+    assert est.rates[0] > 0.7 and pol.choose([est], [4])[0] > 0
+
+
+def test_observe_updates_only_reached_positions() -> None:
+    est = AcceptanceEstimate([0.5] * 4)
+    est.observe(0.5, num_asked=4, num_drafted=4, num_accepted=1)  # 0 held, 1 failed, 2-3 unseen
+    assert est.rates == [0.75, 0.25, 0.5, 0.5] and est.draft_rates == [1.0] * 4
+    est.observe(0.5, num_asked=3, num_drafted=1, num_accepted=0)  # a 1-token draft, rejected
+    assert est.rates == [0.375, 0.25, 0.5, 0.5]
+    assert est.draft_rates == [1.0, 0.5, 0.5, 1.0]  # position 3 was not asked for
+
+
+def test_cap_bounds_the_choice() -> None:
+    pol = policy(prior=1.0)
+    assert pol.choose([pol.new_estimate(), pol.new_estimate()], [1, 0]) == [1, 0]

@@ -1,0 +1,187 @@
+"""Adaptive depth and per-request speculation through the engine: lossless, honoured.
+
+n-gram drafting on a tiny random llama: prompts are repetitive so lookups find drafts
+that are sometimes right; greedy output must equal speculation off token for token,
+alone and batched, whatever depths adaptive chose and whatever each request asked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from tiny_checkpoints import save_tiny
+
+from draftwise import LLM, SamplingParams, SpeculativeParams
+from draftwise.errors import RequestError
+
+PROMPTS = [
+    [5, 9, 13, 2, 7] * 4,
+    list(range(20, 40)) * 2,
+    [42] * 11,
+    [(i * 37) % 500 + 3 for i in range(23)],
+    [7, 8, 9, 7, 8, 9, 7, 8],
+]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}
+ADAPTIVE = {**NGRAM, "draftwise": {"adaptive": {"probe_interval": 2, "cost_cache": False}}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny("llama", tmp_path_factory.mktemp("adaptive-llama"), seed=3)
+
+
+def greedy(n: int = 24) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny: Path) -> list[list[int]]:
+    llm = LLM(model=str(tiny), dtype="bfloat16", max_num_seqs=8)
+    return [o.outputs[0].token_ids for o in llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS], greedy())]
+
+
+@pytest.fixture(scope="module")
+def adaptive(tiny: Path) -> LLM:
+    return LLM(model=str(tiny), dtype="bfloat16", speculative_config=ADAPTIVE, max_num_seqs=8)
+
+
+def prompts() -> list[dict]:
+    return [{"prompt_token_ids": p} for p in PROMPTS]
+
+
+def test_adaptive_alone_equals_spec_off(adaptive: LLM, plain: list[list[int]]) -> None:
+    for p, want in zip(prompts(), plain):
+        out = adaptive.generate(p, greedy())[0]
+        assert out.outputs[0].token_ids == want
+        assert "adaptive" in out.metrics["speculative_decoding"]
+    assert adaptive.engine.spec.metrics.num_accepted_tokens > 0  # speculation happened
+
+
+def test_adaptive_batched_equals_spec_off(adaptive: LLM, plain: list[list[int]]) -> None:
+    outs = adaptive.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert adaptive.engine.spec.num_tracked_requests == 0
+
+
+def test_spec_off_request_in_a_speculating_batch(tiny: Path, plain: list[list[int]]) -> None:
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=NGRAM, max_num_seqs=8)
+    asks = [SpeculativeParams(enabled=False), None, SpeculativeParams(num_speculative_tokens=1),
+            None, SpeculativeParams(enabled=False)]
+    outs = llm.generate(prompts(), greedy(), speculative=asks)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    for out, ask in zip(outs, asks):
+        sd = out.metrics["speculative_decoding"]
+        if ask is not None and not ask.enabled:
+            assert sd["num_draft_tokens"] == 0 and sd["num_spec_steps"] == 0
+            assert sd["request_settings"] == {"enabled": False}
+        if ask is not None and ask.num_speculative_tokens == 1:
+            assert sd["acceptance_histogram"][2:] == [0, 0, 0]  # never more than 1 draft
+    assert sum(o.metrics["speculative_decoding"]["num_draft_tokens"] for o in outs) > 0
+
+
+def test_fixed_depth_per_request_under_adaptive(adaptive: LLM, plain: list[list[int]]) -> None:
+    fixed = SpeculativeParams(adaptive=False, num_speculative_tokens=2, return_provenance=True)
+    outs = adaptive.generate(prompts(), greedy(), speculative=fixed)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert all("adaptive" not in o.metrics["speculative_decoding"] for o in outs)
+
+
+def test_over_limit_and_unknown_member_are_refused(adaptive: LLM) -> None:
+    engine = adaptive.engine
+    with pytest.raises(RequestError) as err:
+        engine.add_request([1, 2, 3], greedy(), speculative=SpeculativeParams(
+            num_speculative_tokens=5))
+    assert err.value.field == "speculative.num_speculative_tokens"
+    with pytest.raises(RequestError) as err:
+        engine.add_request([1, 2, 3], greedy(), speculative=SpeculativeParams(method="mtp"))
+    assert err.value.field == "speculative.method"
+    assert not engine.has_unfinished_requests()
+
+
+def test_no_speculation_server_refuses_asking_for_it(tiny: Path) -> None:
+    llm = LLM(model=str(tiny), dtype="bfloat16")
+    with pytest.raises(RequestError):
+        llm.engine.add_request([1, 2], greedy(), speculative=SpeculativeParams(
+            num_speculative_tokens=2))
+    out = llm.generate([1, 2, 3], greedy(4), speculative=SpeculativeParams(
+        enabled=False, return_provenance=True))[0]
+    assert out.metrics["token_provenance"] == ["plain"] * 4
+
+
+def test_provenance_sums_equal_the_metrics(adaptive: LLM, plain: list[list[int]]) -> None:
+    outs = adaptive.generate(prompts(), greedy(), speculative=SpeculativeParams(
+        return_provenance=True))
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    for out in outs:
+        prov = out.metrics["token_provenance"]
+        sd = out.metrics["speculative_decoding"]
+        counts = Counter(prov)
+        assert len(prov) == len(out.outputs[0].token_ids)
+        assert counts["accepted:ngram"] == sd["num_accepted_draft_tokens"]
+        assert counts["recovered"] + counts["bonus"] == sd["num_spec_steps"]
+        assert counts["bonus"] >= sd["acceptance_histogram"][4]  # every full accept ends so
+    total = Counter(t for o in outs for t in o.metrics["token_provenance"])
+    assert total["accepted:ngram"] > 0
+
+
+def test_chain_with_adaptive_and_per_request_member(tiny: Path, plain: list[list[int]]) -> None:
+    chain = {"num_speculative_tokens": 3, "draftwise": {
+        "adaptive": {"cost_cache": False},
+        "drafter_chain": [{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+                          {"method": "draft_model", "model": str(tiny)}]}}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=chain, max_num_seqs=8)
+    for member in ("ngram", "draft_model", None):
+        ask = SpeculativeParams(method=member, return_provenance=True)
+        outs = llm.generate(prompts(), greedy(), speculative=ask)
+        assert [o.outputs[0].token_ids for o in outs] == plain
+        used = {t for o in outs for t in o.metrics["token_provenance"] if t.startswith("acc")}
+        if member is not None:
+            assert used <= {f"accepted:{member}"}
+    assert llm.engine.spec.num_tracked_requests == 0
+
+
+def test_batch_size_schedule_caps_adaptive(tiny: Path, plain: list[list[int]]) -> None:
+    cfg = {**ADAPTIVE, "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 8, 1]]}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    outs = llm.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    # five requests run together until the last ones finish: with more than one running,
+    # no step verifies more than one draft; alone, up to the full depth
+    per_pos = llm.engine.spec.metrics.num_draft_tokens_per_pos
+    assert per_pos[0] > 0 and per_pos[1] <= per_pos[0]
+    for o in outs[:3]:  # finished while all were running: capped at 1
+        assert sum(o.metrics["speculative_decoding"]["acceptance_histogram"][2:]) == 0
+
+
+def sampled_triples(tiny: Path, config: dict | None, n: int, seed: int) -> tuple[Counter, LLM]:
+    """Joint counts of the first three sampled tokens over ``n`` seeded requests."""
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
+                             ignore_eos=True) for i in range(n)]
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[0]}] * n, params)
+    return Counter(tuple(o.outputs[0].token_ids[:3]) for o in outs), llm
+
+
+def test_adaptive_sampling_keeps_the_distribution(tiny: Path, tmp_path: Path) -> None:
+    """Depth chosen from each request's own (random) history must not bias what is sampled:
+    the joint law of the first three tokens equals speculation off (chi-square). The draft
+    is a different tiny model sampling its own q, so rejection sampling really rejects."""
+    from stats import CHI2_9999, chi2_two_sample
+
+    draft = save_tiny("llama", tmp_path / "draft", seed=3, std=0.1)
+    n = 2000
+    off, _ = sampled_triples(tiny, None, n, seed=1)
+    cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
+           "draft_sample_method": "probabilistic",
+           "draftwise": {"adaptive": {"prior": 0.9, "probe_interval": 1, "cost_cache": False}}}
+    on, llm = sampled_triples(tiny, cfg, n, seed=2)
+    m = llm.engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # it drafted, and some failed
+    # (which depths adaptive picks depends on this machine's measured costs; whatever they
+    # are, each is a function of the request's past, and the law must not move)
+    stat, dof = chi2_two_sample(off, on)
+    assert stat < CHI2_9999[dof], (stat, dof)
