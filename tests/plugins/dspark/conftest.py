@@ -35,6 +35,7 @@ def save_dspark(
     target_layer_ids: tuple[int, ...] = (-1, 1),
     seed: int = 7,
     markov_std: float = 0.5,
+    trained: dict[str, torch.Tensor] | None = None,
     **overrides: Any,
 ) -> Path:
     """A random DeepSpec-layout drafter for the tiny target (config = target's + DSpark)."""
@@ -62,16 +63,20 @@ def save_dspark(
     randomize_(body, seed, std=0.15)
     tensors = {k: v.detach().clone().contiguous() for k, v in body.state_dict().items()
                if not k.startswith("rotary")}
+    if trained is not None:  # a trained body and head replace the random draws
+        tensors = {}
     target = _target_tensors(target_dir)
     tensors["embed_tokens.weight"] = target["model.embed_tokens.weight"].clone()
     tensors["lm_head.weight"] = target["lm_head.weight"].clone()
+    if trained is not None:
+        tensors.update(trained)
     g = torch.Generator().manual_seed(seed + 1)
     h, v = target_cfg["hidden_size"], target_cfg["vocab_size"]
 
     def draw(*shape: int, std: float = markov_std) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * std
 
-    if rank:
+    if trained is None and rank:
         tensors["markov_head.markov_w1.weight"] = draw(v, rank)
         tensors["markov_head.markov_w2.weight"] = draw(v, rank)
         if kind == "gated":
@@ -104,3 +109,68 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def dspark_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_dspark(tmp_path_factory.mktemp("ds-vanilla") / "b7", target_dir)
+
+
+#: prompts the trained drafter memorises the target's continuation of (equal lengths)
+TRAIN_PROMPTS = [[7, 3, 11, 5, 2, 9, 14, 1], [20, 21, 22, 23, 24, 25, 26, 27],
+                 [100, 101, 102, 40, 41, 42, 43, 44], [310, 47, 12, 9, 9, 81, 6, 250]]
+
+
+def train_dspark(target_dir: Path, directory: Path, *, steps: int = 120, block_size: int = 7,
+                 rank: int = 16, seed: int = 0, new_tokens: int = 24) -> Path:
+    """A vanilla DSpark drafter trained briefly (as DeepSpec: frozen embed/lm_head, body
+    and Markov head trained with cross-entropy, next-token labels, teacher-forced previous
+    tokens) on the tiny target's greedy continuations, so acceptance is far from zero."""
+    import transformers
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    ids = [-1, 1]
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    target.eval().requires_grad_(False)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    body_cfg = Qwen3Config(**{k: v for k, v in tcfg.items()
+                              if k not in ("architectures", "num_hidden_layers", "layer_types")},
+                           num_hidden_layers=2, num_target_layers=TARGET_LAYERS,
+                           dflash_config={"mask_token_id": MASK, "block_size": block_size,
+                                          "target_layer_ids": ids})
+    torch.manual_seed(seed + 11)
+    body = DFlashDraftModel(body_cfg)
+    randomize_(body, seed + 11, std=0.15)
+    v = tcfg["vocab_size"]
+    w1 = torch.nn.Parameter(torch.randn(v, rank) * 0.1)
+    w2 = torch.nn.Parameter(torch.randn(v, rank) * 0.1)
+    with torch.no_grad():
+        seqs = target.generate(torch.tensor(TRAIN_PROMPTS), max_new_tokens=new_tokens,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)
+        hs = target(seqs, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i + 1] for i in ids], -1)
+        embed, head = target.get_input_embeddings(), target.lm_head.weight
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam([*body.parameters(), w1, w2], lr=3e-3)
+    body.train()
+    p = len(TRAIN_PROMPTS[0])
+    for _ in range(steps):
+        start = int(torch.randint(p - 1, seqs.shape[1] - block_size, (1,), generator=gen))
+        block = seqs[:, start : start + block_size].clone()
+        prev = block.clone()  # prev_j: the true token at start + j
+        block[:, 1:] = MASK
+        h = body(target_hidden=feats[:, :start], noise_embedding=embed(block),
+                 position_ids=torch.arange(start + block_size)[None], use_cache=False)
+        logits = h @ head.T + w1[prev] @ w2.T
+        labels = seqs[:, start + 1 : start + block_size + 1].reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, v), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    trained = {k: t.detach().clone().contiguous() for k, t in body.state_dict().items()
+               if not k.startswith("rotary")}
+    trained["markov_head.markov_w1.weight"] = w1.detach().clone()
+    trained["markov_head.markov_w2.weight"] = w2.detach().clone()
+    return save_dspark(directory, target_dir, rank=rank, block_size=block_size,
+                       target_layer_ids=tuple(ids), trained=trained)
+
+
+@pytest.fixture(scope="session")
+def trained_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_dspark(target_dir, tmp_path_factory.mktemp("ds-trained") / "b7")
