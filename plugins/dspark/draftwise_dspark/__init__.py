@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
 from draftwise.speculator import Speculator
+
 from draftwise_dspark.options import CAPABILITIES, DESCRIPTION, REFUSALS, DSparkOptions
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from draftwise.plugins.hookspecs import RegisterSpeculator
     from draftwise.speculator import Proposer, ProposerContext
+    from pydantic import BaseModel
 
 
 def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from draftwise_dflash.config import DFLASH1, DFlashConfig, DFlashConfigError
@@ -103,7 +104,7 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
                                           "level of config.json)")
     ids = d["target_layer_ids"]
     if (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
-            or any(i < -1 for i in ids) or any(a >= b for a, b in zip(ids, ids[1:]))):
+            or any(i < -1 for i in ids) or any(a >= b for a, b in pairwise(ids))):
         raise DSparkConfigError(
             path, f"target_layer_ids={ids!r} must be strictly increasing ints >= -1 "
                   "(-1 is the embedding output)")

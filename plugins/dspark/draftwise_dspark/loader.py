@@ -24,12 +24,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from pydantic import BaseModel
-
 from draftwise.models.linear import pack_weights
 from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, read_container
 from draftwise_dflash.model import DFlashModel
+from pydantic import BaseModel
+
 from draftwise_dspark.config import RUNS, DSparkConfig, parse_config
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from draftwise.models.linear import Weight, linear
 
 

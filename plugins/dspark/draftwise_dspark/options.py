@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from draftwise.config import RefusedValueError
 from draftwise.speculator import Capabilities, Refusal
+from pydantic import BaseModel, ConfigDict, Field
 
 DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "

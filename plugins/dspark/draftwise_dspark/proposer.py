@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from draftwise.drafting import pick_draft_tokens
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.linear import linear
 from draftwise.speculator import DraftInput, DraftRow, Drafts
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
+
 from draftwise_dspark.loader import LoadedDSpark
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 from draftwise.config import MissingKeyError, RefusedValueError, parse_speculative_config
 from draftwise_dspark.options import CAPABILITIES, DSparkOptions, block_size
+from pydantic import ValidationError
 
 
 def test_registered(installed_registry) -> None:

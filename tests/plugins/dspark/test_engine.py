@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from draftwise import LLM, SamplingParams
 from draftwise.config import RefusedValueError
 from draftwise.formats.errors import ModelFormatError

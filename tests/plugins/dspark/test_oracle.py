@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from draftwise import LLM, SamplingParams
+from safetensors.torch import load_file
 
 from .conftest import MASK, save_dspark
 
