@@ -81,7 +81,8 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
     names = ckpt.tensor_names
     if any(n.split(".")[0] in ("markov_w1", "markov_w2", "conf_proj") for n in names):
         raise DFlashGGUFError(path, "this 'dflash' GGUF carries a DSpark head (markov_w1/"
-                              "markov_w2/conf_proj). Instead: method 'dspark'.")
+                              "markov_w2/conf_proj). Instead: method 'dspark' with the "
+                              "drafter's safetensors directory (dspark reads no GGUF yet).")
     v2 = [n for n in names if "_conv" in n or n.startswith("selector")]
     if v2:
         raise DFlashGGUFError(

@@ -85,6 +85,10 @@ def save_dspark(
         elif kind == "rnn":
             tensors["markov_head.joint_proj.weight"] = draw(3 * rank, 2 * rank + h, std=0.2)
             tensors["markov_head.joint_proj.bias"] = draw(3 * rank, std=0.2)
+    if cfg.get("enable_confidence_head"):
+        width = h + (rank if cfg.get("confidence_head_with_markov") else 0)
+        tensors["confidence_head.proj.weight"] = draw(1, width, std=0.1)
+        tensors["confidence_head.proj.bias"] = draw(1, std=0.1)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: t.to(torch.bfloat16).contiguous() for k, t in tensors.items()},
               str(directory / "model.safetensors"))

@@ -161,3 +161,31 @@ def test_refused_by_name(target_dir, dspark_dir, tmp_path, changes, message) -> 
     bad = _variant(dspark_dir, tmp_path / "bad", **changes)
     with pytest.raises(ModelFormatError, match=message):
         LLM(model=str(target_dir), speculative_config=spec(bad))
+
+
+def test_containers_it_does_not_read_are_refused(target_dir, dspark_dir, tmp_path) -> None:
+    exl3 = _variant(dspark_dir, tmp_path / "exl3",
+                    quantization_config={"quant_method": "exl3", "bits": 4})
+    with pytest.raises(ModelFormatError, match="an EXL3 drafter"):
+        LLM(model=str(target_dir), speculative_config=spec(exl3))
+    gguf = tmp_path / "d.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(ModelFormatError, match="a GGUF DSpark drafter is not implemented"):
+        LLM(model=str(target_dir), speculative_config=spec(gguf))
+
+
+def test_a_confidence_head_is_checked_loaded_and_its_cut_refused(target_dir, want,
+                                                                   tmp_path) -> None:
+    """A checkpoint with the confidence head runs (every draft verified, output identical);
+    asking for the cut is refused by name, not ignored."""
+    drafter = save_dspark(tmp_path / "conf", target_dir, enable_confidence_head=True,
+                          confidence_head_with_markov=True)
+    got, llm = generate(target_dir, spec(drafter), PROMPTS[:2])
+    assert got == want[:2]
+    assert_clean(llm)
+    with pytest.raises(RefusedValueError, match="enable_adaptive_verification=true is refused"):
+        LLM(model=str(target_dir), speculative_config=spec(drafter,
+                                                           enable_adaptive_verification=True))
+    broken = _variant(drafter, tmp_path / "noconf", confidence_head_with_markov=False)
+    with pytest.raises(ModelFormatError, match="confidence_head.proj.weight"):
+        LLM(model=str(target_dir), speculative_config=spec(broken))
