@@ -144,3 +144,55 @@ def test_embedding_tap_is_not_layer_zero(target_dir, tmp_path) -> None:
     ref = Reference(target_dir, drafter)  # same weights, taps (-1, 1)
     differ = sum(drafts != ref.drafts(tokens, len(drafts)) for tokens, drafts in seen)
     assert differ > len(seen) // 2, "a tap read from the wrong layer must change the drafts"
+
+
+def reference_loop(ref: Reference, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+    """DeepSpec's greedy decode loop over the equations: draft B, verify with the HF
+    target in one forward, keep the matching prefix plus the target's next token."""
+    b = ref.cfg["block_size"]
+    tokens = list(prompt)
+    with torch.no_grad():
+        tokens.append(int(ref.target(torch.tensor([tokens])).logits[0, -1].argmax()))
+        lengths: list[int] = []
+        while len(tokens) - len(prompt) < n:
+            drafts = ref.drafts(tokens, b)
+            logits = ref.target(torch.tensor([tokens + drafts])).logits[0, len(tokens) - 1 :]
+            nxt = logits.argmax(-1).tolist()
+            a = 0
+            while a < b and drafts[a] == nxt[a]:
+                a += 1
+            tokens += drafts[:a] + [nxt[a]]
+            lengths.append(a + 1)
+    return tokens[len(prompt) :][:n], lengths
+
+
+def test_acceptance_lengths_equal_the_reference_loop(target_dir, trained_dir) -> None:
+    """Per full-block step, tokens produced (accepted + 1) equal the reference loop's."""
+    from .conftest import TRAIN_PROMPTS
+
+    ref = Reference(target_dir, trained_dir)
+    n = 24
+    for prompt in TRAIN_PROMPTS[:2]:
+        want, ref_lengths = reference_loop(ref, prompt, n)
+        llm = LLM(model=str(target_dir), dtype="float32", speculative_config={
+            "method": "dspark", "model": str(trained_dir), "num_speculative_tokens": 7})
+        proposer = llm.engine.spec.proposers[0]
+        steps: list[tuple[int, int]] = []
+        real = proposer.on_verified
+
+        def on_verified(outcome, real=real, steps=steps):
+            steps.extend(zip(outcome.num_draft_tokens, (len(t) for t in outcome.output_token_ids)))
+            real(outcome)
+
+        proposer.on_verified = on_verified
+        out = llm.generate({"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0]
+        assert out.outputs[0].token_ids == want
+        full = []
+        for drafted, produced in steps:  # the full blocks, before the end shortens them
+            if drafted != 7:
+                break
+            full.append(produced)
+        assert len(full) >= 2
+        assert full == ref_lengths[: len(full)]
+        assert max(full) > 1, "the trained drafter must get drafts accepted"
