@@ -81,7 +81,8 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
     names = ckpt.tensor_names
     if any(n.split(".")[0] in ("markov_w1", "markov_w2", "conf_proj") for n in names):
         raise DFlashGGUFError(path, "this 'dflash' GGUF carries a DSpark head (markov_w1/"
-                              "markov_w2/conf_proj). Instead: method 'dspark'.")
+                              "markov_w2/conf_proj). Instead: method 'dspark' with the "
+                              "drafter's safetensors directory (dspark reads no GGUF yet).")
     v2 = [n for n in names if "_conv" in n or n.startswith("selector")]
     if v2:
         raise DFlashGGUFError(
@@ -169,7 +170,7 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
                       device: torch.device) -> tuple[Any, list[str]]:
     """The drafter's weights (``model.DFlashWeights``) and one line per stored type that
     was dequantized. Projections stay quantized where the kernels run them."""
-    from draftwise_dflash.loader import _pack
+    from draftwise_dflash.loader import pack_layers
     from draftwise_dflash.model import DFlashWeights
 
     keep, why = keep_quantized(dtype, device)
@@ -212,7 +213,7 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
                 with torch.no_grad():
                     getattr(layer, slot).copy_(torch.cat([dense(z) for z in zs]))
         layers.append(layer)
-    _pack(layers)
+    pack_layers(layers)
     fc = quant(("fc.weight",), len(cfg.target_layer_ids) * h)
     weights = DFlashWeights(fc if fc is not None else dense("fc.weight"),
                             dense("hidden_norm.weight"), dense("norm.weight"), layers)

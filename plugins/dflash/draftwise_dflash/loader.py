@@ -61,7 +61,7 @@ class DFlashLoader:
         else:
             from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 
-            raw, decl = _container(path)
+            raw, decl = read_container(path, RUNS)
             cfg = parse_config(raw, os.path.join(path, "config.json"))
             packed = _check_tensors(SafetensorsCheckpoint(path), cfg, decl)
             fmt = "safetensors" if decl is None else f"safetensors (NVFP4, {decl.convention})"
@@ -136,14 +136,15 @@ def _gguf_file(path: str) -> str | None:
     return None
 
 
-def _container(path: str) -> tuple[dict[str, Any], Any]:
+def read_container(path: str, runs: str = RUNS) -> tuple[dict[str, Any], Any]:
     """Rule 1: the config dict of a directory this loader runs and its NVFP4 declaration
-    (None: not quantized), else a named refusal."""
+    (None: not quantized), else a named refusal (``runs``: what works, for messages;
+    dspark reuses it)."""
     if not os.path.isdir(path):
-        raise DFlashError(path, f"not a DFlash drafter. Instead: {RUNS}.")
+        raise DFlashError(path, f"not a DFlash drafter. Instead: {runs}.")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
-        raise DFlashError(path, f"no config.json. Instead: {RUNS}.")
+        raise DFlashError(path, f"no config.json. Instead: {runs}.")
     d = read_json(cfg_path)
     quant = d.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method") == "exl3":
@@ -151,12 +152,12 @@ def _container(path: str) -> tuple[dict[str, Any], Any]:
             path,
             f"an EXL3 drafter (bits={quant.get('bits')}, codebook="
             f"{quant.get('codebook', 'mul1')}): EXL3 trellis weights decode only through "
-            f"exllamav3's CUDA kernels. Instead: {RUNS}, or an NVFP4 export.",
+            f"exllamav3's CUDA kernels. Instead: {runs}, or an NVFP4 export.",
             key="quantization_config",
         )
     from draftwise_dflash.nvfp4 import declaration
 
-    return d, declaration(path, d, RUNS)
+    return d, declaration(path, d, runs)
 
 
 def _is_gguf(path: str) -> bool:
@@ -363,7 +364,7 @@ def read_weights(
             convs.append(tuple(  # type: ignore[arg-type]
                 BlockConv(t[f"{p}{n}.base_kernel"], t[f"{p}{n}.kernel_projection.weight"], gs)
                 for n in ("attention_conv", "mlp_conv")))
-    _pack(layers)
+    pack_layers(layers)
     selector = None
     if cfg.v2 is not None:
         selector = SelectorWeights(
@@ -396,7 +397,7 @@ def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtyp
     return out
 
 
-def _pack(layers: list[DecoderLayer]) -> None:
+def pack_layers(layers: list[DecoderLayer]) -> None:
     """The projections in the machine's packed layout (``models.linear``)."""
     slots = [(layer, n) for layer in layers for n in layer._LINEARS
              if isinstance(getattr(layer, n), torch.Tensor)]
@@ -406,4 +407,4 @@ def _pack(layers: list[DecoderLayer]) -> None:
 
 
 __all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "expected_shapes",
-           "read_weights"]
+           "pack_layers", "read_container", "read_weights"]

@@ -113,12 +113,7 @@ class DFlashProposer:
         if not todo:
             return
         dev = self.model.device
-        taps = [torch.cat([rows[p.index].hidden[t] for p in todo])  # type: ignore[index]
-                for t in self.taps]
-        last = int(self.target.config.num_hidden_layers) - 1
-        # z-lab taps HF's hidden_states[id + 1], and HF's last entry is after the final norm
-        taps = [self.target.model.final_norm(x) if t == last else x
-                for t, x in zip(self.taps, taps)]
+        taps = self.context_taps(rows, todo)
         positions = [q for p in todo for q in p.context]
         slots = [s for p in todo
                  for s in slots_of(rows[p.index].block_table, p.context, self.block_size)]
@@ -126,6 +121,21 @@ class DFlashProposer:
         self.model.write_context(ctx, torch.tensor(positions, device=dev),
                                  torch.tensor(slots, device=dev), self.kv)
         self.counters["context_positions"] += len(positions)
+
+    def context_taps(self, rows: list[DraftRow], todo: list[BlockPlan]) -> list[torch.Tensor]:
+        """One ``[T, H]`` tensor per tapped layer over ``todo``'s context positions, in
+        ``self.taps`` order (dspark overrides it for its embedding-output tap)."""
+        return self.context_taps_of(rows, todo, self.taps)
+
+    def context_taps_of(self, rows: list[DraftRow], todo: list[BlockPlan],
+                        layers: tuple[int, ...]) -> list[torch.Tensor]:
+        """The rows' hidden states of target ``layers`` (the last one after the target's
+        final norm: z-lab taps HF's ``hidden_states[id + 1]``, and HF's last is normed)."""
+        taps = [torch.cat([rows[p.index].hidden[t] for p in todo])  # type: ignore[index]
+                for t in layers]
+        last = int(self.target.config.num_hidden_layers) - 1
+        return [self.target.model.final_norm(x) if t == last else x
+                for t, x in zip(layers, taps)]
 
     def _draft(self, rows: list[DraftRow], plans: list[BlockPlan]
                ) -> list[tuple[list[int], list[torch.Tensor]]]:

@@ -1,4 +1,9 @@
-"""draftwise-dspark: DSpark semi-autoregressive block drafters (declared; proposer to come)."""
+"""draftwise-dspark: DeepSeek DSpark semi-autoregressive block drafters.
+
+Built on draftwise-dflash (a declared dependency): DSpark is the DFlash backbone plus a
+Markov transition bias, so the backbone, the context-KV injection and the batching are
+the DFlash plugin's code, imported, not copied.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +11,39 @@ from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
 from draftwise.speculator import Speculator
+
 from draftwise_dspark.options import CAPABILITIES, DESCRIPTION, REFUSALS, DSparkOptions
 
 if TYPE_CHECKING:
     from draftwise.plugins.hookspecs import RegisterSpeculator
+    from draftwise.speculator import Proposer, ProposerContext
+    from pydantic import BaseModel
+
+
+def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
+    """The drafter the loader read, over the KV the core allocated for it."""
+    from draftwise_dspark.proposer import DSparkProposer
+
+    if ctx.kv_cache is None or ctx.target is None:
+        raise ValueError("dspark keeps its KV in the core's pool")
+    return DSparkProposer(
+        ctx.draft, ctx.target, ctx.kv_cache, ctx.num_speculative_tokens, ctx.block_size,
+        probabilistic=ctx.draft_sample_method == "probabilistic",
+    )
 
 
 @hookimpl
 def register_speculators(register: RegisterSpeculator) -> None:
     """Declare method ``dspark``."""
+    from draftwise_dspark.loader import DSparkLoader
+
     register(
         Speculator(
             method="dspark",
             options=DSparkOptions,
-            make_proposer=None,
+            make_proposer=make_proposer,
             refusals=REFUSALS,
+            loader=DSparkLoader(),
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
         )

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from draftwise.config import RefusedValueError
 from draftwise.speculator import Capabilities, Refusal
+from pydantic import BaseModel, ConfigDict, Field
 
 DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "
@@ -34,6 +33,19 @@ REFUSALS: tuple[Refusal, ...] = (
         "drop parallel_drafting, or set it to true",
         values=(False,),
     ),
+    Refusal(
+        "dspark_draft_topk",
+        "top-k drafting from the corrected logits is not implemented in draftwise yet",
+        "drop dspark_draft_topk (drafts are the argmax, or with draft_sample_method "
+        "'probabilistic' a draw from the request's processed corrected distribution)",
+    ),
+    Refusal(
+        "enable_adaptive_verification",
+        "the confidence-head cut is not implemented in draftwise yet (every draft of the "
+        "block is verified)",
+        "drop enable_adaptive_verification, or set it to false",
+        values=(True,),
+    ),
 )
 
 
@@ -51,7 +63,8 @@ def block_size(config: Mapping[str, Any]) -> int | None:
 
 
 class DSparkOptions(BaseModel):
-    """vLLM's dspark keys; k is checked against the block size once the config is read."""
+    """vLLM's dspark keys; k is checked against the block size once the config is read
+    (it must equal it: smaller gives wrong drafts, larger is not drafted)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -86,5 +99,14 @@ class DSparkOptions(BaseModel):
                 "or leave it out to use the block size.",
                 key="num_speculative_tokens", value=k, reason=f"smaller than block size {block}",
                 instead=f"set it to at least {block}, or leave it out",
+            )
+        if k > block:
+            raise RefusedValueError(
+                f"num_speculative_tokens={k} is refused: dspark drafts one block of {block} "
+                f"tokens per step (the checkpoint's block size) and chaining a second block "
+                f"is not implemented, so {k - block} of them would never be drafted. "
+                f"Instead: set it to {block}, or leave it out.",
+                key="num_speculative_tokens", value=k, reason=f"larger than block size {block}",
+                instead=f"set it to {block}, or leave it out",
             )
         return k

@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict
 from draftwise import __version__, hookimpl
 from draftwise.cli import CliState, cli, main
 from draftwise.plugins import DistInfo, PluginHost, load_entry_point_plugins
-from draftwise.plugins.manager import DECLARED_ONLY
 from draftwise.speculator import Speculator
 
 FIVE = {
@@ -40,7 +39,7 @@ def test_plugins_json_lists_the_five_first_party_methods(installed_host: PluginH
     status = {m: s for r in rows for m, s in r["status"].items()}
     assert status == {
         "ngram": "runs", "mtp": "runs", "draft_model": "runs", "dflash": "runs",
-        "dspark": DECLARED_ONLY,
+        "dspark": "runs",
     }
     dflash = next(r for r in rows if r["distribution"] == "draftwise-dflash")
     assert "Formats: safetensors directory" in dflash["descriptions"]["dflash"]
@@ -57,7 +56,7 @@ def test_plugins_table(installed_host: PluginHost) -> None:
     assert result.exit_code == 0
     for name in FIVE:
         assert name in result.stdout
-    assert "dspark: declared only" in result.stdout and "dflash: runs" in result.stdout and "ngram: runs" in result.stdout
+    assert "dspark: runs" in result.stdout and "dflash: runs" in result.stdout and "ngram: runs" in result.stdout
     assert "deepseek_mtp" in result.stdout and "(26 in" in result.stdout
 
 
@@ -161,7 +160,7 @@ def test_plugins_shows_the_conflict_and_what_cannot_run(make_dist, capsys, monke
     assert rows["draftwise-ngram"]["status"]["ngram"].startswith("conflict: 'ngram' also")
     assert rows["draftwise-mtp"]["status"] == {"mtp": "runs"}
     assert rows["draftwise-dflash"]["status"] == {"dflash": "runs"}
-    assert rows["draftwise-dspark"]["status"]["dspark"].startswith("declared only")
+    assert rows["draftwise-dspark"]["status"] == {"dspark": "runs"}
     assert "warning: 'ngram' is claimed twice" in err
 
 

@@ -196,8 +196,7 @@ def test_resolved_config_is_frozen(installed_registry) -> None:
         {
             "method": "dspark",
             "model": "/d",
-            "dspark_draft_topk": 4,
-            "enable_adaptive_verification": True,
+            "num_speculative_tokens": 7,
         },
         {
             "model": "/ckpt/draft",
@@ -282,7 +281,9 @@ class TestWithCheckpoint:
             "use the block size."
         )
         assert cfg.with_checkpoint({"block_size": 4}).num_speculative_tokens == 4
-        assert cfg.with_checkpoint({"block_size": 3}).num_speculative_tokens == 4
+        with pytest.raises(RefusedValueError, match="num_speculative_tokens=4 is refused: "
+                           "dspark drafts one block of 3 tokens per step"):
+            cfg.with_checkpoint({"block_size": 3})
 
     def test_dspark_checkpoint_without_block_size_refused(self, installed_registry) -> None:
         cfg = parse({"method": "dspark", "model": "/d"}, installed_registry)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 from draftwise.config import MissingKeyError, RefusedValueError, parse_speculative_config
 from draftwise_dspark.options import CAPABILITIES, DSparkOptions, block_size
+from pydantic import ValidationError
 
 
 def test_registered(installed_registry) -> None:
@@ -30,9 +29,15 @@ def test_options() -> None:
 
 def test_parsed_options_and_refusals(installed_registry) -> None:
     base = {"method": "dspark", "model": "/ckpt/dspark"}
-    cfg = parse_speculative_config({**base, "dspark_draft_topk": 4}, installed_registry)
+    cfg = parse_speculative_config(base, installed_registry)
     assert cfg is not None and cfg.num_speculative_tokens is None
-    assert cfg.options.dspark_draft_topk == 4  # type: ignore[union-attr]
+    with pytest.raises(RefusedValueError, match="dspark_draft_topk=4 is refused by method"):
+        parse_speculative_config({**base, "dspark_draft_topk": 4}, installed_registry)
+    with pytest.raises(RefusedValueError, match="enable_adaptive_verification=true is refused"):
+        parse_speculative_config({**base, "enable_adaptive_verification": True},
+                                 installed_registry)
+    assert parse_speculative_config({**base, "enable_adaptive_verification": False},
+                                    installed_registry) == cfg
     with pytest.raises(
         RefusedValueError, match="parallel_drafting=false is refused by method 'dspark'"
     ):
@@ -60,7 +65,10 @@ def test_block_size(config: dict, block: int | None) -> None:
 def test_k_at_least_block_size() -> None:
     options = DSparkOptions()
     assert options.check_checkpoint(None, {"block_size": 7}) == 7
-    assert options.check_checkpoint(14, {"block_size": 7}) == 14
+    assert options.check_checkpoint(7, {"block_size": 7}) == 7
+    with pytest.raises(RefusedValueError, match="num_speculative_tokens=14 is refused: dspark "
+                       "drafts one block of 7"):
+        options.check_checkpoint(14, {"block_size": 7})
     with pytest.raises(RefusedValueError) as info:
         options.check_checkpoint(6, {"block_size": 7})
     assert (info.value.key, info.value.value) == ("num_speculative_tokens", 6)

@@ -1,0 +1,131 @@
+"""Per-step cost of a DSpark draft against one target decode step, per Markov type.
+
+As ``dflash_step.py`` (whose random-drafter writer and step timer it reuses): no trained
+DSpark drafter exists for the models on this machine, so this times a RANDOM DeepSpec
+``Qwen3DSparkModel`` drafter of the published shape (``--draft-layers`` layers of the
+target's width, its own embedding and LM head, ``markov_rank`` 256) on the default model,
+one request, greedy, a prompt of ``--context`` tokens. Per block size B (k = B) and Markov
+type: ``draft_ms`` (propose), split into ``draft_context_ms``, ``draft_layers_ms``,
+``draft_markov_ms`` (the sequential pass's bias terms, B batched steps) and the rest
+(the draft's LM head over B rows and the picks); ``verify_ms``; the Markov pass's share of
+the draft step; the break-even ``a*`` accepted drafts per step
+(``1 + a* = (draft + verify) / decode``).
+
+    python benchmarks/dspark_step.py --blocks 7 15 --context 256 --steps 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dflash_step import time_steps, write_random_drafter  # noqa: E402
+
+
+def write_random_dspark(directory: Path, target: Any, block: int, layers: int, kind: str,
+                        rank: int) -> Path:
+    """The DFlash body of ``dflash_step`` plus DeepSpec's own tensors and config keys."""
+    from safetensors.torch import load_file, save_file
+
+    write_random_drafter(directory, target, block, layers)
+    t = load_file(str(directory / "model.safetensors"))
+    cfg = json.loads((directory / "config.json").read_text())
+    c = target.config
+    h, v = c.hidden_size, c.vocab_size
+    gen = torch.Generator().manual_seed(1)
+
+    def rnd(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (std * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+
+    t["embed_tokens.weight"], t["lm_head.weight"] = rnd(v, h), rnd(v, h)
+    if rank:
+        t["markov_head.markov_w1.weight"] = rnd(v, rank)
+        t["markov_head.markov_w2.weight"] = rnd(v, rank)
+        if kind == "gated":
+            t["markov_head.gate_proj.weight"], t["markov_head.gate_proj.bias"] = (
+                rnd(rank, h + rank), rnd(rank))
+        elif kind == "rnn":
+            t["markov_head.joint_proj.weight"], t["markov_head.joint_proj.bias"] = (
+                rnd(3 * rank, 2 * rank + h), rnd(3 * rank))
+    save_file(t, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    sub = cfg.pop("dflash_config")
+    cfg.update(architectures=["Qwen3DSparkModel"], block_size=block, mask_token_id=0,
+               target_layer_ids=sub["target_layer_ids"], markov_rank=rank,
+               markov_head_type=kind, tie_word_embeddings=False)
+    (directory / "config.json").write_text(json.dumps(cfg))
+    return directory
+
+
+def main() -> None:
+    from draftwise import LLM
+    from draftwise_dspark.markov import MarkovHead
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--blocks", type=int, nargs="+", default=[7, 15])
+    ap.add_argument("--kinds", nargs="+", default=["none", "vanilla", "gated", "rnn"])
+    ap.add_argument("--draft-layers", type=int, default=5)
+    ap.add_argument("--rank", type=int, default=256)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=24)
+    args = ap.parse_args()
+    markov = {"ms": 0.0}
+    real = MarkovHead.bias
+
+    def timed_bias(self: Any, *a: Any) -> Any:
+        t0 = time.perf_counter()
+        out = real(self, *a)
+        markov["ms"] += 1e3 * (time.perf_counter() - t0)
+        return out
+
+    MarkovHead.bias = timed_bias  # type: ignore[method-assign]
+    prompt = [(i * 37) % 4000 + 100 for i in range(args.context)]
+    plain = LLM(model=args.model, max_num_seqs=1)
+    base = time_steps(plain, prompt, args.steps)
+    decode = statistics.median(base["forward"])
+    report: dict[str, Any] = {
+        "model": plain.engine.loaded.path, "context": args.context,
+        "threads": torch.get_num_threads(), "draft_layers": args.draft_layers,
+        "markov_rank": args.rank, "decode_ms": round(decode, 3), "runs": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for block in args.blocks:
+            for kind in args.kinds:
+                rank = 0 if kind == "none" else args.rank
+                d = write_random_dspark(Path(tmp) / f"b{block}-{kind}", plain.engine.loaded,
+                                        block, args.draft_layers,
+                                        "vanilla" if kind == "none" else kind, rank)
+                llm = LLM(model=args.model, max_num_seqs=1, speculative_config={
+                    "method": "dspark", "model": str(d), "num_speculative_tokens": block})
+                markov["ms"] = 0.0
+                t = time_steps(llm, prompt, args.steps)
+                steps = max(len(t["propose"]), 1)
+                draft, verify = statistics.median(t["propose"]), statistics.median(t["forward"])
+                ctx, blk = statistics.median(t["context"]), statistics.median(t["block"])
+                mk = markov["ms"] / steps
+                need = (draft + verify) / decode - 1
+                report["runs"][f"B{block}/{kind}"] = {
+                    "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
+                    "draft_context_ms": round(ctx, 3), "draft_layers_ms": round(blk, 3),
+                    "draft_markov_ms": round(mk, 3),
+                    "draft_head_and_pick_ms": round(draft - ctx - blk - mk, 3),
+                    "markov_share_of_draft": round(mk / draft, 3),
+                    "draft_over_decode": round(draft / decode, 3),
+                    "break_even_accepted_per_step": round(need, 2),
+                    "break_even_acceptance_rate": round(need / block, 3),
+                }
+                del llm
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""A DSpark drafter's own config.json: which lane, then :class:`DSparkConfig`.
+
+The lane comes from the draft's ``architectures`` alone (never from the method string,
+never guessed from other keys; ``shared/reference/drafter-formats.md`` §2):
+
+- ``Qwen3DSparkModel`` (DeepSpec native, §2.1; also DeepSpec's ``dflash_*_block7``,
+  §1.7, with ``markov_rank: 0``): a copy of the target's config with the DFlash backbone
+  keys at the top level (``block_size``, ``mask_token_id``, ``target_layer_ids`` where -1
+  is the embedding output), plus ``markov_rank``, ``markov_head_type``,
+  ``enable_confidence_head``, ``confidence_head_with_markov``. Runs.
+- ``DSparkSpeculator`` (speculators, §2.3) and ``DSparkDraftModel`` (SpecForge): known
+  layouts, refused by name until their readers land.
+- a DeepSeek-V4 architecture (or ``dspark_block_size``, V4's key): its DSpark head ships
+  inside the target as ``mtp.*`` blocks, a different family: refused by name.
+- no ``architectures``: refused (not classified by guesswork).
+
+The backbone's keys are DFlash's, so the DFlash plugin's
+:func:`~draftwise_dflash.config.parse_config` reads them (one reader for both plugins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from draftwise_dflash.config import DFLASH1, DFlashConfig, DFlashConfigError
+from draftwise_dflash.config import parse_config as parse_dflash_config
+
+NATIVE = "Qwen3DSparkModel"
+SPECULATORS = "DSparkSpeculator"
+SPECFORGE = "DSparkDraftModel"
+MARKOV_TYPES = ("vanilla", "gated", "rnn")
+RUNS = ("a DeepSpec Qwen3DSparkModel safetensors directory (config.json + *.safetensors, "
+        "bf16/fp16/fp32)")
+
+
+class DSparkConfigError(DFlashConfigError):
+    """A DSpark config this engine cannot honour; the message says which key and what works."""
+
+
+@dataclass(frozen=True, slots=True)
+class DSparkConfig:
+    """What the loader, model and proposer need from a DSpark draft's config."""
+
+    lane: str  # the architecture: NATIVE (the only one that runs today)
+    #: the DFlash backbone (decoder shape, block size, taps with -1 = embedding, mask)
+    backbone: DFlashConfig
+    vocab_size: int
+    markov_rank: int  # 0: no Markov head
+    markov_head_type: str
+    enable_confidence_head: bool
+    confidence_head_with_markov: bool
+
+    @property
+    def block_size(self) -> int:
+        """B: next-token indexing, so all B slots draft."""
+        return self.backbone.block_size
+
+
+def lane_of(d: Mapping[str, Any], path: str) -> str:
+    """The lane from ``architectures`` (module doc); anything else is refused by name."""
+    archs = d.get("architectures")
+    if not archs or not isinstance(archs, list):
+        raise DSparkConfigError(
+            path,
+            "config.json has no architectures, so the DSpark layout is unknown (it is not "
+            f"guessed from other keys). Instead: {RUNS}, whose config names {NATIVE}.",
+        )
+    arch = str(archs[0])
+    if "deepseekv4" in arch.lower().replace("_", "") or "dspark_block_size" in d:
+        raise DSparkConfigError(
+            path,
+            f"architectures={archs!r} is DeepSeek-V4's self-contained DSpark, whose draft "
+            "blocks ship inside the target (mtp.0-2) for a MoE target: another family, not "
+            f"implemented. Instead: {RUNS}.",
+        )
+    if arch in (SPECULATORS, SPECFORGE):
+        layout = "speculators" if arch == SPECULATORS else "SpecForge"
+        raise DSparkConfigError(
+            path,
+            f"architectures={archs!r} is the {layout} DSpark layout, whose reader is not "
+            f"implemented yet. Instead: {RUNS}.",
+        )
+    if arch != NATIVE:
+        raise DSparkConfigError(
+            path, f"architectures={archs!r} is not a DSpark drafter. Instead: {RUNS}."
+        )
+    return arch
+
+
+def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
+    """Read a DeepSpec native DSpark config; refuse what is missing or contradictory."""
+    lane = lane_of(d, path)
+    if d.get("dflash_config") is not None:
+        raise DSparkConfigError(
+            path, "a Qwen3DSparkModel config keeps its keys at the top level, but this one "
+                  "has dflash_config. Instead: the config DeepSpec's save_pretrained writes.",
+        )
+    for key in ("block_size", "mask_token_id", "target_layer_ids"):
+        if key not in d:
+            raise DSparkConfigError(path, f"{key} is missing (DeepSpec writes it at the top "
+                                          "level of config.json)")
+    ids = d["target_layer_ids"]
+    if (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
+            or any(i < -1 for i in ids) or any(a >= b for a, b in pairwise(ids))):
+        raise DSparkConfigError(
+            path, f"target_layer_ids={ids!r} must be strictly increasing ints >= -1 "
+                  "(-1 is the embedding output)")
+    backbone = parse_config_backbone(d, path)
+    rank = d.get("markov_rank", 0)
+    kind = d.get("markov_head_type", "vanilla")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise DSparkConfigError(path, f"markov_rank={rank!r} must be an integer >= 0")
+    if rank and kind not in MARKOV_TYPES:
+        raise DSparkConfigError(
+            path, f"markov_head_type={kind!r} is not one of {', '.join(MARKOV_TYPES)}")
+    vocab = d.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise DSparkConfigError(path, f"vocab_size={vocab!r} must be a positive integer")
+    return DSparkConfig(
+        lane=lane,
+        backbone=backbone,
+        vocab_size=vocab,
+        markov_rank=rank,
+        markov_head_type=str(kind),
+        enable_confidence_head=bool(d.get("enable_confidence_head", False)),
+        confidence_head_with_markov=bool(d.get("confidence_head_with_markov", False)),
+    )
+
+
+def parse_config_backbone(d: Mapping[str, Any], path: str) -> DFlashConfig:
+    """The DFlash backbone through the DFlash reader (it reads top-level keys as well);
+    only the architecture name differs, and it is put back on the result."""
+    from dataclasses import replace
+
+    body = parse_dflash_config({**d, "architectures": [DFLASH1]}, path)
+    return replace(body, architecture=NATIVE)
+
+
+__all__ = ["MARKOV_TYPES", "NATIVE", "RUNS", "SPECFORGE", "SPECULATORS", "DSparkConfig",
+           "DSparkConfigError", "lane_of", "parse_config"]

@@ -1,0 +1,191 @@
+"""dspark through the whole engine: greedy identity per Markov type, batching, prefill
+beside decode, the CLI, ``draftwise plugins``, and the refusals of the loader stage.
+
+bf16 weights for identity: the target's forwards are batch-invariant, so every identity
+is exact whatever shares the batch. The trained drafter (``conftest.train_dspark``)
+makes acceptance far from zero, so accepted drafts and multi-position context writes run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from draftwise import LLM, SamplingParams
+from draftwise.config import RefusedValueError
+from draftwise.formats.errors import ModelFormatError
+
+from .conftest import TRAIN_PROMPTS, save_dspark
+
+PROMPTS = [*TRAIN_PROMPTS[:2], list(range(60, 97)), [100, 101, 102]]
+
+
+def greedy(n: int = 20) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def spec(drafter: Path, k: int | None = 7, **extra: Any) -> dict[str, Any]:
+    out = {"method": "dspark", "model": str(drafter), **extra}
+    if k is not None:
+        out["num_speculative_tokens"] = k
+    return out
+
+
+def generate(target: Path, config: dict | None, prompts: list[list[int]], n: int = 20, **kw):
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, **kw)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n))
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+@pytest.fixture(scope="module")
+def want(target_dir: Path) -> list[list[int]]:
+    """Each prompt alone, speculation off."""
+    return [generate(target_dir, None, [p])[0][0] for p in PROMPTS]
+
+
+def assert_clean(llm: LLM) -> None:
+    assert llm.engine.kv.num_used_blocks == 0
+    assert llm.engine.spec.num_tracked_requests == 0
+    llm.engine.kv.check_invariants()
+
+
+def test_trained_greedy_identical_with_drafts_accepted(target_dir, trained_dir, want) -> None:
+    got, llm = generate(target_dir, spec(trained_dir), PROMPTS, max_num_seqs=4)
+    assert got == want
+    m = llm.engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens
+    assert m.num_accepted_tokens_per_pos[5] > 0, "late block slots must be accepted too"
+    stats = llm.engine.spec.proposer_stats()[0]
+    assert stats["method"] == "dspark"
+    assert stats["draft_forwards"] < stats["rows_drafted"], "one forward for all rows"
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_every_markov_type_is_identical_batched(target_dir, want, tmp_path, kind: str) -> None:
+    drafter = save_dspark(tmp_path / kind, target_dir, kind=kind)
+    got, llm = generate(target_dir, spec(drafter), PROMPTS, max_num_seqs=4)
+    assert got == want
+    stats = llm.engine.spec.proposer_stats()[0]
+    assert stats["markov_steps"] > 0 and llm.engine.spec.metrics.num_draft_tokens > 0
+    assert_clean(llm)
+
+
+def test_prefill_in_the_same_step_and_chunked(target_dir, trained_dir, want) -> None:
+    """Requests arrive while others decode; a small token budget chunks the long prompt."""
+    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(trained_dir),
+              max_num_seqs=4, max_num_batched_tokens=24)
+    engine = llm.engine
+    ids: dict[str, int] = {}
+    done: dict[str, list[int]] = {}
+    mixed = 0
+    for i, p in enumerate(PROMPTS):
+        ids[engine.add_request({"prompt_token_ids": p}, greedy())] = i
+        for _ in range(2):
+            outs = engine.step()
+            done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
+            mixed += engine.spec.metrics.num_drafts > 0 and i > 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
+    assert [done[r] for r in ids] == want
+    assert mixed > 0 and engine.spec.metrics.num_accepted_tokens > 0
+    assert_clean(llm)
+
+
+def test_small_pages_and_preemption_stay_identical(target_dir, trained_dir, want) -> None:
+    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(trained_dir),
+              block_size=4, num_kv_blocks=24, max_model_len=64, max_num_seqs=4,
+              max_num_batched_tokens=48)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy())
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert llm.engine.stats.num_preemptions > 0, "the test must force a preemption"
+    assert_clean(llm)
+
+
+def test_cli_generate_json_and_plugins(target_dir, trained_dir) -> None:
+    from draftwise.cli import cli
+
+    ids = ",".join(str(t) for t in PROMPTS[0])
+    result = CliRunner().invoke(cli, [
+        "generate", "--model", str(target_dir), "--prompt-token-ids", ids, "--max-tokens", "20",
+        "--dtype", "bfloat16", "--speculative-config", json.dumps(spec(trained_dir)), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    sd = doc["speculation"]
+    assert sd["num_spec_tokens"] == 7 and sd["num_accepted_tokens"] > 0
+    assert doc["proposers"][0]["method"] == "dspark"
+    listing = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert listing.exit_code == 0, listing.output
+    row = next(r for r in json.loads(listing.stdout) if "dspark" in r["methods"])
+    assert row["status"] == {"dspark": "runs"}
+
+
+def test_k_defaults_to_and_must_equal_the_block_size(target_dir, dspark_dir) -> None:
+    llm = LLM(model=str(target_dir), speculative_config=spec(dspark_dir, None))
+    assert llm.engine.spec.k == 7
+    for k in (6, 8):
+        with pytest.raises(RefusedValueError, match=f"num_speculative_tokens={k} is refused"):
+            LLM(model=str(target_dir), speculative_config=spec(dspark_dir, k))
+
+
+def _variant(src: Path, dst: Path, **changes: Any) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"architectures": None}, "has no architectures, so the DSpark layout is unknown"),
+    ({"architectures": ["DeepseekV4ForCausalLM"]}, "DeepSeek-V4's self-contained DSpark"),
+    ({"architectures": ["DSparkSpeculator"]}, "speculators DSpark layout, whose reader is not"),
+    ({"architectures": ["DSparkDraftModel"]}, "SpecForge DSpark layout, whose reader is not"),
+    ({"architectures": ["DFlashDraftModel"]}, "is not a DSpark drafter"),
+    ({"markov_head_type": "gated"}, "missing tensors .*gate_proj"),
+    ({"markov_head_type": "lstm"}, "markov_head_type='lstm' is not one of"),
+    ({"target_layer_ids": [1, -1]}, "must be strictly increasing"),
+    ({"target_layer_ids": [-1, 5]}, "outside the target's 0..2"),
+    ({"vocab_size": 600}, "embed_tokens.weight"),
+])
+def test_refused_by_name(target_dir, dspark_dir, tmp_path, changes, message) -> None:
+    bad = _variant(dspark_dir, tmp_path / "bad", **changes)
+    with pytest.raises(ModelFormatError, match=message):
+        LLM(model=str(target_dir), speculative_config=spec(bad))
+
+
+def test_containers_it_does_not_read_are_refused(target_dir, dspark_dir, tmp_path) -> None:
+    exl3 = _variant(dspark_dir, tmp_path / "exl3",
+                    quantization_config={"quant_method": "exl3", "bits": 4})
+    with pytest.raises(ModelFormatError, match="an EXL3 drafter"):
+        LLM(model=str(target_dir), speculative_config=spec(exl3))
+    gguf = tmp_path / "d.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(ModelFormatError, match="a GGUF DSpark drafter is not implemented"):
+        LLM(model=str(target_dir), speculative_config=spec(gguf))
+
+
+def test_a_confidence_head_is_checked_loaded_and_its_cut_refused(target_dir, want,
+                                                                   tmp_path) -> None:
+    """A checkpoint with the confidence head runs (every draft verified, output identical);
+    asking for the cut is refused by name, not ignored."""
+    drafter = save_dspark(tmp_path / "conf", target_dir, enable_confidence_head=True,
+                          confidence_head_with_markov=True)
+    got, llm = generate(target_dir, spec(drafter), PROMPTS[:2])
+    assert got == want[:2]
+    assert_clean(llm)
+    with pytest.raises(RefusedValueError, match="enable_adaptive_verification=true is refused"):
+        LLM(model=str(target_dir), speculative_config=spec(drafter,
+                                                           enable_adaptive_verification=True))
+    broken = _variant(drafter, tmp_path / "noconf", confidence_head_with_markov=False)
+    with pytest.raises(ModelFormatError, match="confidence_head.proj.weight"):
+        LLM(model=str(target_dir), speculative_config=spec(broken))

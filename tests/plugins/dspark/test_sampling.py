@@ -1,0 +1,156 @@
+"""dspark under sampling, through the whole engine, with the Markov-corrected q.
+
+The trained drafter is sharp where the target (temperature 1, top-k 3) is not, so q
+differs from p at every drafted slot. The joint distribution of the 2nd and 3rd generated
+tokens (both from the first step, which verifies the first two drafts of the block) must
+match speculation off for one-hot q (greedy drafting) and for the sampled q of the
+corrected logits under standard and block verification; a wrong accept rule, and q taken
+from the uncorrected logits (the drafts still drawn from the corrected ones), must fail it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from draftwise import LLM, SamplingParams
+from stats import CHI2_9999, chi2_two_sample, pool_rare
+
+from .conftest import TRAIN_PROMPTS
+
+PROMPT = TRAIN_PROMPTS[0]
+N = 2000
+
+
+def bound(dof: int) -> float:
+    """The chi-square 0.9999 quantile: the shared table, past it Wilson-Hilferty (within
+    0.3 of scipy's ``chi2.ppf`` there); a wrong rule spreads mass over more cells."""
+    if dof in CHI2_9999:
+        return CHI2_9999[dof]
+    c = 2.0 / (9.0 * dof)
+    return dof * (1.0 - c + 3.719 * c ** 0.5) ** 3
+
+
+def sample(target: Path, config: dict[str, Any] | None, seed: int, check: bool = True,
+           temperature: float = 1.0) -> Counter:
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
+    params = [
+        SamplingParams(temperature=temperature, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
+                       ignore_eos=True)
+        for i in range(N)
+    ]
+    outs = llm.generate([{"prompt_token_ids": PROMPT}] * N, params)
+    if config is not None and check:
+        m = llm.engine.spec.metrics
+        assert m.num_draft_tokens >= 2 * N, "every request must get two drafts"
+        assert 0 < m.num_accepted_tokens < m.num_draft_tokens, "some drafts must be rejected"
+        assert llm.engine.kv.num_used_blocks == 0
+    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+
+
+@pytest.fixture(scope="module")
+def reference(target_dir: Path) -> Counter:
+    return sample(target_dir, None, seed=1)
+
+
+def config(drafter: Path, **extra: Any) -> dict[str, Any]:
+    return {"method": "dspark", "model": str(drafter), "num_speculative_tokens": 7, **extra}
+
+
+@pytest.mark.parametrize(
+    ("draft_sample_method", "rejection_sample_method"),
+    [("greedy", "standard"), ("probabilistic", "standard"), ("probabilistic", "block")],
+)
+def test_sampling_distribution_matches_spec_off(
+    target_dir: Path, trained_dir: Path, reference: Counter,
+    draft_sample_method: str, rejection_sample_method: str,
+) -> None:
+    on = sample(target_dir, config(trained_dir, draft_sample_method=draft_sample_method,
+                                   rejection_sample_method=rejection_sample_method), seed=2)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat < bound(dof), (stat, dof, reference, on)
+
+
+def test_wrong_accept_rule_is_detected(
+    target_dir: Path, trained_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import draftwise.verify as verify_mod
+
+    # accept with min(1, q/p) instead of min(1, p/q)
+    monkeypatch.setattr(
+        verify_mod, "_standard_accept_prob",
+        lambda p_x, q_x: np.minimum(1.0, q_x / np.maximum(p_x, 1e-30)),
+    )
+    on = sample(target_dir, config(trained_dir, draft_sample_method="probabilistic"), seed=2,
+                check=False)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat > bound(dof), "a wrong accept rule must be caught by the distribution test"
+
+
+@pytest.fixture(scope="module")
+def strong_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained backbone with a strong random Markov head (bias std ~2 logits), so that
+    at temperature 2 the corrected and uncorrected distributions differ clearly inside
+    the target's top 3 (the trained bias is a small refinement of a sharp base)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("ds-strong") / "b7"
+    shutil.copytree(trained_dir, out)
+    t = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
+        t[name] = (torch.randn(t[name].shape, generator=g) * 0.7).to(torch.bfloat16)
+    save_file(t, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_t2(target_dir: Path) -> Counter:
+    return sample(target_dir, None, seed=1, temperature=2.0)
+
+
+def test_strong_markov_bias_matches_spec_off(
+    target_dir: Path, strong_dir: Path, reference_t2: Counter
+) -> None:
+    on = sample(target_dir, config(strong_dir, draft_sample_method="probabilistic"), seed=2,
+                temperature=2.0)
+    stat, dof = chi2_two_sample(*pool_rare(reference_t2, on))
+    assert stat < bound(dof), (stat, dof, reference, on)
+
+
+def test_q_from_the_uncorrected_logits_is_detected(
+    target_dir: Path, strong_dir: Path, reference_t2: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drafts drawn from base + bias, q reported as softmax(base): the test must fail, so
+    it checks that q is the Markov-corrected distribution."""
+    import draftwise_dspark.markov as markov_mod
+    import draftwise_dspark.proposer as proposer_mod
+
+    last: list[Any] = []
+    real_bias = markov_mod.MarkovHead.bias
+
+    def bias(self, prev, h, state):
+        out = real_bias(self, prev, h, state)
+        last[:] = [out[0]]
+        return out
+
+    real_pick = proposer_mod.pick_draft_tokens
+
+    def base_q(logits, params, generators, probabilistic):
+        tok, q = real_pick(logits, params, generators, probabilistic)
+        if q is not None:
+            _, q = real_pick(logits - last[0], params, [None] * len(params), probabilistic)
+        return tok, q
+
+    monkeypatch.setattr(markov_mod.MarkovHead, "bias", bias)
+    monkeypatch.setattr(proposer_mod, "pick_draft_tokens", base_q)
+    on = sample(target_dir, config(strong_dir, draft_sample_method="probabilistic"), seed=2,
+                temperature=2.0)
+    stat, dof = chi2_two_sample(*pool_rare(reference_t2, on))
+    assert stat > bound(dof), ("q from the uncorrected logits must be caught", stat, dof)
