@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from draftwise import LLM, SamplingParams
 
 from .conftest import TRAIN_PROMPTS

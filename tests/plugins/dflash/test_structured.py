@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from draftwise import LLM, SamplingParams
 from draftwise.structured import StructuredOutputsParams
 
