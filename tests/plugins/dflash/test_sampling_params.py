@@ -82,7 +82,7 @@ def test_min_tokens_changes_the_output_where_a_stop_id_is_greedy(target_dir: Pat
     off = token_ids(run(target_dir, None, held)[0])
     assert len(short[0]) == 3 and off[0] != short[0]
     for extra, want in ((cut, short), (held, off)):
-        outs, llm = run(target_dir, spec(trained_dir, 7), extra)
+        _, llm = run(target_dir, spec(trained_dir, 7), extra)
         assert token_ids(outs) == want
         assert llm.engine.spec.metrics.num_accepted_tokens > 0
 
@@ -135,7 +135,7 @@ def test_processed_drafts_are_accepted_more(target_dir: Path, trained_dir: Path,
                                     logits, [rows[p.index].params for p in plans
                                              for _ in range(p.drafts)],
                                     [None] * logits.shape[0], False))
-        outs, llm = run(target_dir, spec(trained_dir, 7), extra)
+        _, llm = run(target_dir, spec(trained_dir, 7), extra)
         m = llm.engine.spec.metrics
         rates.append(m.num_accepted_tokens / m.num_draft_tokens)
     assert rates[0] > rates[1] + 0.5, rates
