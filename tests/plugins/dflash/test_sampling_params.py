@@ -82,7 +82,7 @@ def test_min_tokens_changes_the_output_where_a_stop_id_is_greedy(target_dir: Pat
     off = token_ids(run(target_dir, None, held)[0])
     assert len(short[0]) == 3 and off[0] != short[0]
     for extra, want in ((cut, short), (held, off)):
-        _, llm = run(target_dir, spec(trained_dir, 7), extra)
+        outs, llm = run(target_dir, spec(trained_dir, 7), extra)
         assert token_ids(outs) == want
         assert llm.engine.spec.metrics.num_accepted_tokens > 0
 
