@@ -98,3 +98,14 @@ def test_only_the_finished_prefill_reports_them_and_n_samples_share_them(tiny: P
     check(seen[-1], want)
     out = llm.generate({"prompt_token_ids": PROMPT}, params(n=2, temperature=1.0, seed=1))[0]
     check(out.prompt_logprobs, want)
+
+
+def test_preemption_records_nothing_twice(tiny: Path, want) -> None:
+    """Requests preempted (and recomputed) mid-run keep one entry per prompt token."""
+    llm = LLM(model=str(tiny), dtype="float32", block_size=4, num_kv_blocks=24,
+              max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16)
+    outs = llm.generate([{"prompt_token_ids": PROMPT}] * 4, params(max_tokens=12))
+    assert llm.engine.stats.num_preemptions > 0, "the test must force a preemption"
+    for out in outs:
+        check(out.prompt_logprobs, want)
+    assert llm.engine.kv.num_used_blocks == 0
