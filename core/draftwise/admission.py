@@ -2,8 +2,7 @@
 
 SamplingParams bounds every field on its own (``draftwise.sampling``); what needs the
 model (its vocabulary, context length, tokenizer) is checked here, before the request
-is queued, each refusal naming its field. ``prompt_logprobs`` is refused here: the
-field exists (vLLM's name) but per-prompt-token log-probabilities are not built.
+is queued, each refusal naming its field.
 """
 
 from __future__ import annotations
@@ -41,9 +40,6 @@ def check_params(
         raise RequestError("stop", "this checkpoint has no tokenizer, so stop strings cannot match")
     if params.structured_outputs is not None:
         _check_structured(params)
-    if params.prompt_logprobs is not None:
-        raise RequestError("prompt_logprobs", "prompt_logprobs is not implemented; logprobs "
-                           "(per generated token) is")
 
 
 def _check_structured(params: SamplingParams) -> None:

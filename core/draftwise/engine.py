@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftwise import prompt_logprobs as prompt_lp
 from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError, RequestError
@@ -337,9 +338,16 @@ class LLMEngine:
             drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
         t1 = time.perf_counter()
         starts = [row.request.num_computed_tokens for row in rows]
-        output = self.runner.forward(self._batch(rows, drafts, tables, starts))
+        prompt_rows = [prompt_lp.logit_rows(row.request, s, row.num_new_tokens)
+                       for row, s in zip(rows, starts)]
+        output = self.runner.forward(self._batch(rows, drafts, tables, starts, prompt_rows))
         t2 = time.perf_counter()
-        outcome = self._verify(rows, drafts, output.logits)
+        prompt_logits, logits = prompt_lp.split_logits(
+            output.logits, [len(r) for r in prompt_rows],
+            [drafts.num_draft_tokens[i] + 1 if row.samples else 0 for i, row in enumerate(rows)])
+        for row, s, pr, lg in zip(rows, starts, prompt_rows, prompt_logits):
+            prompt_lp.record(row.request, s, pr, lg, self._decode_token)
+        outcome = self._verify(rows, drafts, logits)
         t3 = time.perf_counter()
         outputs = self._commit(rows, drafts, outcome, output.hidden_states, starts)
         tm.propose += t1 - t0
@@ -354,8 +362,10 @@ class LLMEngine:
         drafts: StepDrafts,
         tables: list[list[int]],
         starts: list[int],
+        prompt_rows: list[list[int]],
     ) -> ForwardBatch:
-        """ONE target forward: each row's new tokens then its drafts; logits where it samples."""
+        """ONE target forward: each row's new tokens then its drafts; logits where it
+        samples, after those of its prompt positions whose ``prompt_logprobs`` it records."""
         token_ids: list[list[int]] = []
         logits_rows: list[list[int]] = []
         draft_rows = drafts.rows()
@@ -366,7 +376,7 @@ class LLMEngine:
                 ids.extend(draft_rows[i].tolist())
             token_ids.append(ids)
             n = row.num_new_tokens
-            logits_rows.append(list(range(n - 1, n + nd)) if row.samples else [])
+            logits_rows.append(prompt_rows[i] + (list(range(n - 1, n + nd)) if row.samples else []))
         hidden_layers = self.spec.hidden_layers if self.spec is not None else ()
         req_ids = [row.request.req_id for row in rows]
         return self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)

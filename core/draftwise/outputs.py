@@ -35,6 +35,7 @@ def request_output(req: Request) -> RequestOutput:
         new_text=req.new_text,
         num_cached_tokens=req.num_cached_tokens,
         error=req.error,
+        prompt_logprobs=_prompt_logprobs(req),
     )
 
 
@@ -63,7 +64,16 @@ def parent_output(parent: ParentRequest, moved: list[Request]) -> RequestOutput:
         new_text="",
         num_cached_tokens=metrics["num_cached_tokens"],
         error=parent.error,
+        prompt_logprobs=_prompt_logprobs(first),
     )
+
+
+def _prompt_logprobs(req: Request) -> list | None:
+    """The prompt's entries once every one is recorded (vLLM returns them whole)."""
+    lps = req.prompt_logprobs
+    if lps is None or len(lps) < req.num_prompt_tokens:
+        return None
+    return list(lps)
 
 
 def request_metrics(req: Request) -> dict[str, Any]:

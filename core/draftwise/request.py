@@ -72,6 +72,9 @@ class Request:
     #: per generated token, when ``params.logprobs`` is set (None otherwise)
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
+    #: per prompt token when ``params.prompt_logprobs`` is set (token 0's is None;
+    #: ``draftwise.prompt_logprobs``), filled as prefill chunks run
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     #: ``n > 1``: the request this one is sample ``index`` of (None: a request of its own)
     parent: ParentRequest | None = None
     index: int = 0
@@ -164,3 +167,5 @@ class RequestOutput:
     #: set when this request failed inside a step (finish_reason "error"); the others in
     #: that step were unaffected
     error: str | None = None
+    #: ``prompt_logprobs``: per prompt token (the first is None), once prefill is done
+    prompt_logprobs: list[PositionLogprobs | None] | None = None

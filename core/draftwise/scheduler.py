@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
-                cached = self.kv.get_computed_blocks(req.req_id, req.all_token_ids)
+                cached = self.kv.get_computed_blocks(req.req_id, cache_lookup_ids(req))
                 req.num_computed_tokens = cached
                 req.num_cached_tokens = max(req.num_cached_tokens, cached)
             need = req.num_tokens - req.num_computed_tokens
@@ -228,7 +229,7 @@ class Scheduler:
         """
         self.kv.free(req.req_id)
         req.num_computed_tokens = 0
-        cached = self.kv.get_computed_blocks(req.req_id, req.all_token_ids)
+        cached = self.kv.get_computed_blocks(req.req_id, cache_lookup_ids(req))
         req.num_computed_tokens = cached
         num_new = min(req.num_tokens - cached, self.max_num_batched_tokens)
         if not self.kv.allocate_slots(req.req_id, cached + num_new):

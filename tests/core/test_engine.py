@@ -122,7 +122,6 @@ def test_seeded_sampling_is_reproducible(tiny_llama: Path) -> None:
         ([1, 2, 3], greedy(logit_bias={99999: 1.0}), "logit_bias"),
         ([1, 2, 3], greedy(allowed_token_ids=(5, 99999)), "allowed_token_ids"),
         ([1, 2, 3], greedy(bad_words=("hello",)), "bad_words"),  # no tokenizer
-        ([1, 2, 3], greedy(prompt_logprobs=2), "prompt_logprobs"),  # not built
         ([1, 2, 3], greedy(n=3, stop_token_ids=(99999,)), "stop_token_ids"),
     ],
 )

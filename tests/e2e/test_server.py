@@ -433,6 +433,34 @@ def _close_logprobs(a: list[dict], b: list[dict]) -> None:
         assert [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
 
 
+def test_prompt_logprobs_identical_with_ngram(served):
+    """vLLM's completions extra: one entry per prompt token (the first None), the actual
+    token and the top-n; n-gram speculation does not change them."""
+    off_url, ng_url = served["off"][0], served["ngram"][0]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "prompt": REPEAT, "max_tokens": 8, "temperature": 0,
+            "prompt_logprobs": 2}
+    off, ng = (httpx.post(f"{u}/v1/completions", json=body, headers=headers,
+                          timeout=60).json() for u in (off_url, ng_url))
+    assert ng["choices"][0]["text"] == off["choices"][0]["text"]
+    a, b = off["choices"][0]["prompt_logprobs"], ng["choices"][0]["prompt_logprobs"]
+    assert len(a) == off["usage"]["prompt_tokens"] == len(b)
+    assert a[0] is None and b[0] is None
+    for x, y in zip(a[1:], b[1:]):
+        assert list(x) == list(y) and len(x) in (2, 3)
+        assert sorted(e["rank"] for e in x.values())[:2] == [1, 2]
+        for t in x:
+            assert x[t]["rank"] == y[t]["rank"]
+            assert x[t]["logprob"] == pytest.approx(y[t]["logprob"], abs=1e-4)
+    assert "prompt_logprobs" not in httpx.post(
+        f"{off_url}/v1/completions", json={**body, "prompt_logprobs": None}, headers=headers,
+        timeout=60).json()["choices"][0]
+    refused = httpx.post(f"{off_url}/v1/completions", json={**body, "stream": True},
+                         headers=headers, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    wait_idle(off_url)
+
+
 def test_penalties_bias_and_logprobs_are_identical_with_ngram(served):
     off_url, ng_url = served["off"][0], served["ngram"][0]
     headers = {"Authorization": f"Bearer {KEY}"}

@@ -24,7 +24,7 @@ from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.server.body import BodyGuard
 from draftwise.server.engine_loop import EngineLoop
 from draftwise.server.errors import APIError, install_handlers
-from draftwise.server.logprobs import chat_logprobs, completion_logprobs
+from draftwise.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.protocol import (
     ChatChoice,
@@ -217,7 +217,11 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                  for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
     )
-    return JSONResponse(resp.to_dict())
+    data = resp.to_dict()
+    if body.prompt_logprobs is not None:  # vLLM's place: every choice carries the prompt's
+        for choice in data["choices"]:
+            choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs or [])
+    return JSONResponse(data)
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

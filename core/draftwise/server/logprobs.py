@@ -2,6 +2,8 @@
 
 Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": None}``.
 Completions (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``.
+Completions' ``prompt_logprobs`` (vLLM's shape): per prompt token ``None`` (the first)
+or ``{token_id: {"logprob", "rank", "decoded_token"}}``.
 Which distribution they come from is the engine's ``logprobs_mode`` (``draftwise.logprobs``).
 A streamed chunk carries the entries of the tokens that step added.
 """
@@ -64,4 +66,13 @@ def completion_logprobs(
     return out
 
 
-__all__ = ["chat_logprobs", "completion_logprobs"]
+
+
+def prompt_logprobs_json(positions: Sequence[PositionLogprobs | None]) -> list[Any]:
+    """vLLM's ``prompt_logprobs``: the actual token first, then the top-n, by token id."""
+    return [None if pos is None else {
+        str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+        for t, lp in pos.items()} for pos in positions]
+
+
+__all__ = ["chat_logprobs", "completion_logprobs", "prompt_logprobs_json"]

@@ -83,6 +83,8 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    #: vLLM extra: top-n log-probabilities of every prompt token (``choices[i].prompt_logprobs``)
+    prompt_logprobs: int | None = None
 
 
 class TextPart(_Strict):
@@ -125,6 +127,9 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
             out.append(("best_of", "best_of > 1 is not supported; send several requests"))
         if req.suffix:
             out.append(("suffix", "suffix (insertion) is not implemented"))
+        if req.prompt_logprobs is not None and req.stream:
+            out.append(("prompt_logprobs",
+                        "prompt_logprobs with stream=true is not implemented; send stream=false"))
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and not req.logprobs:
             out.append(("top_logprobs", "top_logprobs needs logprobs=true"))

@@ -152,6 +152,7 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
     else:
         fields["logprobs"] = body.logprobs
+        fields["prompt_logprobs"] = body.prompt_logprobs
     try:
         return SamplingParams(**fields)
     except ValidationError as exc:

@@ -12,8 +12,10 @@ frontier ``s`` (``row.num_kv_computed``) and ``w = min(k, row.max_draft)`` draft
    the anchor slot drafts nothing). A row with fewer than k drafts runs a shorter block,
    as z-lab's loop does near ``max_length``;
 3. picking: DFlash1 takes each slot's argmax, or samples each slot from the request's
-   processed distribution (``draft_sample_method: "probabilistic"``, q kept); DFlash2
-   walks the candidate selector (:func:`~draftwise_dflash.conv.selector_walk`);
+   processed distribution (``draft_sample_method: "probabilistic"``, q kept), after the
+   request's penalties, bias and masks where it has any (``row.history``: slot ``j`` sees
+   slots ``< j``'s picks); DFlash2 walks the candidate selector
+   (:func:`~draftwise_dflash.conv.selector_walk`) on unprocessed scores;
 4. ``kv_valid = n - 1``: the context is right whatever verify keeps; the block's K/V
    (positions ``n-1`` on) is scratch, overwritten by the next context write.
 
@@ -156,9 +158,12 @@ class DFlashProposer:
         self.counters["draft_forwards"] += 1
         if model.w.selector is not None:
             return self._walk(rows, plans, hidden, logits)
-        rep = [rows[p.index] for p in plans for _ in range(p.drafts)]
-        tok, q = pick_draft_tokens(logits, [r.params for r in rep], [r.generator for r in rep],
-                                   self.probabilistic)
+        if any(rows[p.index].history is not None for p in plans):
+            tok, q = self._pick_in_order(rows, plans, logits)
+        else:
+            rep = [rows[p.index] for p in plans for _ in range(p.drafts)]
+            tok, q = pick_draft_tokens(logits, [r.params for r in rep],
+                                       [r.generator for r in rep], self.probabilistic)
         out, at = [], 0
         for p in plans:
             span = slice(at, at + p.drafts)
@@ -172,6 +177,38 @@ class DFlashProposer:
             out.append((toks, qs))
             at += p.drafts
         return out
+
+    def _pick_in_order(self, rows: list[DraftRow], plans: list[BlockPlan],
+                       logits: torch.Tensor  # [N, V] the block's slots, row-major
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [N], [N, V] | None
+        """Rule 3 with the request's penalties, bias and masks: slot ``j`` is processed
+        with the history after slots ``< j``'s picks (``history.after``), so one call per
+        slot column; the block forward stays one. Exact without it (verify processes the
+        target), but a draft that ignores a penalty proposes what verify rejects."""
+        starts = [0]
+        for p in plans:
+            starts.append(starts[-1] + p.drafts)
+        tok = torch.empty(logits.shape[0], dtype=torch.int64)
+        q = torch.zeros(logits.shape, dtype=torch.float32) if self.probabilistic else None
+        sampled = False
+        picked: list[list[int]] = [[] for _ in plans]
+        for j in range(max(p.drafts for p in plans)):
+            live = [i for i, p in enumerate(plans) if p.drafts > j]
+            at = torch.tensor([starts[i] + j for i in live])
+            rs = [rows[plans[i].index] for i in live]
+            hist = [None if r.history is None else r.history.after(picked[i])
+                    for i, r in zip(live, rs)]
+            t, qj = pick_draft_tokens(logits[at], [r.params for r in rs],
+                                      [r.generator for r in rs], self.probabilistic, hist)
+            tok[at] = t
+            if q is not None:
+                if qj is None:
+                    q[at, t] = 1.0
+                else:
+                    q[at], sampled = qj, True
+            for i, v in zip(live, t.tolist()):
+                picked[i].append(v)
+        return tok, q if sampled else None
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] float32
         """z-lab ``compute_logits``: ``output_multiplier``, then ``final_logit_softcapping``."""
