@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.models.batch import ForwardBatch
 from draftwise.outputs import parent_output, request_metrics, request_output
 from draftwise.parallel import ParentRequest, child_params
+from draftwise.prompts import PromptReader, PromptType
 from draftwise.request import Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
@@ -41,11 +41,8 @@ from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.drafts import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher
-from draftwise.text import check_text
 
 logger = logging.getLogger("draftwise.engine")
-
-PromptType = str | dict[str, Any] | list[int]
 
 
 @dataclass(slots=True)
@@ -95,8 +92,8 @@ class LLMEngine:
         self.kv = parts.kv
         self.scheduler = parts.scheduler
         self.max_model_len = parts.max_model_len
-        #: the longest text prompt that could fit the context (see ``prompt_char_limit``)
-        self.max_prompt_chars = prompt_char_limit(self.tokenizer, self.max_model_len)
+        #: turns prompts into checked token ids (``draftwise.prompts``)
+        self.prompts = PromptReader(self.tokenizer, self.max_model_len)
         self.spec: Speculation | None = parts.speculation
         self.spec_config = parts.spec_config
         self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
@@ -127,47 +124,7 @@ class LLMEngine:
         reads only the tokenizer, whose encode releases the GIL. Text is checked for
         validity and length before it is tokenized, so a huge prompt costs nothing.
         """
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("prompt", "this checkpoint has no tokenizer: pass token ids")
-            self._check_prompt_text("prompt", prompt, len(prompt))
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), self._prompt_ids(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self.tokenize_prompt(str(prompt["prompt"]))
-            raise RequestError("prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, list | tuple):
-            return None, self._prompt_ids(prompt)
-        raise RequestError("prompt", f"unsupported prompt type {type(prompt).__name__}")
-
-    def _prompt_ids(self, values: Any) -> list[int]:
-        """Given token ids as ints, refused by length before anything scans them."""
-        if hasattr(values, "__len__"):
-            self._check_prompt_tokens(len(values))
-        return _token_ids(values)
-
-    def _check_prompt_tokens(self, num_tokens: int) -> None:
-        """The prompt must leave room for at least one generated token."""
-        if num_tokens >= self.max_model_len:
-            raise RequestError(
-                "prompt",
-                f"the prompt has {num_tokens} tokens; the context is {self.max_model_len} "
-                "and at least one token must be generated",
-            )
-
-    def _check_prompt_text(self, field: str, text: str, num_chars: int) -> None:
-        """Refuse invalid text, and text too long to fit the context, before tokenizing."""
-        check_text(field, text)
-        limit = self.max_prompt_chars
-        if limit is not None and num_chars > limit:
-            raise RequestError(
-                field,
-                f"the prompt has {num_chars} characters; no more than {limit} can fit the "
-                f"context of {self.max_model_len} tokens (a token of this vocabulary covers "
-                f"at most {limit // self.max_model_len} characters)",
-            )
+        return self.prompts.tokenize(prompt)
 
     def add_request(
         self,
@@ -193,7 +150,7 @@ class LLMEngine:
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise RequestError("prompt", "the prompt is empty")
-        self._check_prompt_tokens(len(ids))  # before the per-token scan below
+        self.prompts.check_tokens(len(ids))  # before the per-token scan below
         check_params(params, ids, self.loaded.config.vocab_size, self.max_model_len,
                      self.tokenizer is not None)
         bad_words: tuple[tuple[int, ...], ...] = ()
@@ -632,34 +589,5 @@ class LLMEngine:
         Thread-safe like :meth:`tokenize_prompt`; message text is checked (valid Unicode,
         not longer than the context could hold) before the template runs.
         """
-        total = 0
-        for i, msg in enumerate(messages):
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, str):
-                check_text(f"messages[{i}].content", content)
-                total += len(content)
-        if self.tokenizer is not None:
-            self._check_prompt_text("messages", "", total)
+        self.prompts.check_messages(messages)
         return self.loaded.encode_chat(messages, add_generation_prompt=add_generation_prompt)
-
-
-def prompt_char_limit(tokenizer: Any, max_model_len: int) -> int | None:
-    """Characters beyond which a text prompt cannot fit ``max_model_len`` tokens.
-
-    Each token of a byte-level or SentencePiece vocabulary covers at most as many input
-    characters as its longest vocabulary entry has (a byte-level entry spells one
-    character per byte, and a character is at least one byte), so a prompt of more than
-    ``max_model_len * longest`` characters needs more tokens than the context holds. The
-    check is a length comparison, run before the tokenizer ever sees the text.
-    """
-    if tokenizer is None:
-        return None
-    return max_model_len * max(1, int(tokenizer.max_token_chars))
-
-
-def _token_ids(values: Any) -> list[int]:
-    """Prompt token ids as ints; anything else is a named refusal."""
-    try:
-        return [operator.index(t) for t in values]
-    except TypeError:
-        raise RequestError("prompt_token_ids", "token ids must be integers") from None

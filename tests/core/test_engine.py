@@ -174,17 +174,17 @@ def byte_level_tokenizer() -> object:
 @pytest.fixture
 def text_engine(tiny_llama: Path) -> LLMEngine:
     """The tiny llama (no tokenizer of its own) given the byte-level tokenizer above."""
-    from draftwise.engine import prompt_char_limit
+    from draftwise.prompts import PromptReader
 
     engine = LLMEngine(EngineArgs(model=str(tiny_llama), dtype="bfloat16", max_model_len=64))
     engine.tokenizer = byte_level_tokenizer()
-    engine.max_prompt_chars = prompt_char_limit(engine.tokenizer, engine.max_model_len)
+    engine.prompts = PromptReader(engine.tokenizer, engine.max_model_len)
     return engine
 
 
 def test_prompt_char_limit_is_context_times_longest_token(text_engine: LLMEngine) -> None:
     assert text_engine.tokenizer.max_token_chars == 8
-    assert text_engine.max_prompt_chars == 64 * 8
+    assert text_engine.prompts.max_chars == 64 * 8
 
 
 def test_too_long_text_is_refused_before_tokenizing(text_engine: LLMEngine, monkeypatch) -> None:

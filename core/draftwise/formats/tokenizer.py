@@ -123,7 +123,7 @@ class Tokenizer:
 
         A byte-level entry spells one character per byte, so this bounds the input
         characters one token can cover: the engine's prompt-length check before
-        tokenizing (``draftwise.engine.prompt_char_limit``) rests on it. Read from the
+        tokenizing (``draftwise.prompts.prompt_char_limit``) rests on it. Read from the
         backend's vocabulary unless the constructor was told (building that dict for 150k
         tokens is ~0.35 s of start-up; a GGUF's token list gives it for free).
         """
