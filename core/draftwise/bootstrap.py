@@ -161,7 +161,7 @@ def build_depth_policy(
 ) -> DepthPolicy:
     """Adaptive depth over a cost model timed on this machine (or read from its cache)."""
     from draftwise.adaptive import DepthPolicy
-    from draftwise.cost_model import measure_costs, model_identity
+    from draftwise.cost_model import code_identity, measure_costs, model_identity
 
     settings = spec_config.adaptive
     if settings is None:
@@ -171,6 +171,7 @@ def build_depth_policy(
     if settings.cost_cache:
         key = {
             "model": model_identity(runner.loaded.path),
+            "code": code_identity(),
             "dtype": str(next(model.parameters()).dtype),
             "threads": threads,
             "backend": str(getattr(model, "weight_backend", "dense")),

@@ -239,6 +239,23 @@ def _cache_path(key: dict[str, Any]) -> Path:
     return cache_dir() / "cost-model" / f"{digest[:24]}.json"
 
 
+def code_identity() -> dict[str, Any]:
+    """What identifies the code that ran the timing: the package version and the compiled
+    kernels (a rebuilt or upgraded kernel changes every cost, so it must not reuse a grid
+    timed on the old one)."""
+    import draftwise
+
+    out: dict[str, Any] = {"version": getattr(draftwise, "__version__", "")}
+    try:
+        from draftwise import _cpu_kernels
+
+        st = Path(_cpu_kernels.__file__).stat()
+        out["kernels"] = {"size": st.st_size, "mtime": st.st_mtime_ns}
+    except (ImportError, OSError, TypeError):
+        out["kernels"] = None
+    return out
+
+
 def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What identifies a checkpoint for the cache: its path, size and modification time."""
     p = Path(path)
@@ -249,4 +266,7 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {"path": str(p)}
 
 
-__all__ = ["CostModel", "cache_dir", "measure_costs", "model_identity", "monotone", "rows_grid"]
+__all__ = [
+    "CostModel", "cache_dir", "code_identity", "measure_costs", "model_identity", "monotone",
+    "rows_grid",
+]

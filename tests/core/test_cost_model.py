@@ -60,6 +60,13 @@ def test_measured_on_a_tiny_model_and_cached(tmp_path: Path, monkeypatch) -> Non
     again = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=2)
     assert again.engine.spec.policy.cost.source == "cache"
     assert again.engine.spec.policy.cost.seconds == cost.seconds
+    # rebuilt kernels (or another version) time again: a grid never outlives its code
+    import draftwise.cost_model as cm
+
+    real = cm.code_identity
+    monkeypatch.setattr(cm, "code_identity", lambda: {**real(), "kernels": {"size": -1}})
+    rebuilt = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=2)
+    assert rebuilt.engine.spec.policy.cost.source == "measured"
 
 
 def test_pool_too_small_for_the_timing_batch_is_refused_by_name(tmp_path: Path) -> None:

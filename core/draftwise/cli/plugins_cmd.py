@@ -52,8 +52,17 @@ def plugins(ctx: click.Context, as_json: bool) -> None:
             _short(row.aliases), ", ".join(h.removeprefix("register_") for h in row.hooks),
             status,
         )
+    # one row per method: what it is and which checkpoint formats it reads (its description)
+    methods = Table(title="methods", title_justify="left")
+    for column in ("Method", "Status", "What it runs (formats)"):
+        methods.add_column(column, no_wrap=column == "Method", overflow="fold")
+    for row in rows:
+        described = dict(row.descriptions)
+        for method, status in row.status:
+            methods.add_row(method, status, described.get(method) or "-")
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     if rows:
         console.print(table)
+        console.print(methods)
     else:
         console.print("no plugins loaded (install one, e.g. pip install draftwise-ngram)")

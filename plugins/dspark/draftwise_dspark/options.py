@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "
-    "on target hidden states."
+    "on target hidden states (vanilla, gated and rnn Markov heads). Formats: DeepSpec's native "
+    "Qwen3DSparkModel safetensors directory; the speculators and SpecForge layouts, GGUF, "
+    "NVFP4 and EXL3 drafters are refused by name."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,

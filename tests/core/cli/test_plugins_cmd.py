@@ -58,6 +58,10 @@ def test_plugins_table(installed_host: PluginHost) -> None:
         assert name in result.stdout
     assert "dspark: runs" in result.stdout and "dflash: runs" in result.stdout and "ngram: runs" in result.stdout
     assert "deepseek_mtp" in result.stdout and "(26 in" in result.stdout
+    # the methods table says what each runs and which formats it reads
+    flat = " ".join(result.stdout.split())
+    assert "What it runs (formats)" in result.stdout
+    assert "NVFP4 ModelOpt" in flat and "Qwen3DSparkModel" in flat
 
 
 def test_plugins_with_an_in_test_host(plugin_host: PluginHost) -> None:
