@@ -41,14 +41,6 @@ from draftwise.server.protocol import (
     ModelList,
     new_id,
 )
-from draftwise.server.tools import (
-    ToolPlan,
-    chat_template_of,
-    finish_reason as call_finish_reason,
-    parse_calls,
-    tool_names,
-    tool_plan,
-)
 from draftwise.server.serving import (
     Chunks,
     ServerConfig,
@@ -58,6 +50,16 @@ from draftwise.server.serving import (
     start,
     stream_events,
     usage_of,
+)
+from draftwise.server.tools import (
+    ToolPlan,
+    chat_template_of,
+    parse_calls,
+    tool_names,
+    tool_plan,
+)
+from draftwise.server.tools import (
+    finish_reason as call_finish_reason,
 )
 
 logger = logging.getLogger("draftwise.server")

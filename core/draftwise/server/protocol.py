@@ -136,9 +136,9 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
         if req.prompt_logprobs is not None and req.stream:
             out.append(("prompt_logprobs",
                         "prompt_logprobs with stream=true is not implemented; send stream=false"))
-    if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
-            out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None \
+            and not req.logprobs:
+        out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
     return out
 
 

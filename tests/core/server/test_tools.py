@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import llguidance
@@ -126,8 +127,8 @@ class _ByteTokenizer:
 
     eos_token_id = 256
     bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-    special_token_ids = [256]
+    tokens: ClassVar[list[bytes]] = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids: ClassVar[list[int]] = [256]
 
     def __call__(self, s: bytes | str) -> list[int]:
         return list(s.encode() if isinstance(s, str) else s)
