@@ -582,12 +582,15 @@ class LLMEngine:
     # -- chat -----------------------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Render a conversation with the checkpoint's chat template and tokenize it.
+        """Render a conversation (and OpenAI function ``tools``) with the checkpoint's chat
+        template and tokenize it.
 
         Thread-safe like :meth:`tokenize_prompt`; message text is checked (valid Unicode,
         not longer than the context could hold) before the template runs.
         """
         self.prompts.check_messages(messages)
-        return self.loaded.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        return self.loaded.encode_chat(messages, add_generation_prompt=add_generation_prompt,
+                                       tools=tools)

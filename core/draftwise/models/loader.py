@@ -90,12 +90,14 @@ class LoadedModel:
         return self.model.dtype
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Prompt ids for a conversation, through the model's own chat template."""
         if self.chat_template is None or self.tokenizer is None:
             raise ModelFormatError(self.path, "this model has no chat template or tokenizer")
-        return self.chat_template.encode(self.tokenizer, messages, add_generation_prompt)
+        return self.chat_template.encode(self.tokenizer, messages, add_generation_prompt,
+                                         tools=tools)
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

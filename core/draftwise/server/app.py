@@ -51,6 +51,16 @@ from draftwise.server.serving import (
     stream_events,
     usage_of,
 )
+from draftwise.server.tools import (
+    ToolPlan,
+    chat_template_of,
+    parse_calls,
+    tool_names,
+    tool_plan,
+)
+from draftwise.server.tools import (
+    finish_reason as call_finish_reason,
+)
 
 logger = logging.getLogger("draftwise.server")
 
@@ -179,7 +189,7 @@ class ChatChunks(Chunks):
                            tuple(range(self.body.n or 1)))
 
     def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
-              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict | None:
         """A content delta; the last has the finish reason (and no content when empty)."""
         return self._chunk(DeltaMessage(content=text or None), finish_reason, final, (index,),
                            logprobs)
@@ -194,6 +204,56 @@ class ChatChunks(Chunks):
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                     choices=[], usage=usage_of(final))
         return chunk.to_dict()
+
+
+class ToolChatChunks(ChatChunks):
+    """Chat chunks when the output is read for tool calls: buffered to the end.
+
+    A ``<tool_call>`` block is only known to be one once it closes and parses, so the
+    text is held back and the last event carries it all: the content outside the calls
+    (if any), every parsed call as a ``tool_calls`` delta, all the tokens' logprobs, and
+    the finish reason (``tool_calls`` when a call was made). The role chunk still comes
+    first.
+    """
+
+    def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, request_id: str,
+                 plan: ToolPlan) -> None:
+        super().__init__(ctx, body, request_id)
+        self.names = tool_names(plan)
+        self._text: dict[int, str] = {}
+        self._logprobs: dict[int, list[Any]] = {}
+
+    def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict | None:
+        """Nothing until the choice finishes; then the whole reply at once."""
+        self._text[index] = self._text.get(index, "") + text
+        if logprobs is not None:
+            self._logprobs.setdefault(index, []).extend(logprobs["content"])
+        if finish_reason is None:
+            return None
+        content, calls = parse_calls(self._text.pop(index), self.names)
+        lps = self._logprobs.pop(index, None)
+        data = self._chunk(DeltaMessage(content=content),
+                           call_finish_reason(finish_reason, calls),
+                           final, (index,),
+                           {"content": lps, "refusal": None} if lps is not None else None)
+        if calls:
+            data["choices"][0]["delta"]["tool_calls"] = [
+                {"index": i, **call} for i, call in enumerate(calls)]
+        return data
+
+
+def _chat_choice(body: ChatCompletionRequest, c: CompletionOutput,
+                 plan: ToolPlan | None) -> ChatChoice:
+    """One choice of a non-streamed reply; with tools, its calls parsed out of the text."""
+    content: str | None = c.text
+    calls: list[dict[str, Any]] = []
+    if plan is not None and plan.parses:
+        content, calls = parse_calls(c.text, tool_names(plan))
+    return ChatChoice(index=c.index,
+                      message=ChatResponseMessage(content=content, tool_calls=calls),
+                      logprobs=_chat_logprobs(body, c, 0, len(c.token_ids)),
+                      finish_reason=call_finish_reason(c.finish_reason, calls))
 
 
 def _ctx(request: Request) -> ServingContext:
@@ -228,17 +288,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """POST /v1/chat/completions."""
     ctx = _ctx(request)
     request_id = new_id("chatcmpl")
-    stream = await start(ctx, body, request_id)
+    plan = tool_plan(body, chat_template_of(ctx.loop.engine))
+    stream = await start(ctx, body, request_id, plan)
     if body.stream:
-        events = stream_events(ctx, stream, ChatChunks(ctx, body, request_id))
+        chunks = (ToolChatChunks(ctx, body, request_id, plan) if plan is not None and plan.parses
+                  else ChatChunks(ctx, body, request_id))
+        events = stream_events(ctx, stream, chunks)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     out = await collect(ctx, stream, request)
     resp = ChatCompletionResponse(
         id=request_id, model=ctx.config.model_name,
-        choices=[ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                            logprobs=_chat_logprobs(body, c, 0, len(c.token_ids)),
-                            finish_reason=c.finish_reason)
-                 for c in out.outputs],
+        choices=[_chat_choice(body, c, plan) for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
     )
     return JSONResponse(resp.to_dict())

@@ -95,12 +95,18 @@ class TextPart(_Strict):
 
 
 class ChatMessage(BaseModel):
-    """One conversation turn; extra keys (``name``, ``tool_calls``) pass to the template."""
+    """One conversation turn; extra keys pass to the template.
+
+    OpenAI's tool turns are typed: an assistant's ``tool_calls`` (each with
+    ``function.arguments`` as a JSON string) and a ``tool`` message's ``tool_call_id``.
+    """
 
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -130,14 +136,9 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
         if req.prompt_logprobs is not None and req.stream:
             out.append(("prompt_logprobs",
                         "prompt_logprobs with stream=true is not implemented; send stream=false"))
-    if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
-            out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
-        if req.tools:
-            out.append(("tools", "tool calling is not implemented (the default model's chat "
-                        "template does not render tools); to get a call's arguments, send "
-                        "response_format {'type': 'json_schema'} with the function's "
-                        "parameters schema"))
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None \
+            and not req.logprobs:
+        out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
     return out
 
 
@@ -218,7 +219,8 @@ class ChatResponseMessage(BaseModel):
     """The assistant message of a chat completion."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    #: None when the reply is only tool calls (OpenAI's shape)
+    content: str | None
     refusal: None = None
     tool_calls: list[Any] = Field(default_factory=list)
 

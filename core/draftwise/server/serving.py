@@ -37,6 +37,7 @@ from draftwise.server.protocol import (
     unsupported_fields,
 )
 from draftwise.server.structured import structured_outputs
+from draftwise.server.tools import ToolPlan, template_messages
 from draftwise.text import invalid_text_at, printable
 
 logger = logging.getLogger("draftwise.server")
@@ -124,8 +125,10 @@ def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def sampling_params(body: AnyRequest) -> SamplingParams:
+def sampling_params(body: AnyRequest, tools: ToolPlan | None = None) -> SamplingParams:
     """The request's SamplingParams, checked before any tokenizing: a bad value is a 400.
+
+    A forced tool call (``tools``) is the output constraint; it cannot join another.
 
     The bounds are SamplingParams' own (the same for the CLI and the Python API). A chat
     request without a limit gets "as many tokens as fit", filled in once the prompt's
@@ -143,7 +146,7 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         "ignore_eos": bool(body.ignore_eos),
         "include_stop_str_in_output": bool(body.include_stop_str_in_output),
         "skip_special_tokens": body.skip_special_tokens is not False,
-        "structured_outputs": structured_outputs(body),
+        "structured_outputs": _constraint(body, tools),
     }
     for name in ("top_p", "top_k", "min_p", *_PROCESSING_FIELDS):
         if getattr(body, name) is not None:
@@ -159,6 +162,18 @@ def sampling_params(body: AnyRequest) -> SamplingParams:
         raise _rename(from_sampling_error(exc), body) from None
 
 
+def _constraint(body: AnyRequest, tools: ToolPlan | None) -> Any:
+    """The one output constraint: the body's, or a forced tool call's."""
+    own = structured_outputs(body)
+    if tools is None or tools.constraint is None:
+        return own
+    if own is not None:
+        raise APIError(f"tool_choice: {tools.choice!r} constrains the output to a tool call, "
+                       "so it cannot be combined with response_format or guided_* fields",
+                       param="tool_choice", code="invalid_value")
+    return tools.constraint
+
+
 #: request fields passed to SamplingParams under their own names (OpenAI's, then vLLM's)
 _PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias",
                       "repetition_penalty", "min_tokens", "allowed_token_ids", "bad_words")
@@ -171,14 +186,16 @@ def _max_tokens(body: AnyRequest) -> int | None:
     return body.max_tokens
 
 
-def make_build(body: AnyRequest, params: SamplingParams) -> Callable[[Any], tuple[Any, Any]]:
+def make_build(body: AnyRequest, params: SamplingParams,
+               tools: ToolPlan | None = None) -> Callable[[Any], tuple[Any, Any]]:
     """The function a tokenizer thread runs: the prompt's ids, and the final params."""
 
     def build(engine: Any) -> tuple[Any, Any]:
         if isinstance(body, ChatCompletionRequest):
             text = None
-            ids = list(engine.apply_chat_template(_messages(body),
-                                                  bool(body.add_generation_prompt)))
+            extra = {"tools": list(tools.tools)} if tools is not None else {}
+            ids = list(engine.apply_chat_template(template_messages(_messages(body)),
+                                                  bool(body.add_generation_prompt), **extra))
         else:
             prompt: Any = body.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
@@ -216,15 +233,16 @@ def _rename(err: APIError, body: AnyRequest) -> APIError:
     return err
 
 
-async def start(ctx: ServingContext, body: AnyRequest, request_id: str) -> RequestStream:
+async def start(ctx: ServingContext, body: AnyRequest, request_id: str,
+                tools: ToolPlan | None = None) -> RequestStream:
     """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
     check_request(ctx, body)
-    params = sampling_params(body)
+    params = sampling_params(body, tools)
     speculative = speculative_params(body)
     try:
         if speculative is not None:  # before tokenizing: the server's limits are known
             check_against(speculative, getattr(ctx.loop.engine, "spec", None))
-        return await ctx.loop.submit(request_id, make_build(body, params),
+        return await ctx.loop.submit(request_id, make_build(body, params, tools),
                                      speculative=speculative)
     except APIError as exc:
         raise _rename(exc, body) from None
@@ -340,7 +358,7 @@ class _ChoiceStream:
         self.done = False
 
     def events(self, chunks: Chunks, completion: CompletionOutput,
-               out: RequestOutput) -> list[dict[str, Any]]:
+               out: RequestOutput) -> list[dict[str, Any] | None]:
         """The chunks this output adds for the choice (none once it has finished)."""
         if self.done:
             return []
@@ -405,8 +423,11 @@ class Chunks(ABC):
 
     @abstractmethod
     def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
-              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
-        """A text event of choice ``index``; ``final`` is the finished output on the last."""
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict | None:
+        """A text event of choice ``index``; ``final`` is the finished output on the last.
+
+        None holds the event back (tool calls buffer their text until the end).
+        """
 
     def logprobs(self, completion: CompletionOutput, start: int, end: int,
                  offset: int) -> dict[str, Any] | None:
@@ -438,7 +459,8 @@ async def stream_events(ctx: ServingContext, stream: RequestStream,
             for completion in out.outputs:
                 state = choices.setdefault(completion.index, _ChoiceStream(body))
                 for event in state.events(chunks, completion, out):
-                    yield sse(event)
+                    if event is not None:
+                        yield sse(event)
         if chunks.include_usage and final is not None:
             yield sse(chunks.usage(final))
         yield sse("[DONE]")
