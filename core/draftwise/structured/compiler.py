@@ -14,6 +14,8 @@ each request gets a ``deep_copy`` of it, which is cheaper than parsing the gramm
 
 from __future__ import annotations
 
+import json
+
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
@@ -115,7 +117,7 @@ class GrammarCompiler:
                 )
             try:
                 self._ll_tokenizer = llguidance.LLTokenizer(
-                    tok.backend.to_str(), n_vocab=self.vocab_size,
+                    _text_added_tokens_as_vocab(tok.backend.to_str()), n_vocab=self.vocab_size,
                     eos_token=self._eos,
                 )
             except Exception as exc:  # noqa: BLE001 - the library says what it cannot read
@@ -126,6 +128,25 @@ class GrammarCompiler:
                 ) from None
             self._executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
         return self._ll_tokenizer
+
+
+def _text_added_tokens_as_vocab(tokenizer_json: str) -> str:
+    """The tokenizer as llguidance should see it: only special added tokens stay "added".
+
+    llguidance treats every added token as special (never text) when it matches tokens,
+    yet tokenizes forced text through the tokenizer, which maps e.g. Qwen's non-special
+    ``<tool_call>`` (id 151657) to that one token: the mask then allowed a token the
+    matcher refused to consume. Left in the vocabulary only, such a token is ordinary
+    text on both sides, so a grammar that spells ``<tool_call>`` accepts the model's own
+    token for it.
+    """
+    spec = json.loads(tokenizer_json)
+    added = spec.get("added_tokens") or []
+    kept = [t for t in added if t.get("special", True)]
+    if len(kept) == len(added):
+        return tokenizer_json
+    spec["added_tokens"] = kept
+    return json.dumps(spec)
 
 
 __all__ = ["CACHE_SIZE", "GrammarCompiler"]
