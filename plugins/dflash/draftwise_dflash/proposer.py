@@ -91,7 +91,7 @@ class DFlashProposer:
     def propose(self, batch: DraftInput) -> Drafts:
         """Drafts for every row, ``min(k, row.max_draft)`` each (module doc)."""
         rows = batch.rows
-        plans = plan_blocks(rows, self.k, self.taps)
+        plans = self._plans(rows)
         drafts: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
         kv_valid = [r.num_kv_computed for r in rows]
@@ -108,6 +108,10 @@ class DFlashProposer:
         self.counters["rows_drafted"] += len(plans)
         self.counters["draft_tokens"] += sum(p.drafts for p in plans)
         return out
+
+    def _plans(self, rows: list[DraftRow]) -> list[BlockPlan]:
+        """The rows that draft this step and their blocks (a subclass may narrow them)."""
+        return plan_blocks(rows, self.k, self.taps)
 
     def _write_context(self, rows: list[DraftRow], plans: list[BlockPlan]) -> None:
         """Rule 1 for every drafting row at once."""

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from draftwise.drafting import pick_draft_tokens
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.linear import linear
-from draftwise.speculator import DraftInput, DraftRow, Drafts
+from draftwise.speculator import DraftRow
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
 from draftwise_dspark.loader import LoadedDSpark
@@ -43,30 +43,12 @@ class DSparkProposer(DFlashProposer):
         self.hidden_taps = tuple(t for t in self.taps if t >= 0)
         self.counters["markov_steps"] = 0
 
-    @torch.inference_mode()
-    def propose(self, batch: DraftInput) -> Drafts:
-        """Drafts for every row whose block fits its KV pages (module doc)."""
-        rows = batch.rows
-        plans = [
+    def _plans(self, rows: list[DraftRow]) -> list[BlockPlan]:
+        """A row drafts only when its whole block fits its KV pages."""
+        return [
             p for p in plan_blocks(rows, min(self.k, self.block), self.hidden_taps)
             if (p.anchor_pos + self.block - 1) // self.block_size < len(rows[p.index].block_table)
         ]
-        drafts: list[list[int]] = [[] for _ in rows]
-        probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        kv_valid = [r.num_kv_computed for r in rows]
-        if plans:
-            self._write_context(rows, plans)
-            for p, (toks, qs) in zip(plans, self._draft(rows, plans)):
-                drafts[p.index], probs[p.index] = toks, qs
-                kv_valid[p.index] = p.anchor_pos
-        out = Drafts.from_lists(drafts)
-        out.kv_valid = kv_valid
-        flat = [q for row in probs for q in row]
-        if self.probabilistic and flat:
-            out.draft_probs = torch.stack(flat)
-        self.counters["rows_drafted"] += len(plans)
-        self.counters["draft_tokens"] += sum(p.drafts for p in plans)
-        return out
 
     def context_taps(self, rows: list[DraftRow], todo: list[BlockPlan]) -> list[torch.Tensor]:
         """Rule 1: ``-1`` is the target's embedding of the context tokens."""
