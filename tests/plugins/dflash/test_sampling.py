@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from spec_sampling import sample_pairs
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 
-from draftwise import LLM, SamplingParams
 
 from .conftest import TRAIN_PROMPTS
 
@@ -28,19 +28,7 @@ N = 2000
 
 def sample(target: Path, config: dict[str, Any] | None, seed: int, check: bool = True
            ) -> Counter:
-    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
-    params = [
-        SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
-                       ignore_eos=True)
-        for i in range(N)
-    ]
-    outs = llm.generate([{"prompt_token_ids": PROMPT}] * N, params)
-    if config is not None and check:
-        m = llm.engine.spec.metrics
-        assert m.num_draft_tokens >= 2 * N, "every request must get two drafts"
-        assert 0 < m.num_accepted_tokens < m.num_draft_tokens, "some drafts must be rejected"
-        assert llm.engine.kv.num_used_blocks == 0
-    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+    return sample_pairs(target, config, seed, PROMPT, N, check)
 
 
 @pytest.fixture(scope="module")

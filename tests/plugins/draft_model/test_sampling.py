@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from spec_sampling import sample_pairs
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 from tiny_checkpoints import perturbed_copy
 
-from draftwise import LLM, SamplingParams
 
 PROMPT = [7, 3, 11, 5, 2, 9]
 N = 2500
@@ -33,19 +33,7 @@ def flat_draft(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def sample(target: Path, config: dict[str, Any] | None, seed: int) -> Counter:
-    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
-    params = [
-        SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
-                       ignore_eos=True)
-        for i in range(N)
-    ]
-    outs = llm.generate([{"prompt_token_ids": PROMPT}] * N, params)
-    if config is not None:
-        m = llm.engine.spec.metrics
-        assert m.num_draft_tokens >= 2 * N, "every request must get two drafts"
-        assert 0 < m.num_accepted_tokens < m.num_draft_tokens, "some drafts must be rejected"
-        assert llm.engine.kv.num_used_blocks == 0
-    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+    return sample_pairs(target, config, seed, PROMPT, N)
 
 
 @pytest.fixture(scope="module")
