@@ -483,6 +483,8 @@ class LLMEngine:
                     lp[t].logprob for lp, t in zip(kept_lps, toks))
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
+            if toks is not None:  # its full blocks of verified K/V stay reusable
+                self._cache_finished(req, start + row.num_new_tokens + outcome.num_accepted[i])
             self.scheduler.finish(req, req.status)
             self._release_state(req.req_id)
             return
@@ -493,6 +495,21 @@ class LLMEngine:
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
         cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
         self.scheduler.commit(req, computed, cacheable)
+
+    def _cache_finished(self, req: Request, computed: int) -> None:
+        """Register a finishing request's full blocks of verified K/V before they are freed.
+
+        Without this, a request that ends in the step its prefill completes (``max_tokens``
+        1, an early stop) leaves nothing in the prefix cache, and a finishing request's
+        last full blocks are lost. ``computed`` counts the positions whose K/V this step
+        wrote and verified; a stop inside the block clipped the accepted drafts to the kept
+        tokens, so every one of them matches ``all_token_ids``. The draft owners' frontier
+        is the one before this step (its commit is skipped for a finished row): smaller,
+        so only blocks every KV owner has written are registered.
+        """
+        computed = min(computed, len(req.all_token_ids))
+        cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
+        self.kv.cache_blocks(req.req_id, req.all_token_ids, min(cacheable, computed))
 
     def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
         """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then

@@ -229,3 +229,20 @@ def test_more_bad_requests_are_refused_by_field(
     with pytest.raises(RequestError) as err:
         engine.add_request({"prompt_token_ids": prompt}, params)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_request_finishing_in_its_prefill_step_leaves_its_prompt_cached(
+    tiny_llama: Path, max_tokens: int
+) -> None:
+    """A request that ends in the step its prefill completes (max_tokens=1) or soon after
+    registers its full prompt blocks before they are freed, so the same prompt hits."""
+    llm = LLM(model=str(tiny_llama), dtype="bfloat16", block_size=4)
+    prompt = {"prompt_token_ids": PROMPTS[1]}
+    first = llm.generate(prompt, greedy(max_tokens))[0]
+    second = llm.generate(prompt, greedy(max_tokens))[0]
+    assert first.num_cached_tokens == 0
+    full = (len(PROMPTS[1]) - 1) // 4 * 4  # the last prompt token is always recomputed
+    assert second.num_cached_tokens == full
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+    assert llm.engine.kv.num_used_blocks == 0
