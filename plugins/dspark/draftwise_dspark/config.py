@@ -116,6 +116,12 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
     if rank and kind not in MARKOV_TYPES:
         raise DSparkConfigError(
             path, f"markov_head_type={kind!r} is not one of {', '.join(MARKOV_TYPES)}")
+    conf, with_markov = (bool(d.get("enable_confidence_head", False)),
+                         bool(d.get("confidence_head_with_markov", False)))
+    if conf and with_markov and not rank:
+        raise DSparkConfigError(
+            path, "confidence_head_with_markov is true but markov_rank is 0: the head reads "
+                  "markov_w1, which a rank-0 drafter does not have (DeepSpec refuses it too)")
     vocab = d.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise DSparkConfigError(path, f"vocab_size={vocab!r} must be a positive integer")
@@ -125,8 +131,8 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
         vocab_size=vocab,
         markov_rank=rank,
         markov_head_type=str(kind),
-        enable_confidence_head=bool(d.get("enable_confidence_head", False)),
-        confidence_head_with_markov=bool(d.get("confidence_head_with_markov", False)),
+        enable_confidence_head=conf,
+        confidence_head_with_markov=conf and with_markov,
     )
 
 

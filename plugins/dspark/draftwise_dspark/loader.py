@@ -30,6 +30,7 @@ from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, re
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
 
+from draftwise_dspark.confidence import ConfidenceHead
 from draftwise_dspark.config import RUNS, DSparkConfig, parse_config
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 
@@ -130,7 +131,7 @@ class DSparkLoader:
         dc = cfg.backbone.decoder
         return LoadedDraft(
             weights=LoadedDSpark(cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device),
-                                 mask, extra),
+                                 mask, extra, checkpoint.path),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,
@@ -155,11 +156,13 @@ class _Only:
 
 
 class LoadedDSpark:
-    """What the proposer gets: backbone, mask id, own embedding/head, Markov head."""
+    """What the proposer gets: backbone, mask id, own embedding/head, Markov and
+    confidence heads."""
 
     def __init__(self, cfg: DSparkConfig, model: DFlashModel, mask_token_id: int,
-                 t: dict[str, torch.Tensor]) -> None:
+                 t: dict[str, torch.Tensor], path: str = "") -> None:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
+        self.path = path
         self.embed = t["embed_tokens.weight"]
         heads = ["lm_head.weight"]
         if cfg.markov_rank:
@@ -175,6 +178,12 @@ class LoadedDSpark:
             self.markov = MarkovHead(MarkovWeights(
                 cfg.markov_head_type, t["markov_head.markov_w1.weight"], packed[1],
                 gate=pair("gate_proj"), joint=pair("joint_proj")))
+        self.confidence: ConfidenceHead | None = None
+        if cfg.enable_confidence_head:
+            with_w1 = cfg.confidence_head_with_markov and cfg.markov_rank
+            self.confidence = ConfidenceHead(
+                t["confidence_head.proj.weight"], t["confidence_head.proj.bias"],
+                t["markov_head.markov_w1.weight"] if with_w1 else None)
 
 
 __all__ = ["DSparkError", "DSparkLoader", "LoadedDSpark", "extra_shapes"]
