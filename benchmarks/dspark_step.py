@@ -78,7 +78,8 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=5)
     ap.add_argument("--rank", type=int, default=256)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=8, help="steps per round")
+    ap.add_argument("--steps", type=int, default=8,
+                    help="steps per round (at least 2B are run, so the whole block fits)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="full/certified rounds, interleaved (the machine's load moves)")
     args = ap.parse_args()
@@ -106,7 +107,7 @@ def main() -> None:
 
     def one(llm: Any, block: int) -> dict[str, Any]:
         markov["ms"] = 0.0
-        t = time_steps(llm, prompt, args.steps)
+        t = time_steps(llm, prompt, max(args.steps, 2 * block))
         return {"t": t, "markov": markov["ms"] / max(len(t["propose"]), 1)}
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,8 +20,9 @@ DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "
     "on target hidden states (vanilla, gated and rnn Markov heads; the confidence-head cut "
     "with draftwise.confidence_threshold). Formats: DeepSpec's native "
-    "Qwen3DSparkModel safetensors directory; the speculators and SpecForge layouts, GGUF, "
-    "NVFP4 and EXL3 drafters are refused by name."
+    "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full "
+    "vocabulary), llama.cpp's DSpark GGUF (vanilla); the SpecForge layout, NVFP4 and EXL3 "
+    "drafters are refused by name."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,

@@ -148,7 +148,7 @@ def _variant(src: Path, dst: Path, **changes: Any) -> Path:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"architectures": None}, "has no architectures, so the DSpark layout is unknown"),
     ({"architectures": ["DeepseekV4ForCausalLM"]}, "DeepSeek-V4's self-contained DSpark"),
-    ({"architectures": ["DSparkSpeculator"]}, "speculators DSpark layout, whose reader is not"),
+    ({"architectures": ["DSparkSpeculator"]}, "transformer_layer_config is missing"),
     ({"architectures": ["DSparkDraftModel"]}, "SpecForge DSpark layout, whose reader is not"),
     ({"architectures": ["DFlashDraftModel"]}, "is not a DSpark drafter"),
     ({"markov_head_type": "gated"}, "missing tensors .*gate_proj"),
@@ -168,9 +168,13 @@ def test_containers_it_does_not_read_are_refused(target_dir, dspark_dir, tmp_pat
                     quantization_config={"quant_method": "exl3", "bits": 4})
     with pytest.raises(ModelFormatError, match="an EXL3 drafter"):
         LLM(model=str(target_dir), speculative_config=spec(exl3))
-    gguf = tmp_path / "d.gguf"
+    nvfp4 = _variant(dspark_dir, tmp_path / "nvfp4", quantization_config={
+        "quant_method": "modelopt", "quant_algo": "NVFP4"})
+    with pytest.raises(ModelFormatError, match="an NVFP4 DSpark drafter is not implemented"):
+        LLM(model=str(target_dir), speculative_config=spec(nvfp4))
+    gguf = tmp_path / "d.gguf"  # a GGUF goes to the GGUF reader, which names the damage
     gguf.write_bytes(b"GGUF" + bytes(64))
-    with pytest.raises(ModelFormatError, match="a GGUF DSpark drafter is not implemented"):
+    with pytest.raises(ModelFormatError, match="GGUF version 0 is not supported"):
         LLM(model=str(target_dir), speculative_config=spec(gguf))
 
 
