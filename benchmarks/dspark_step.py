@@ -5,13 +5,15 @@ DSpark drafter exists for the models on this machine, so this times a RANDOM Dee
 ``Qwen3DSparkModel`` drafter of the published shape (``--draft-layers`` layers of the
 target's width, its own embedding and LM head, ``markov_rank`` 256) on the default model,
 one request, greedy, a prompt of ``--context`` tokens. Per block size B (k = B) and Markov
-type: ``draft_ms`` (propose), split into ``draft_context_ms``, ``draft_layers_ms``,
-``draft_markov_ms`` (the sequential pass's bias terms, B batched steps) and the rest
-(the draft's LM head over B rows and the picks); ``verify_ms``; the Markov pass's share of
-the draft step; the break-even ``a*`` accepted drafts per step
-(``1 + a* = (draft + verify) / decode``).
+type, in two modes interleaved round by round (the machine's load moves): ``full`` (the
+whole ``W2 u`` product at every position) and ``certified`` (the certified greedy pick,
+``MarkovHead.certified_argmax``): ``draft_ms`` (propose), ``draft_context_ms``,
+``draft_layers_ms``, ``draft_markov_ms`` (the sequential pass: latent, bias or certified
+pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step, the
+share of Markov steps certified, the break-even ``a*`` accepted drafts per step
+(``1 + a* = (draft + verify) / decode``); the load average before and after.
 
-    python benchmarks/dspark_step.py --blocks 7 15 --context 256 --steps 8 --rounds 3
+    python benchmarks/dspark_step.py --blocks 7 15 --kinds vanilla gated rnn --steps 8 --rounds 3
 """
 
 from __future__ import annotations

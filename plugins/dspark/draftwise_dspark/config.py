@@ -83,8 +83,10 @@ def lane_of(d: Mapping[str, Any], path: str) -> str:
     if arch == SPECFORGE:
         raise DSparkConfigError(
             path,
-            f"architectures={archs!r} is the SpecForge DSpark layout, whose reader is not "
-            f"implemented yet. Instead: {RUNS}.",
+            f"architectures={archs!r} is the SpecForge DSpark layout (Markov keys under "
+            "dflash_config; it drafts in place: the anchor slot is the bonus token and the "
+            "B-1 mask slots draft through the target's head), whose reader and in-place "
+            f"block are not implemented yet. Instead: {RUNS}.",
         )
     if arch == SPECULATORS:
         return arch
