@@ -5,13 +5,15 @@ DSpark drafter exists for the models on this machine, so this times a RANDOM Dee
 ``Qwen3DSparkModel`` drafter of the published shape (``--draft-layers`` layers of the
 target's width, its own embedding and LM head, ``markov_rank`` 256) on the default model,
 one request, greedy, a prompt of ``--context`` tokens. Per block size B (k = B) and Markov
-type: ``draft_ms`` (propose), split into ``draft_context_ms``, ``draft_layers_ms``,
-``draft_markov_ms`` (the sequential pass's bias terms, B batched steps) and the rest
-(the draft's LM head over B rows and the picks); ``verify_ms``; the Markov pass's share of
-the draft step; the break-even ``a*`` accepted drafts per step
-(``1 + a* = (draft + verify) / decode``).
+type, in two modes interleaved round by round (the machine's load moves): ``full`` (the
+whole ``W2 u`` product at every position) and ``certified`` (the certified greedy pick,
+``MarkovHead.certified_argmax``): ``draft_ms`` (propose), ``draft_context_ms``,
+``draft_layers_ms``, ``draft_markov_ms`` (the sequential pass: latent, bias or certified
+pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step, the
+share of Markov steps certified, the break-even ``a*`` accepted drafts per step
+(``1 + a* = (draft + verify) / decode``); the load average before and after.
 
-    python benchmarks/dspark_step.py --blocks 7 15 --context 256 --steps 24
+    python benchmarks/dspark_step.py --blocks 7 15 --kinds vanilla gated rnn --steps 8 --rounds 3
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def write_random_dspark(directory: Path, target: Any, block: int, layers: int, k
 
 
 def main() -> None:
+    import os
+
     from draftwise import LLM
     from draftwise_dspark.markov import MarkovHead
 
@@ -76,27 +80,38 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=5)
     ap.add_argument("--rank", type=int, default=256)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=8,
+                    help="steps per round (at least 2B are run, so the whole block fits)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="full/certified rounds, interleaved (the machine's load moves)")
     args = ap.parse_args()
     markov = {"ms": 0.0}
-    real = MarkovHead.bias
+    for name in ("latent", "bias", "certified_argmax"):
+        real = getattr(MarkovHead, name)
 
-    def timed_bias(self: Any, *a: Any) -> Any:
-        t0 = time.perf_counter()
-        out = real(self, *a)
-        markov["ms"] += 1e3 * (time.perf_counter() - t0)
-        return out
+        def timed(self: Any, *a: Any, _real: Any = real) -> Any:
+            t0 = time.perf_counter()
+            out = _real(self, *a)
+            markov["ms"] += 1e3 * (time.perf_counter() - t0)
+            return out
 
-    MarkovHead.bias = timed_bias  # type: ignore[method-assign]
+        setattr(MarkovHead, name, timed)
     prompt = [(i * 37) % 4000 + 100 for i in range(args.context)]
     plain = LLM(model=args.model, max_num_seqs=1)
-    base = time_steps(plain, prompt, args.steps)
+    base = time_steps(plain, prompt, args.steps * args.rounds)
     decode = statistics.median(base["forward"])
     report: dict[str, Any] = {
         "model": plain.engine.loaded.path, "context": args.context,
         "threads": torch.get_num_threads(), "draft_layers": args.draft_layers,
-        "markov_rank": args.rank, "decode_ms": round(decode, 3), "runs": {},
+        "markov_rank": args.rank, "decode_ms": round(decode, 3),
+        "load_before": os.getloadavg(), "runs": {},
     }
+
+    def one(llm: Any, block: int) -> dict[str, Any]:
+        markov["ms"] = 0.0
+        t = time_steps(llm, prompt, max(args.steps, 2 * block))
+        return {"t": t, "markov": markov["ms"] / max(len(t["propose"]), 1)}
+
     with tempfile.TemporaryDirectory() as tmp:
         for block in args.blocks:
             for kind in args.kinds:
@@ -104,26 +119,42 @@ def main() -> None:
                 d = write_random_dspark(Path(tmp) / f"b{block}-{kind}", plain.engine.loaded,
                                         block, args.draft_layers,
                                         "vanilla" if kind == "none" else kind, rank)
-                llm = LLM(model=args.model, max_num_seqs=1, speculative_config={
-                    "method": "dspark", "model": str(d), "num_speculative_tokens": block})
-                markov["ms"] = 0.0
-                t = time_steps(llm, prompt, args.steps)
-                steps = max(len(t["propose"]), 1)
-                draft, verify = statistics.median(t["propose"]), statistics.median(t["forward"])
-                ctx, blk = statistics.median(t["context"]), statistics.median(t["block"])
-                mk = markov["ms"] / steps
-                need = (draft + verify) / decode - 1
-                report["runs"][f"B{block}/{kind}"] = {
-                    "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
-                    "draft_context_ms": round(ctx, 3), "draft_layers_ms": round(blk, 3),
-                    "draft_markov_ms": round(mk, 3),
-                    "draft_head_and_pick_ms": round(draft - ctx - blk - mk, 3),
-                    "markov_share_of_draft": round(mk / draft, 3),
-                    "draft_over_decode": round(draft / decode, 3),
-                    "break_even_accepted_per_step": round(need, 2),
-                    "break_even_acceptance_rate": round(need / block, 3),
-                }
-                del llm
+                cfg = {"method": "dspark", "model": str(d), "num_speculative_tokens": block}
+                llms = {"full": LLM(model=args.model, max_num_seqs=1, speculative_config=cfg),
+                        "certified": LLM(model=args.model, max_num_seqs=1,
+                                         speculative_config=cfg)}
+                head = llms["full"].engine.spec.proposers[0].draft.markov
+                if head is not None:
+                    head.row_norms = None  # the full W2 product at every position
+                got: dict[str, list[dict[str, Any]]] = {"full": [], "certified": []}
+                for _ in range(args.rounds):
+                    for mode in ("full", "certified") if rank else ("full",):
+                        got[mode].append(one(llms[mode], block))
+                for mode, runs in got.items():
+                    if not runs:
+                        continue
+                    prop = [x for r in runs for x in r["t"]["propose"]]
+                    ver = [x for r in runs for x in r["t"]["forward"]]
+                    ctx = [x for r in runs for x in r["t"]["context"]]
+                    blk = [x for r in runs for x in r["t"]["block"]]
+                    draft, verify = statistics.median(prop), statistics.median(ver)
+                    mk = statistics.median(r["markov"] for r in runs)
+                    stats = llms[mode].engine.spec.proposer_stats()[0]
+                    need = (draft + verify) / decode - 1
+                    report["runs"][f"B{block}/{kind}/{mode}"] = {
+                        "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
+                        "draft_context_ms": round(statistics.median(ctx), 3),
+                        "draft_layers_ms": round(statistics.median(blk), 3),
+                        "draft_markov_ms": round(mk, 3),
+                        "markov_share_of_draft": round(mk / draft, 3),
+                        "markov_steps_certified": round(
+                            stats["markov_certified"] / max(stats["markov_steps"], 1), 3),
+                        "draft_over_decode": round(draft / decode, 3),
+                        "break_even_accepted_per_step": round(need, 2),
+                        "break_even_acceptance_rate": round(need / block, 3),
+                    }
+                del llms
+    report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
 
 

@@ -152,6 +152,7 @@ def build_speculation(
             target=target,
             kv_cache=kv,
             block_size=block_size,
+            confidence_threshold=d.member.confidence_threshold,
         )
         proposer = registry.build_proposer(d.member, ctx)
         hidden = draft.hidden_layers if draft is not None and caps.needs_target_hidden else ()

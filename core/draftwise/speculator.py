@@ -124,6 +124,9 @@ class Capabilities:
     #: the proposer's KV entry at position p also depends on token p+1 (MTP pairs h_p with
     #: x_{p+1}): a prefix-cache hit gives up its last block, as vLLM's EAGLE block drop
     kv_uses_next_token: bool = False
+    #: the drafter scores each draft's chance of acceptance (DSpark's confidence head), so
+    #: ``"draftwise": {"confidence_threshold": t}`` may cut its drafts; refused otherwise
+    confidence_head: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +220,9 @@ class ProposerContext:
     kv_cache: KVCache | None = None
     #: tokens per KV block (slot of position p: ``table[p // block_size]``)
     block_size: int = 16
+    #: ``"draftwise": {"confidence_threshold": t}``: verify only the drafts before the first
+    #: one the drafter's confidence head scores under t (0: verify every draft)
+    confidence_threshold: float = 0.0
 
 
 def _default_params() -> SamplingParams:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from draftwise.plugins.registry import SpeculatorRegistry
 
 #: the keys the engine's own namespace (``"draftwise": {...}``) holds
-NAMESPACE_KEYS: tuple[str, ...] = ("drafter_chain", "adaptive")
+NAMESPACE_KEYS: tuple[str, ...] = ("drafter_chain", "adaptive", "confidence_threshold")
 
 
 def normalize_keys(raw: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:

@@ -83,6 +83,10 @@ class ResolvedSpeculativeConfig:
     #: Precedence per row: the request's limit and the batch-size schedule cap k, then
     #: adaptive picks a depth in 0..cap (``draftwise.adaptive``)
     adaptive: AdaptiveConfig | None = None
+    #: ``"draftwise": {"confidence_threshold": t}`` (DeepSpec's ``--confidence-threshold``):
+    #: verify only the drafts before the first one the drafter's confidence head scores
+    #: under t; 0 verifies every draft. Only methods declaring ``confidence_head`` take it
+    confidence_threshold: float = 0.0
 
     def k_for_batch(self, batch_size: int) -> int:
         """Draft tokens per row for a step of ``batch_size`` requests (the schedule, or k)."""
@@ -120,6 +124,8 @@ class ResolvedSpeculativeConfig:
             ns["drafter_chain"] = [m.to_json() for m in self.chain]
         if self.adaptive is not None:
             ns["adaptive"] = self.adaptive.model_dump(mode="json")
+        if self.confidence_threshold:
+            ns["confidence_threshold"] = self.confidence_threshold
         if ns:
             out[NAMESPACE] = ns
         return out
@@ -193,7 +199,8 @@ def _resolve(
     raw: Mapping[Any, Any], registry: SpeculatorRegistry, *, in_chain: bool
 ) -> ResolvedSpeculativeConfig:
     data = normalize_keys(raw)
-    chain, adaptive = _parse_namespace(data.pop(NAMESPACE, None), in_chain)
+    ns = data.pop(NAMESPACE, None)
+    chain, adaptive = _parse_namespace(ns, in_chain)
     check_unknown_keys(data, registry)
     if chain is not None:
         resolved = _resolve_chain(data, chain, registry)
@@ -201,7 +208,44 @@ def _resolve(
         resolved = _resolve_single(data, registry, in_chain)
     if adaptive is not None:
         resolved = dataclasses.replace(resolved, adaptive=adaptive)
+    threshold = _confidence_threshold(ns, resolved, registry)
+    if threshold:
+        resolved = dataclasses.replace(resolved, confidence_threshold=threshold)
     return resolved
+
+
+def _confidence_threshold(ns: Mapping[str, Any] | None, resolved: ResolvedSpeculativeConfig,
+                          registry: SpeculatorRegistry) -> float:
+    """``"draftwise": {"confidence_threshold": t}``: a number in [0, 1], for a method that
+    declares a confidence head (a chain sets it on the member it is for)."""
+    key = f"{NAMESPACE}.confidence_threshold"
+    value = None if ns is None else normalize_keys(ns).get("confidence_threshold")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise InvalidValueError(
+            f"{key}={show(value)} is invalid: it must be a number in [0, 1] (a draft's "
+            "confidence score is a probability; 0 verifies every draft).",
+            key=key, value=value, reason="not a number in [0, 1]",
+        )
+    if resolved.chain:
+        raise RefusedValueError(
+            f"{key}={show(value)} at the top level of a drafter_chain config is refused: it "
+            "cuts one drafter's drafts. Instead: set it inside that chain member.",
+            key=key, value=value, reason="belongs to a chain member",
+            instead="set it inside the chain member",
+        )
+    method = resolved.method or ""
+    caps = registry.get(method).speculator.capabilities if method else None
+    if value and (caps is None or not caps.confidence_head):
+        raise RefusedValueError(
+            f"{key}={show(value)} is refused by method '{method}': it has no confidence "
+            "head to score its drafts. Instead: drop it, or use method 'dspark' with a "
+            "drafter that has one.",
+            key=key, value=value, reason="no confidence head",
+            instead="drop it, or use method 'dspark' with a drafter that has one",
+        )
+    return float(value)
 
 
 def _parse_namespace(ns: Any, in_chain: bool) -> tuple[list[Any] | None, AdaptiveConfig | None]:

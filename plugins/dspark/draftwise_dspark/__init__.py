@@ -22,13 +22,22 @@ if TYPE_CHECKING:
 
 def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
     """The drafter the loader read, over the KV the core allocated for it."""
+    from draftwise_dspark.loader import DSparkError
     from draftwise_dspark.proposer import DSparkProposer
 
     if ctx.kv_cache is None or ctx.target is None:
         raise ValueError("dspark keeps its KV in the core's pool")
+    if ctx.confidence_threshold and ctx.draft.confidence is None:
+        raise DSparkError(
+            ctx.draft.path,
+            f"draftwise.confidence_threshold={ctx.confidence_threshold} needs the drafter's "
+            "confidence head, and its config.json has enable_confidence_head false. Instead: "
+            "drop confidence_threshold, or use a drafter trained with the head.",
+            key="enable_confidence_head")
     return DSparkProposer(
         ctx.draft, ctx.target, ctx.kv_cache, ctx.num_speculative_tokens, ctx.block_size,
         probabilistic=ctx.draft_sample_method == "probabilistic",
+        confidence_threshold=ctx.confidence_threshold,
     )
 
 

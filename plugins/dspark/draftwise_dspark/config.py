@@ -8,8 +8,10 @@ never guessed from other keys; ``shared/reference/drafter-formats.md`` §2):
   keys at the top level (``block_size``, ``mask_token_id``, ``target_layer_ids`` where -1
   is the embedding output), plus ``markov_rank``, ``markov_head_type``,
   ``enable_confidence_head``, ``confidence_head_with_markov``. Runs.
-- ``DSparkSpeculator`` (speculators, §2.3) and ``DSparkDraftModel`` (SpecForge): known
-  layouts, refused by name until their readers land.
+- ``DSparkSpeculator`` (speculators, §2.3): read through the DeepSpec config it stands
+  for (:mod:`draftwise_dspark.speculators_layout`); runs with a full vocabulary and
+  ``sample_from_anchor`` true.
+- ``DSparkDraftModel`` (SpecForge): a known layout, refused by name until its reader lands.
 - a DeepSeek-V4 architecture (or ``dspark_block_size``, V4's key): its DSpark head ships
   inside the target as ``mtp.*`` blocks, a different family: refused by name.
 - no ``architectures``: refused (not classified by guesswork).
@@ -32,7 +34,9 @@ NATIVE = "Qwen3DSparkModel"
 SPECULATORS = "DSparkSpeculator"
 SPECFORGE = "DSparkDraftModel"
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
-RUNS = ("a DeepSpec Qwen3DSparkModel safetensors directory (config.json + *.safetensors, "
+RUNS = ("a llama.cpp DSpark GGUF (vanilla Markov head), a speculators DSparkSpeculator "
+        "directory (full vocabulary) or a DeepSpec Qwen3DSparkModel "
+        "safetensors directory (config.json + *.safetensors, "
         "bf16/fp16/fp32)")
 
 
@@ -44,7 +48,7 @@ class DSparkConfigError(DFlashConfigError):
 class DSparkConfig:
     """What the loader, model and proposer need from a DSpark draft's config."""
 
-    lane: str  # the architecture: NATIVE (the only one that runs today)
+    lane: str  # the architecture: NATIVE or SPECULATORS
     #: the DFlash backbone (decoder shape, block size, taps with -1 = embedding, mask)
     backbone: DFlashConfig
     vocab_size: int
@@ -76,13 +80,16 @@ def lane_of(d: Mapping[str, Any], path: str) -> str:
             "blocks ship inside the target (mtp.0-2) for a MoE target: another family, not "
             f"implemented. Instead: {RUNS}.",
         )
-    if arch in (SPECULATORS, SPECFORGE):
-        layout = "speculators" if arch == SPECULATORS else "SpecForge"
+    if arch == SPECFORGE:
         raise DSparkConfigError(
             path,
-            f"architectures={archs!r} is the {layout} DSpark layout, whose reader is not "
-            f"implemented yet. Instead: {RUNS}.",
+            f"architectures={archs!r} is the SpecForge DSpark layout (Markov keys under "
+            "dflash_config; it drafts in place: the anchor slot is the bonus token and the "
+            "B-1 mask slots draft through the target's head), whose reader and in-place "
+            f"block are not implemented yet. Instead: {RUNS}.",
         )
+    if arch == SPECULATORS:
+        return arch
     if arch != NATIVE:
         raise DSparkConfigError(
             path, f"architectures={archs!r} is not a DSpark drafter. Instead: {RUNS}."
@@ -91,8 +98,13 @@ def lane_of(d: Mapping[str, Any], path: str) -> str:
 
 
 def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
-    """Read a DeepSpec native DSpark config; refuse what is missing or contradictory."""
+    """Read a DeepSpec native DSpark config (a speculators one through the DeepSpec
+    config it stands for); refuse what is missing or contradictory."""
     lane = lane_of(d, path)
+    if lane == SPECULATORS:
+        from draftwise_dspark.speculators_layout import native_config
+
+        d = native_config(d, path)
     if d.get("dflash_config") is not None:
         raise DSparkConfigError(
             path, "a Qwen3DSparkModel config keeps its keys at the top level, but this one "
@@ -116,6 +128,12 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
     if rank and kind not in MARKOV_TYPES:
         raise DSparkConfigError(
             path, f"markov_head_type={kind!r} is not one of {', '.join(MARKOV_TYPES)}")
+    conf, with_markov = (bool(d.get("enable_confidence_head", False)),
+                         bool(d.get("confidence_head_with_markov", False)))
+    if conf and with_markov and not rank:
+        raise DSparkConfigError(
+            path, "confidence_head_with_markov is true but markov_rank is 0: the head reads "
+                  "markov_w1, which a rank-0 drafter does not have (DeepSpec refuses it too)")
     vocab = d.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise DSparkConfigError(path, f"vocab_size={vocab!r} must be a positive integer")
@@ -125,8 +143,8 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
         vocab_size=vocab,
         markov_rank=rank,
         markov_head_type=str(kind),
-        enable_confidence_head=bool(d.get("enable_confidence_head", False)),
-        confidence_head_with_markov=bool(d.get("confidence_head_with_markov", False)),
+        enable_confidence_head=conf,
+        confidence_head_with_markov=conf and with_markov,
     )
 
 

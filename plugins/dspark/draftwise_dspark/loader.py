@@ -3,8 +3,9 @@
 ``detect`` reads only the draft's own files (cheapest refusal first):
 
 1. the container, through the DFlash plugin's reader (a safetensors directory; EXL3
-   refused by name there); an NVFP4 or GGUF DSpark drafter is refused by name here
-   (not implemented for dspark yet);
+   refused by name there) or a llama.cpp DSpark GGUF (:mod:`draftwise_dspark.gguf_drafter`,
+   whose config is the DeepSpec one it stands for); an NVFP4 DSpark drafter is refused
+   by name here (not implemented for dspark yet);
 2. the lane from ``architectures`` and the config (:mod:`draftwise_dspark.config`);
 3. every tensor name, shape and stored dtype (headers only): the DFlash body
    (:func:`draftwise_dflash.loader.expected_shapes`) plus DeepSpec's ``embed_tokens``,
@@ -30,7 +31,8 @@ from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, re
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
 
-from draftwise_dspark.config import RUNS, DSparkConfig, parse_config
+from draftwise_dspark.confidence import ConfidenceHead
+from draftwise_dspark.config import RUNS, SPECULATORS, DSparkConfig, parse_config
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 
 
@@ -65,11 +67,9 @@ class DSparkLoader:
         """Container, lane/config and tensor headers (module doc, rules 1-3)."""
         from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 
-        if os.path.isfile(path) or (os.path.isdir(path) and not os.path.isfile(
-                os.path.join(path, "config.json"))
-                and any(f.endswith(".gguf") for f in os.listdir(path))):
-            raise DSparkError(path, f"a GGUF DSpark drafter is not implemented yet. "
-                                    f"Instead: {RUNS}.")
+        gguf_path = _gguf_file(path)
+        if gguf_path is not None:
+            return self._detect_gguf(gguf_path)
         raw, decl = read_container(path, RUNS)
         cfg = parse_config(raw, os.path.join(path, "config.json"))
         if decl is not None:
@@ -77,6 +77,9 @@ class DSparkLoader:
                                     f"Instead: {RUNS}.", key="quantization_config")
         ckpt = SafetensorsCheckpoint(path)
         want = {**expected_shapes(cfg.backbone), **extra_shapes(cfg)}
+        if cfg.lane == SPECULATORS:  # the verifier's embedding and (full-vocab) head
+            for name, _ in BORROWED:
+                del want[name]
         stored = ckpt.tensors
         missing = [n for n in want if n not in stored]
         if missing:
@@ -95,6 +98,34 @@ class DSparkLoader:
                                         f"{list(shape)} from config.json", key=name)
         ckpt.check_dtypes(list(want))
         return DraftCheckpoint(path, "safetensors", cfg.lane, {
+            "block_size": cfg.block_size,
+            "target_layer_ids": list(cfg.backbone.target_layer_ids),
+            "hidden_size": cfg.backbone.decoder.hidden_size,
+            "num_hidden_layers": cfg.backbone.decoder.num_hidden_layers,
+            "dspark": cfg,
+        })
+
+    def _detect_gguf(self, path: str) -> DraftCheckpoint:
+        """A llama.cpp DSpark GGUF (:mod:`draftwise_dspark.gguf_drafter`): the DeepSpec
+        config it stands for, the body's tensors through the dflash reader, the heads'
+        shapes here."""
+        from draftwise.formats.gguf import GGUFCheckpoint
+        from draftwise_dflash.gguf_drafter import check_tensors
+
+        from draftwise_dspark.gguf_drafter import NATIVE_NAMES, BodyView, native_config
+
+        ckpt = GGUFCheckpoint(path)
+        cfg = parse_config(native_config(ckpt, RUNS), path)
+        check_tensors(BodyView(ckpt), expected_shapes(cfg.backbone))
+        stored = set(ckpt.tensor_names)
+        for g, native in NATIVE_NAMES.items():
+            if g not in stored:
+                continue
+            got, want = tuple(ckpt.info(g).shape), extra_shapes(cfg)[native]
+            if got != want and not (g == "conf_proj.bias" and got == ()):
+                raise DSparkError(path, f"tensor {g!r} has shape {list(got)}, expected "
+                                        f"{list(want)} from its metadata", key=g)
+        return DraftCheckpoint(path, "gguf", cfg.lane, {
             "block_size": cfg.block_size,
             "target_layer_ids": list(cfg.backbone.target_layer_ids),
             "hidden_size": cfg.backbone.decoder.hidden_size,
@@ -122,15 +153,20 @@ class DSparkLoader:
                               "output (-1); at least one target layer is needed",
                               key="target_layer_ids")
         model = target.model
-        ckpt = SafetensorsCheckpoint(checkpoint.path)
-        body = read_weights(_Only(ckpt, expected_shapes(cfg.backbone)), cfg.backbone,
-                            model.dtype, model.device)
-        extra = {n: x.to(dtype=model.dtype, device=model.device)
-                 for n, x in ckpt.iter_tensors(list(extra_shapes(cfg)))}
+        if checkpoint.format == "gguf":
+            body, extra = _read_gguf(checkpoint.path, cfg, target)
+        else:
+            ckpt = SafetensorsCheckpoint(checkpoint.path)
+            body = read_weights(_Only(ckpt, expected_shapes(cfg.backbone)), cfg.backbone,
+                                model.dtype, model.device)
+            stored = [n for n in extra_shapes(cfg) if n in ckpt.tensors]
+            extra = {n: x.to(dtype=model.dtype, device=model.device)
+                     for n, x in ckpt.iter_tensors(stored)}
+        borrow_target_tables(extra, target, checkpoint.path)
         dc = cfg.backbone.decoder
         return LoadedDraft(
             weights=LoadedDSpark(cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device),
-                                 mask, extra),
+                                 mask, extra, checkpoint.path),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,
@@ -140,6 +176,59 @@ class DSparkLoader:
                      f"{cfg.markov_head_type if cfg.markov_rank else 'off'} rank "
                      f"{cfg.markov_rank}, mask {mask}"),
         )
+
+
+def _gguf_file(path: str) -> str | None:
+    """A ``.gguf`` file, or the one in a directory without ``config.json``."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        found = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if len(found) > 1:
+            raise DSparkError(path, f"holds {len(found)} .gguf files; name the one to use")
+        if found:
+            return os.path.join(path, found[0])
+    return None
+
+
+def _read_gguf(path: str, cfg: DSparkConfig, target: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The body through the dflash GGUF reader, the heads (and the target's embedding and
+    head where the GGUF has none) under their DeepSpec names."""
+    from draftwise.formats.gguf import GGUFCheckpoint
+    from draftwise_dflash.gguf_drafter import check_tensors, read_gguf_weights
+
+    from draftwise_dspark.gguf_drafter import BodyView, head_tensors
+
+    ckpt = GGUFCheckpoint(path)
+    view = BodyView(ckpt)
+    model = target.model
+    found = check_tensors(view, expected_shapes(cfg.backbone))
+    body, _notes = read_gguf_weights(view, cfg.backbone, found, model.dtype, model.device)
+    return body, head_tensors(ckpt, model.dtype, model.device)
+
+
+#: the draft tables a layout may leave to the target: DeepSpec name, target attribute
+BORROWED = (("embed_tokens.weight", "embed_weight"), ("lm_head.weight", "lm_head_weight"))
+
+
+def borrow_target_tables(t: dict[str, torch.Tensor], target: Any, path: str) -> None:
+    """The target's embedding and LM head for those ``t`` lacks (the speculators layout
+    never saves the embedding and drops a full-vocabulary head; llama.cpp's converter
+    drops the head): refused when the target's is quantized, since a DSpark draft reads
+    them as dense tables and would have to widen them."""
+    model = target.model
+    for name, attr in BORROWED:
+        if name in t:
+            continue
+        w = getattr(model, attr, None)
+        if not isinstance(w, torch.Tensor) or w.dtype not in (torch.bfloat16, torch.float16,
+                                                               torch.float32):
+            raise DSparkError(
+                path, f"the drafter stores no {name}, so the target's is needed, and the "
+                      "target's is quantized: a DSpark draft reads a dense table and does not "
+                      f"widen a quantized one. Instead: a bf16/fp16 target, or {RUNS}.",
+                key=name)
+        t[name] = w.detach().to(dtype=model.dtype, device=model.device)
 
 
 class _Only:
@@ -155,11 +244,13 @@ class _Only:
 
 
 class LoadedDSpark:
-    """What the proposer gets: backbone, mask id, own embedding/head, Markov head."""
+    """What the proposer gets: backbone, mask id, own embedding/head, Markov and
+    confidence heads."""
 
     def __init__(self, cfg: DSparkConfig, model: DFlashModel, mask_token_id: int,
-                 t: dict[str, torch.Tensor]) -> None:
+                 t: dict[str, torch.Tensor], path: str = "") -> None:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
+        self.path = path
         self.embed = t["embed_tokens.weight"]
         heads = ["lm_head.weight"]
         if cfg.markov_rank:
@@ -175,6 +266,12 @@ class LoadedDSpark:
             self.markov = MarkovHead(MarkovWeights(
                 cfg.markov_head_type, t["markov_head.markov_w1.weight"], packed[1],
                 gate=pair("gate_proj"), joint=pair("joint_proj")))
+        self.confidence: ConfidenceHead | None = None
+        if cfg.enable_confidence_head:
+            with_w1 = cfg.confidence_head_with_markov and cfg.markov_rank
+            self.confidence = ConfidenceHead(
+                t["confidence_head.proj.weight"], t["confidence_head.proj.bias"],
+                t["markov_head.markov_w1.weight"] if with_w1 else None)
 
 
 __all__ = ["DSparkError", "DSparkLoader", "LoadedDSpark", "extra_shapes"]

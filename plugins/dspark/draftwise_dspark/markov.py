@@ -13,6 +13,19 @@ Linear ``r -> V``, no bias):
 ``h`` is the slot's backbone output after the draft's final norm (what the LM head
 reads). Every call serves all drafting rows of one block position at once; the caller
 walks the positions left to right, feeding back the token just picked.
+
+Each type's bias is ``W2 u`` for a latent ``u`` ``[R, r]`` (:meth:`MarkovHead.latent`),
+and streaming ``W2`` (``[V, r]``) once per block position is the pass's whole cost.
+A greedy pick needs only the argmax, which :meth:`MarkovHead.certified_argmax` finds
+exactly without most of ``W2``: by Cauchy-Schwarz ``|W2[v] . u| <= |W2[v]| |u|``, so
+with ``b_v`` that bound widened past the kernel's fp32 accumulation and bf16 rounding,
+``lb = max_v (base_v - b_v)`` is at most the corrected maximum, and every token with
+``base_v + b_v < lb`` is out. The corrected logits of the 64-output blocks of the packed
+``W2`` that hold the survivors are the same kernel's outputs for those blocks (bitwise
+the full product's: each output is its own in-order accumulator), and their first
+maximum is the full argmax, ties included. When the bound leaves too many blocks (a
+bias large against the logit margin), or a value is not finite, it answers None and
+the caller runs the full product.
 """
 
 from __future__ import annotations
@@ -21,7 +34,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from draftwise.models.linear import Weight, linear
+from draftwise.models.linear import BLOCK_N, BlockedWeight, Weight, linear
+
+#: the bound's relative widening: bf16 rounding of the kernel's output is 2^-8 relative,
+#: its fp32 accumulation over r <= 4096 terms far less; 2^-6 leaves room for both
+_WIDEN = 1.0 + 2.0**-6
+#: the certified pick gives up (full product) past this share of W2's blocks (or 4)
+MAX_BLOCK_SHARE = 0.125
 
 
 @dataclass(slots=True)
@@ -45,6 +64,11 @@ class MarkovHead:
 
     def __init__(self, w: MarkovWeights) -> None:
         self.w = w
+        #: |W2[v]| in fp32, for the certified argmax (packed native W2 only: its
+        #: blocks are what the pick recomputes bitwise)
+        self.row_norms: torch.Tensor | None = None
+        if isinstance(w.w2, BlockedWeight):
+            self.row_norms = w.w2.unpack().float().norm(dim=1)
 
     def init_state(self, rows: int, dtype: torch.dtype, device: torch.device
                    ) -> torch.Tensor | None:
@@ -53,16 +77,16 @@ class MarkovHead:
             return None
         return torch.zeros(rows, self.w.rank, dtype=dtype, device=device)
 
-    def bias(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, V] float32, new state
-        """``prev`` ``[R]`` the previous tokens, ``h`` ``[R, H]`` the slots' hidden states."""
+    def latent(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:  # u [R, r], new state
+        """``prev`` ``[R]`` the previous tokens, ``h`` ``[R, H]`` the slots' hidden states:
+        the ``u`` whose ``W2 u`` is the bias (module doc), and the rnn's next state."""
         w = self.w
         e = F.embedding(prev, w.w1)
         if w.kind == "gated":
             if w.gate is None:
                 raise RuntimeError("gated Markov head without gate_proj")
-            g = torch.sigmoid(F.linear(torch.cat([h, e], -1), *w.gate))
-            return linear(g * e, w.w2).float(), state
+            return torch.sigmoid(F.linear(torch.cat([h, e], -1), *w.gate)) * e, state
         if w.kind == "rnn":
             if w.joint is None or state is None:
                 raise RuntimeError("rnn Markov head without joint_proj or state")
@@ -70,8 +94,39 @@ class MarkovHead:
             gco = F.linear(torch.cat([state, e, h], -1), *w.joint)
             gate = torch.sigmoid(gco[:, :r])
             state = gate * state + (1 - gate) * torch.tanh(gco[:, r : 2 * r])
-            return linear(torch.tanh(gco[:, 2 * r :]), w.w2).float(), state
-        return linear(e, w.w2).float(), state
+            return torch.tanh(gco[:, 2 * r :]), state
+        return e, state
+
+    def bias(self, u: torch.Tensor) -> torch.Tensor:  # [R, V] float32
+        """``W2 u`` over the whole vocabulary."""
+        return linear(u, self.w.w2).float()
+
+    def certified_argmax(self, base: torch.Tensor, u: torch.Tensor
+                         ) -> torch.Tensor | None:  # [R] int64, or None: run the full bias
+        """``argmax(base + W2 u)`` per row, from the blocks of W2 the bound cannot rule
+        out (module doc); None when it cannot certify cheaply."""
+        norms, w2 = self.row_norms, self.w.w2
+        if norms is None or not isinstance(w2, BlockedWeight) or u.dtype != torch.bfloat16:
+            return None
+        bound = norms * (u.float().norm(dim=1, keepdim=True) * _WIDEN)  # [R, V]
+        bound += 1e-6 * (base.abs() + 1.0)  # the fp32 add of base and bias
+        lb = (base - bound).amax(dim=1, keepdim=True)
+        if not bool(torch.isfinite(lb).all()):
+            return None
+        alive = (base + bound >= lb).any(dim=0)  # [V]: a token some row cannot rule out
+        v = base.shape[1]
+        pad = -v % BLOCK_N
+        if pad:
+            alive = F.pad(alive, (0, pad))
+        blocks = alive.view(-1, BLOCK_N).any(dim=1).nonzero().flatten()
+        if blocks.numel() == 0 or blocks.numel() > max(4, MAX_BLOCK_SHARE * w2.data.shape[0]):
+            return None
+        sub = BlockedWeight(w2.data.index_select(0, blocks), blocks.numel() * BLOCK_N,
+                            w2.in_features)
+        cols = (blocks[:, None] * BLOCK_N + torch.arange(BLOCK_N)).flatten()  # ascending
+        keep = cols < v
+        corrected = base.index_select(1, cols[keep]) + linear(u, sub).float()[:, keep]
+        return cols[keep][corrected.argmax(dim=1)]
 
 
 __all__ = ["MarkovHead", "MarkovWeights"]

@@ -18,15 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "
-    "on target hidden states (vanilla, gated and rnn Markov heads). Formats: DeepSpec's native "
-    "Qwen3DSparkModel safetensors directory; the speculators and SpecForge layouts, GGUF, "
-    "NVFP4 and EXL3 drafters are refused by name."
+    "on target hidden states (vanilla, gated and rnn Markov heads; the confidence-head cut "
+    "with draftwise.confidence_threshold). Formats: DeepSpec's native "
+    "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full "
+    "vocabulary), llama.cpp's DSpark GGUF (vanilla); the SpecForge layout, NVFP4 and EXL3 "
+    "drafters are refused by name."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,
     needs_target_hidden=True,
     own_kv_cache=True,
     draft_probs=True,
+    confidence_head=True,
 )
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(
@@ -43,9 +46,11 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     Refusal(
         "enable_adaptive_verification",
-        "the confidence-head cut is not implemented in draftwise yet (every draft of the "
-        "block is verified)",
-        "drop enable_adaptive_verification, or set it to false",
+        "vLLM's adaptive verification (a verify length chosen per request from measured "
+        "cost curves and the confidence head's survival product) is not implemented in "
+        "draftwise",
+        "drop enable_adaptive_verification; for DeepSpec's confidence-head cut set "
+        "\"draftwise\": {\"confidence_threshold\": t}",
         values=(True,),
     ),
 )

@@ -1,7 +1,7 @@
-"""DSparkProposer: the DFlash backbone, next-token indexing, then the Markov pass.
+"""DSparkProposer: the DFlash backbone, next-token indexing, the Markov pass, the cut.
 
 It is :class:`~draftwise_dflash.proposer.DFlashProposer` (same row plan, same context-KV
-injection into the core's paged draft KV, same batching) with three differences, per row
+injection into the core's paged draft KV, same batching) with four differences, per row
 of ``n`` tokens (``shared/reference/drafter-formats.md`` §2.1-2.2):
 
 1. a tap ``-1`` is the target's embedding output of the context tokens (the core's
@@ -13,8 +13,15 @@ of ``n`` tokens (``shared/reference/drafter-formats.md`` §2.1-2.2):
 3. ``base = lm_head(h)`` (the draft's own head) for all slots in one forward, then a
    left-to-right pass over the positions, each step one batched call for every row still
    drafting: ``logits_j = base_j + markov_bias(prev_j, h_j)``, ``prev_0`` = the anchor;
-   greedy takes the argmax, ``draft_sample_method: "probabilistic"`` samples from the
-   request's processed distribution of the corrected logits and keeps it as q.
+   greedy takes the argmax (certified from a few blocks of ``W2`` where the bound allows:
+   :meth:`~draftwise_dspark.markov.MarkovHead.certified_argmax`, the same token),
+   ``draft_sample_method: "probabilistic"`` samples from the request's processed
+   distribution of the corrected logits and keeps it as q;
+4. with ``"draftwise": {"confidence_threshold": t}`` (t > 0) and a confidence head
+   (:mod:`draftwise_dspark.confidence`), only the drafts before the first slot scored
+   under t are returned (DeepSpec ``_confident_prefix_length``): lossless, since verify
+   only ever sees fewer drafts; ``draft_tokens`` counts what was drafted,
+   ``confidence_cut_tokens`` what was drafted and not verified.
 """
 
 from __future__ import annotations
@@ -32,16 +39,29 @@ from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 from draftwise_dspark.loader import LoadedDSpark
 
 
+#: consecutive failed certifications after which the pick is only retried now and then
+GIVE_UP = 4
+#: retry the certified pick once every this many Markov steps after giving up
+RETRY = 32
+
+
 class DSparkProposer(DFlashProposer):
-    """DFlash's proposer with DSpark's block and picking (module doc)."""
+    """DFlash's proposer with DSpark's block, picking and confidence cut (module doc)."""
 
     def __init__(self, draft: LoadedDSpark, target: Any, kv: KVCache, k: int, block_size: int,
-                 probabilistic: bool = False) -> None:
+                 probabilistic: bool = False, confidence_threshold: float = 0.0) -> None:
         super().__init__(draft, target, kv, k, block_size, probabilistic)  # type: ignore[arg-type]
         self.draft = draft
         self.block = draft.cfg.block_size
         self.hidden_taps = tuple(t for t in self.taps if t >= 0)
+        self.threshold = confidence_threshold
         self.counters["markov_steps"] = 0
+        #: Markov steps whose greedy picks the bound certified without the full W2 product
+        self.counters["markov_certified"] = 0
+        self._certify_misses = 0  # consecutive steps the bound could not certify
+        self._certify_skipped = 0
+        #: drafted but not verified (rule 4): ``draft_tokens`` minus these is what verify saw
+        self.counters["confidence_cut_tokens"] = 0
 
     def _plans(self, rows: list[DraftRow]) -> list[BlockPlan]:
         """A row drafts only when its whole block fits its KV pages."""
@@ -65,10 +85,11 @@ class DSparkProposer(DFlashProposer):
 
     def _draft(self, rows: list[DraftRow], plans: list[BlockPlan]
                ) -> list[tuple[list[int], list[torch.Tensor]]]:
-        """Rules 2-3: one backbone forward for every row, then B batched Markov steps."""
+        """Rules 2-4: one backbone forward for every row, B batched Markov steps, the cut."""
         model, dev = self.model, self.model.device
         b = self.block
-        ids = [[int(rows[p.index].token_ids[-1])] + [self.mask] * (b - 1) for p in plans]
+        anchors = [int(rows[p.index].token_ids[-1]) for p in plans]
+        ids = [[a] + [self.mask] * (b - 1) for a in anchors]
         batch = build_forward_batch(
             ids, [p.anchor_pos for p in plans], [rows[p.index].block_table for p in plans],
             self.block_size, [list(range(p.drafts)) for p in plans], device=dev,
@@ -76,45 +97,100 @@ class DSparkProposer(DFlashProposer):
         block_index = torch.arange(b, device=dev).repeat(len(plans))
         x = F.embedding(batch.input_ids, self.draft.embed)
         hidden = model.block_hidden(x, batch, self.kv, block_index)
-        hidden = hidden.index_select(0, batch.logits_indices)  # [sum w, H], row-major
+        hidden = hidden.index_select(0, batch.logits_indices)  # [N = sum w, H], row-major
         base = linear(hidden, self.draft.lm_head).float()
         self.counters["draft_forwards"] += 1
-        starts = [0]
-        for p in plans:
-            starts.append(starts[-1] + p.drafts)
-        prev = torch.tensor([ids_[0] for ids_ in ids], device=dev)
+        tok, prev, q = self._markov_pass(rows, plans, hidden, base, anchors)
+        keep = self._confident(plans, hidden, prev)
+        out, at, flat = [], 0, tok.tolist()
+        for p, n in zip(plans, keep):
+            qs = [] if q is None else list(q[at : at + n])
+            out.append((flat[at : at + n], qs))
+            at += p.drafts
+        return out
+
+    def _markov_pass(self, rows: list[DraftRow], plans: list[BlockPlan], hidden: torch.Tensor,
+                     base: torch.Tensor, anchors: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rule 3, left to right: position ``j`` of every row still drafting is one batched
+        bias and one pick. Returns the tokens, each slot's previous token (row-major
+        ``[N]``) and q (``[N, V]``, probabilistic only)."""
+        dev = hidden.device
+        counts = [p.drafts for p in plans]
+        starts = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
+        tok = torch.empty(base.shape[0], dtype=torch.int64, device=dev)
+        prev_of = torch.empty_like(tok)
+        q = (torch.zeros(base.shape, dtype=torch.float32) if self.probabilistic else None)
         head = self.draft.markov
+        prev = torch.tensor(anchors, device=dev)
         state = None if head is None else head.init_state(len(plans), hidden.dtype, dev)
-        toks = [[] for _ in plans]
-        qs: list[list[torch.Tensor]] = [[] for _ in plans]
-        for j in range(max(p.drafts for p in plans)):
-            live = [r for r, p in enumerate(plans) if p.drafts > j]
-            at = torch.tensor([starts[r] + j for r in live], device=dev)
+        params = [rows[p.index].params for p in plans]
+        gens = [rows[p.index].generator for p in plans]
+        greedy = [not self.probabilistic or p.is_greedy for p in params]
+        live = list(range(len(plans)))
+        first = starts  # each live row's first slot
+        for j in range(max(counts)):
+            sel = [i for i, r in enumerate(live) if counts[r] > j]
+            if len(sel) < len(live):  # rows whose drafts are done drop out
+                keep = torch.tensor(sel, device=dev)
+                live = [live[i] for i in sel]
+                prev, first = prev.index_select(0, keep), first.index_select(0, keep)
+                if state is not None:
+                    state = state.index_select(0, keep)
+            at = first + j
             logits = base.index_select(0, at)
+            prev_of[at] = prev
+            pick: torch.Tensor | None = None
+            qj: torch.Tensor | None = None
             if head is not None:
-                li = torch.tensor(live, device=dev)
-                sub = None if state is None else state.index_select(0, li)
-                bias, sub = head.bias(prev.index_select(0, li), hidden.index_select(0, at), sub)
-                logits = logits + bias
-                if state is not None and sub is not None:
-                    state = state.index_copy(0, li, sub)
+                u, state = head.latent(prev, hidden.index_select(0, at), state)
                 self.counters["markov_steps"] += 1
-            rep = [rows[plans[r].index] for r in live]
-            tok, q = pick_draft_tokens(logits.contiguous(), [r.params for r in rep],
-                                       [r.generator for r in rep], self.probabilistic)
-            prev = prev.index_copy(0, torch.tensor(live, device=dev), tok.to(dev))
-            for i, r in enumerate(live):
-                toks[r].append(int(tok[i]))
-                if self.probabilistic:
-                    qs[r].append(_one_hot(int(tok[i]), logits.shape[1]) if q is None else q[i])
-        return list(zip(toks, qs))
+                if all(greedy[r] for r in live) and self._try_certify():
+                    pick = head.certified_argmax(logits, u)
+                    self._certify_misses = 0 if pick is not None else self._certify_misses + 1
+                if pick is None:
+                    logits = logits + head.bias(u)
+                else:
+                    self.counters["markov_certified"] += 1
+            if pick is None:
+                pick, qj = pick_draft_tokens(logits.contiguous(), [params[r] for r in live],
+                                             [gens[r] for r in live], self.probabilistic)
+            prev = pick.to(dev)
+            tok[at] = prev
+            if q is not None:
+                if qj is None:
+                    q[at, prev] = 1.0
+                else:
+                    q[at] = qj
+        return tok, prev_of, q
 
+    def _try_certify(self) -> bool:
+        """Whether to try the certified pick this step: always, until it has failed
+        :data:`GIVE_UP` times in a row (a drafter whose bias is large against its logit
+        margins, where the bound only costs), then once every :data:`RETRY` steps.
+        Either path picks the same token, so this only moves time."""
+        if self._certify_misses < GIVE_UP:
+            return True
+        self._certify_skipped += 1
+        return self._certify_skipped % RETRY == 0
 
-def _one_hot(token: int, vocab: int) -> torch.Tensor:
-    """q of a greedy row in a probabilistic batch."""
-    q = torch.zeros(vocab, dtype=torch.float32)
-    q[token] = 1.0
-    return q
+    def _confident(self, plans: list[BlockPlan], hidden: torch.Tensor, prev: torch.Tensor
+                   ) -> list[int]:
+        """Rule 4 (DeepSpec ``_confident_prefix_length``): per row, the drafts before the
+        first slot whose confidence ``sigmoid(proj([h_j; W1[prev_j]]))`` is under the
+        threshold; every draft when the threshold is 0."""
+        counts = [p.drafts for p in plans]
+        conf = self.draft.confidence
+        if not self.threshold or conf is None:
+            return counts
+        scores = conf(hidden, prev).tolist()
+        keep, at = [], 0
+        for n in counts:
+            cut = next((j for j in range(n) if scores[at + j] < self.threshold), n)
+            keep.append(cut)
+            self.counters["confidence_cut_tokens"] += n - cut
+            at += n
+        return keep
 
 
 __all__ = ["DSparkProposer"]

@@ -211,7 +211,7 @@ def test_namespace_must_be_an_object(installed_registry) -> None:
     )
     assert (
         str(err)
-        == "draftwise=[] is invalid: it must be an object of draftwise's own keys (drafter_chain, adaptive)."
+        == "draftwise=[] is invalid: it must be an object of draftwise's own keys (drafter_chain, adaptive, confidence_threshold)."
     )
 
 

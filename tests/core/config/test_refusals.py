@@ -89,7 +89,7 @@ def test_unknown_key_in_namespace(installed_registry) -> None:
     err = refuse({**NGRAM, "draftwise": {"drafter_chian": []}}, installed_registry, UnknownKeyError)
     assert str(err) == (
         "unknown key 'draftwise.drafter_chian'; did you mean 'drafter_chain'? "
-        "Keys accepted under 'draftwise': drafter_chain, adaptive."
+        "Keys accepted under 'draftwise': drafter_chain, adaptive, confidence_threshold."
     )
     assert err.key == "draftwise.drafter_chian"
 

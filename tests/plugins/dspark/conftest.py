@@ -35,6 +35,7 @@ def save_dspark(
     target_layer_ids: tuple[int, ...] = (-1, 1),
     seed: int = 7,
     markov_std: float = 0.5,
+    confidence_std: float = 0.1,
     trained: dict[str, torch.Tensor] | None = None,
     **overrides: Any,
 ) -> Path:
@@ -87,8 +88,8 @@ def save_dspark(
             tensors["markov_head.joint_proj.bias"] = draw(3 * rank, std=0.2)
     if cfg.get("enable_confidence_head"):
         width = h + (rank if cfg.get("confidence_head_with_markov") else 0)
-        tensors["confidence_head.proj.weight"] = draw(1, width, std=0.1)
-        tensors["confidence_head.proj.bias"] = draw(1, std=0.1)
+        tensors["confidence_head.proj.weight"] = draw(1, width, std=confidence_std)
+        tensors["confidence_head.proj.bias"] = draw(1, std=confidence_std)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: t.to(torch.bfloat16).contiguous() for k, t in tensors.items()},
               str(directory / "model.safetensors"))

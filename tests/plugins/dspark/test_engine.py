@@ -148,8 +148,8 @@ def _variant(src: Path, dst: Path, **changes: Any) -> Path:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"architectures": None}, "has no architectures, so the DSpark layout is unknown"),
     ({"architectures": ["DeepseekV4ForCausalLM"]}, "DeepSeek-V4's self-contained DSpark"),
-    ({"architectures": ["DSparkSpeculator"]}, "speculators DSpark layout, whose reader is not"),
-    ({"architectures": ["DSparkDraftModel"]}, "SpecForge DSpark layout, whose reader is not"),
+    ({"architectures": ["DSparkSpeculator"]}, "transformer_layer_config is missing"),
+    ({"architectures": ["DSparkDraftModel"]}, "SpecForge DSpark layout .*in-place block are not implemented"),
     ({"architectures": ["DFlashDraftModel"]}, "is not a DSpark drafter"),
     ({"markov_head_type": "gated"}, "missing tensors .*gate_proj"),
     ({"markov_head_type": "lstm"}, "markov_head_type='lstm' is not one of"),
@@ -168,24 +168,105 @@ def test_containers_it_does_not_read_are_refused(target_dir, dspark_dir, tmp_pat
                     quantization_config={"quant_method": "exl3", "bits": 4})
     with pytest.raises(ModelFormatError, match="an EXL3 drafter"):
         LLM(model=str(target_dir), speculative_config=spec(exl3))
-    gguf = tmp_path / "d.gguf"
+    nvfp4 = _variant(dspark_dir, tmp_path / "nvfp4", quantization_config={
+        "quant_method": "modelopt", "quant_algo": "NVFP4"})
+    with pytest.raises(ModelFormatError, match="an NVFP4 DSpark drafter is not implemented"):
+        LLM(model=str(target_dir), speculative_config=spec(nvfp4))
+    gguf = tmp_path / "d.gguf"  # a GGUF goes to the GGUF reader, which names the damage
     gguf.write_bytes(b"GGUF" + bytes(64))
-    with pytest.raises(ModelFormatError, match="a GGUF DSpark drafter is not implemented"):
+    with pytest.raises(ModelFormatError, match="GGUF version 0 is not supported"):
         LLM(model=str(target_dir), speculative_config=spec(gguf))
 
 
-def test_a_confidence_head_is_checked_loaded_and_its_cut_refused(target_dir, want,
-                                                                   tmp_path) -> None:
-    """A checkpoint with the confidence head runs (every draft verified, output identical);
-    asking for the cut is refused by name, not ignored."""
-    drafter = save_dspark(tmp_path / "conf", target_dir, enable_confidence_head=True,
-                          confidence_head_with_markov=True)
-    got, llm = generate(target_dir, spec(drafter), PROMPTS[:2])
-    assert got == want[:2]
+def test_confidence_cut_is_identical_and_counted(target_dir, trained_dir, want, tmp_path
+                                                 ) -> None:
+    """The cut shortens the drafts verify sees: output identical batched, and the metrics
+    keep drafted (proposer ``draft_tokens``), verified (``num_draft_tokens``) and accepted
+    apart; without a threshold a drafter with the head verifies every draft."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    drafter = tmp_path / "conf"
+    shutil.copytree(trained_dir, drafter)
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg.update(enable_confidence_head=True, confidence_head_with_markov=True)
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    t = load_file(str(drafter / "model.safetensors"))
+    g = torch.Generator().manual_seed(3)
+    width = cfg["hidden_size"] + cfg["markov_rank"]
+    t["confidence_head.proj.weight"] = (torch.randn(1, width, generator=g) * 0.3).bfloat16()
+    t["confidence_head.proj.bias"] = torch.zeros(1, dtype=torch.bfloat16)
+    save_file(t, str(drafter / "model.safetensors"))
+    full, llm_full = generate(target_dir, spec(drafter), PROMPTS, max_num_seqs=4)
+    assert full == want
+    stats = llm_full.engine.spec.proposer_stats()[0]
+    assert stats["confidence_cut_tokens"] == 0
+    assert stats["draft_tokens"] == llm_full.engine.spec.metrics.num_draft_tokens
+    got, llm = generate(target_dir, spec(drafter, draftwise={"confidence_threshold": 0.5}),
+                        PROMPTS, max_num_seqs=4)
+    assert got == want
+    m, stats = llm.engine.spec.metrics, llm.engine.spec.proposer_stats()[0]
+    cut = stats["confidence_cut_tokens"]
+    assert 0 < cut < stats["draft_tokens"]
+    assert m.num_draft_tokens == stats["draft_tokens"] - cut, "verified = drafted - cut"
+    assert 0 < m.num_accepted_tokens <= m.num_draft_tokens
     assert_clean(llm)
+
+
+def test_confidence_threshold_refused_by_name(target_dir, dspark_dir, tmp_path) -> None:
+    """A threshold needs a head: refused for a drafter without one, for a method without
+    one, outside [0, 1], and at a chain's top level; vLLM's adaptive verification is
+    refused by name (a different algorithm), not taken for the cut."""
+    from draftwise.config import InvalidValueError, parse_speculative_config
+
+    cut = {"draftwise": {"confidence_threshold": 0.5}}
+    with pytest.raises(ModelFormatError, match="enable_confidence_head false"):
+        LLM(model=str(target_dir), speculative_config=spec(dspark_dir, **cut))
+    with pytest.raises(RefusedValueError, match="refused by method 'ngram': it has no conf"):
+        parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3, **cut})
+    with pytest.raises(InvalidValueError, match=r"confidence_threshold=1.5 is invalid"):
+        parse_speculative_config(spec(dspark_dir, draftwise={"confidence_threshold": 1.5}))
+    with pytest.raises(RefusedValueError, match="top level of a drafter_chain"):
+        parse_speculative_config({"num_speculative_tokens": 7, "draftwise": {
+            "confidence_threshold": 0.5, "drafter_chain": [spec(dspark_dir, k=None)]}})
+    chained = parse_speculative_config({"num_speculative_tokens": 7, "draftwise": {
+        "drafter_chain": [spec(dspark_dir, k=None, **cut)]}})
+    assert chained.chain[0].confidence_threshold == 0.5
+    assert parse_speculative_config(chained.chain[0].to_json()) == chained.chain[0]
     with pytest.raises(RefusedValueError, match="enable_adaptive_verification=true is refused"):
-        LLM(model=str(target_dir), speculative_config=spec(drafter,
+        LLM(model=str(target_dir), speculative_config=spec(dspark_dir,
                                                            enable_adaptive_verification=True))
-    broken = _variant(drafter, tmp_path / "noconf", confidence_head_with_markov=False)
+    with_head = save_dspark(tmp_path / "conf", target_dir, enable_confidence_head=True,
+                            confidence_head_with_markov=True)
+    broken = _variant(with_head, tmp_path / "noconf", confidence_head_with_markov=False)
     with pytest.raises(ModelFormatError, match="confidence_head.proj.weight"):
         LLM(model=str(target_dir), speculative_config=spec(broken))
+    rank0 = _variant(with_head, tmp_path / "r0", markov_rank=0)
+    with pytest.raises(ModelFormatError, match="confidence_head_with_markov is true but"):
+        LLM(model=str(target_dir), speculative_config=spec(rank0))
+
+
+def test_certified_greedy_pick_drafts_what_the_full_product_drafts(
+        target_dir, trained_dir, monkeypatch) -> None:
+    """bf16, batched: every draft of every step is the same with the certified argmax
+    as with the full W2 product forced everywhere, and the certified path did serve
+    some steps (the trained drafter's bias is small against its margins)."""
+    from draftwise_dspark.markov import MarkovHead
+
+    from .test_oracle import record_drafts
+
+    def run() -> tuple[list, dict]:
+        llm = LLM(model=str(target_dir), dtype="bfloat16", max_num_seqs=4,
+                  speculative_config=spec(trained_dir))
+        seen = record_drafts(llm)
+        llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy())
+        return seen, llm.engine.spec.proposer_stats()[0]
+
+    seen, stats = run()
+    assert 0 < stats["markov_certified"] <= stats["markov_steps"]
+    monkeypatch.setattr(MarkovHead, "certified_argmax", lambda self, base, u: None)
+    forced, forced_stats = run()
+    assert forced_stats["markov_certified"] == 0
+    assert seen == forced

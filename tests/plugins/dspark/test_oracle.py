@@ -26,19 +26,31 @@ from .conftest import MASK, save_dspark
 PROMPTS = [[7, 3, 11, 5, 2, 9], list(range(20, 47))]
 
 
-def record_drafts(llm: LLM) -> list[tuple[list[int], list[int]]]:
-    """Wrap the proposer: (context tokens, drafts) for every drafted row of every step."""
+def record_drafts(llm: LLM, widths: list[int] | None = None
+                  ) -> list[tuple[list[int], list[int]]]:
+    """Wrap the proposer: (context tokens, drafts) for every drafted row of every step
+    (and in ``widths`` each such row's allowed drafts, ``min(k, row.max_draft)``)."""
     proposer = llm.engine.spec.proposers[0]
     seen: list[tuple[list[int], list[int]]] = []
-    original = proposer.propose
+    original, plans = proposer.propose, proposer._plans
+    planned: dict[int, int] = {}
 
-    def propose(batch: Any) -> Any:
-        out = original(batch)
-        for i, row in enumerate(batch.rows):
-            if out.num_draft_tokens[i]:
-                seen.append(([int(t) for t in row.token_ids], out.row(i).tolist()))
+    def plan(rows: Any) -> Any:
+        out = plans(rows)
+        planned.update({p.index: p.drafts for p in out})
         return out
 
+    def propose(batch: Any) -> Any:
+        planned.clear()
+        out = original(batch)
+        for i, row in enumerate(batch.rows):
+            if out.num_draft_tokens[i] or (widths is not None and i in planned):
+                seen.append(([int(t) for t in row.token_ids], out.row(i).tolist()))
+                if widths is not None:
+                    widths.append(planned[i])
+        return out
+
+    proposer._plans = plan
     proposer.propose = propose
     return seen
 
@@ -62,12 +74,15 @@ class Reference:
                            "target_layer_ids": cfg["target_layer_ids"]})
         self.body = DFlashDraftModel(body_cfg).eval()
         body = {k: v for k, v in self.t.items()
-                if not k.startswith(("embed_tokens", "lm_head", "markov_head"))}
+                if not k.startswith(("embed_tokens", "lm_head", "markov_head", "confidence_head"))}
         missing, unexpected = self.body.load_state_dict(body, strict=False)
         if unexpected or [m for m in missing if not m.startswith("rotary")]:
             raise AssertionError(f"body mismatch {missing} {unexpected}")
 
-    def drafts(self, tokens: list[int], w: int, markov: bool = True) -> list[int]:
+    def drafts(self, tokens: list[int], w: int, markov: bool = True,
+               threshold: float = 0.0) -> list[int]:
+        """The first ``w`` drafts; with a threshold, only those before the first slot whose
+        confidence ``sigmoid(proj([h_j; W1[prev_j]]))`` is under it (DeepSpec's cut)."""
         cfg, t = self.cfg, self.t
         b, n = cfg["block_size"], len(tokens)
         with torch.no_grad():
@@ -97,15 +112,27 @@ class Reference:
                         g, c, o = z[:rank], z[rank : 2 * rank], z[2 * rank :]
                         s = torch.sigmoid(g) * s + (1 - torch.sigmoid(g)) * torch.tanh(c)
                         logits = logits + w2 @ torch.tanh(o)
+                if threshold and self.cut(h[j], prev) < threshold:
+                    break
                 prev = int(logits.argmax())
                 got.append(prev)
         return got
 
+    def cut(self, h: torch.Tensor, prev: int) -> float:
+        """A slot's confidence score (§2.2), from the saved tensors."""
+        t, x = self.t, h
+        if self.cfg.get("confidence_head_with_markov"):
+            x = torch.cat([h, t["markov_head.markov_w1.weight"][prev]])
+        return float(torch.sigmoid(t["confidence_head.proj.weight"][0] @ x
+                                   + t["confidence_head.proj.bias"][0]))
 
-def run_engine(target_dir: Path, drafter_dir: Path, k: int = 7, n: int = 12):
+
+def run_engine(target_dir: Path, drafter_dir: Path, k: int = 7, n: int = 12,
+               widths: list[int] | None = None, **extra: Any
+               ) -> list[tuple[list[int], list[int]]]:
     llm = LLM(model=str(target_dir), dtype="float32", speculative_config={
-        "method": "dspark", "model": str(drafter_dir), "num_speculative_tokens": k})
-    seen = record_drafts(llm)
+        "method": "dspark", "model": str(drafter_dir), "num_speculative_tokens": k, **extra})
+    seen = record_drafts(llm, widths)
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)
     return seen
@@ -124,6 +151,26 @@ def test_drafts_equal_the_equations_every_step(target_dir, tmp_path, kind: str) 
         corrected += drafts != ref.drafts(tokens, len(drafts), markov=False)
     assert max(len(d) for _, d in seen) == 7, "next-token indexing: all B slots draft"
     assert corrected > 0, "the Markov bias must change some drafts, or this cannot fail"
+
+
+@pytest.mark.parametrize("with_markov", [True, False])
+def test_confidence_cut_equals_the_equations(target_dir, tmp_path, with_markov: bool) -> None:
+    """The verified drafts are the prefix before the first slot the confidence head
+    scores under the threshold, recomputed from the saved tensors; the cut happens at
+    varied places (not always, not never), so a wrong feature or rule fails."""
+    drafter = save_dspark(tmp_path / "conf", target_dir, kind="gated",
+                          enable_confidence_head=True, confidence_head_with_markov=with_markov,
+                          confidence_std=0.3)
+    t = 0.5
+    widths: list[int] = []
+    seen = run_engine(target_dir, drafter, n=24, widths=widths,
+                      draftwise={"confidence_threshold": t})
+    ref = Reference(target_dir, drafter)
+    lengths = []
+    for (tokens, drafts), w in zip(seen, widths):
+        assert drafts == ref.drafts(tokens, w, threshold=t), f"ctx {tokens}"
+        lengths.append(len(drafts))
+    assert len(set(lengths)) >= 3 and min(lengths) < 7, lengths
 
 
 def test_markov_rank_zero_is_the_deepspec_dflash_block7_layout(target_dir, tmp_path) -> None:

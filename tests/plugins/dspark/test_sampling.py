@@ -123,9 +123,9 @@ def test_q_from_the_uncorrected_logits_is_detected(
     last: list[Any] = []
     real_bias = markov_mod.MarkovHead.bias
 
-    def bias(self, prev, h, state):
-        out = real_bias(self, prev, h, state)
-        last[:] = [out[0]]
+    def bias(self, u):
+        out = real_bias(self, u)
+        last[:] = [out]
         return out
 
     real_pick = proposer_mod.pick_draft_tokens
@@ -142,3 +142,53 @@ def test_q_from_the_uncorrected_logits_is_detected(
                 temperature=2.0)
     stat, dof = chi2_two_sample(*pool_rare(reference_t2, on))
     assert stat > bound(dof), ("q from the uncorrected logits must be caught", stat, dof)
+
+
+@pytest.fixture(scope="module")
+def confident_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained drafter with a random confidence head (reading W1[prev] too) whose
+    scores straddle 0.5, so a 0.5 threshold cuts blocks at varied places."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("ds-conf") / "b7"
+    shutil.copytree(trained_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(enable_confidence_head=True, confidence_head_with_markov=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    t = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(9)
+    width = cfg["hidden_size"] + cfg["markov_rank"]
+    t["confidence_head.proj.weight"] = (torch.randn(1, width, generator=g) * 0.3).bfloat16()
+    t["confidence_head.proj.bias"] = torch.zeros(1, dtype=torch.bfloat16)
+    save_file(t, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.mark.parametrize("rejection_sample_method", ["standard", "block"])
+def test_confidence_cut_matches_spec_off(
+    target_dir: Path, confident_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch,
+    rejection_sample_method: str,
+) -> None:
+    """The cut only shortens drafts: the distribution is spec-off's, and the run did cut
+    (some blocks kept whole, some cut) so the test covers both."""
+    import draftwise_dspark.proposer as proposer_mod
+
+    kept: list[int] = []
+    real = proposer_mod.DSparkProposer._confident
+
+    def confident(self, plans, hidden, prev):
+        out = real(self, plans, hidden, prev)
+        kept.extend(n - c for n, c in zip((p.drafts for p in plans), out))
+        return out
+
+    monkeypatch.setattr(proposer_mod.DSparkProposer, "_confident", confident)
+    on = sample(target_dir, config(confident_dir, draft_sample_method="probabilistic",
+                                   rejection_sample_method=rejection_sample_method,
+                                   draftwise={"confidence_threshold": 0.5}), seed=2, check=False)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat < bound(dof), (stat, dof, reference, on)
+    assert any(kept) and not all(kept), "some blocks must be cut and some kept whole"
