@@ -11,7 +11,7 @@ pass because every draft was rejected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +89,11 @@ LOGPROB_EXTRA: dict[str, Any] = {"logprobs": 5, "presence_penalty": 0.5, "logit_
 
 
 def assert_logprobs_match(target: Path, config: dict[str, Any], prompts: Sequence[list[int]],
-                          mode: str, *, accepted: bool = True, **llm_kw: Any) -> None:
-    """Greedy logprobs (``mode``: raw or processed) spec-on == spec-off within 1e-5."""
-    params = greedy(**LOGPROB_EXTRA)
+                          mode: str, *, accepted: bool = True,
+                          extra: dict[str, Any] | None = None, **llm_kw: Any) -> None:
+    """Greedy logprobs (``mode``: raw or processed) spec-on == spec-off within 1e-5, with
+    :data:`LOGPROB_EXTRA` and ``extra`` (sampling fields) active."""
+    params = greedy(**LOGPROB_EXTRA, **(extra or {}))
     off, _ = generate(target, None, prompts, params, logprobs_mode=mode, **llm_kw)
     on, llm = generate(target, config, prompts, params, logprobs_mode=mode, **llm_kw)
     assert token_ids(on) == token_ids(off)
@@ -102,12 +104,8 @@ def assert_logprobs_match(target: Path, config: dict[str, Any], prompts: Sequenc
 
 # -- stops inside an accepted block -------------------------------------------------------
 
-#: how each stop kind is asked for, given the free output's tokens and words and a position
-STOPS: dict[str, Callable[[list[int], list[str], int], dict[str, Any]]] = {
-    "stop_token_ids": lambda ref, words, p: {"stop_token_ids": (ref[p],)},
-    "stop_string": lambda ref, words, p: {"stop": (f"{words[p - 1]} {words[p]}",)},
-    "eos": lambda ref, words, p: {"ignore_eos": False},
-}
+#: the stop kinds: a stop token id, a stop string, an EOS (the engine's EOS set to the token)
+STOP_KINDS = ("stop_token_ids", "stop_string", "eos")
 
 
 def _record_commits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -143,37 +141,45 @@ def _stream(llm: LLM, prompt: list[int], params: SamplingParams,
     return last, toks, text
 
 
-def _stop_position(commits: list[int], ref: list[int], words: list[str] | None,
-                   kind: str) -> int:
-    """A position with at least two tokens after it in its committed block, where the
-    stop of ``kind`` fires first (no earlier token or text completes it)."""
+def _stop_at(commits: list[int], ref: list[int], words: list[str] | None,
+             kind: str) -> tuple[int, dict[str, Any]]:
+    """A position with at least two tokens after it in its committed block where a stop
+    of ``kind`` fires first, and the sampling fields asking for it. A token id must be new
+    there; a stop string is the shortest run of 2-5 words ending there seen nowhere
+    before (n-gram drafts repeat earlier tokens, but not every longer run of them)."""
     start = 0
+    text = " ".join(words or [])
     for n in commits:
-        for p in range(start, start + n - 2):
-            if p < 1 or ref[p] in ref[:p]:
+        for p in range(max(start, 1), start + n - 2):
+            if kind != "stop_string":
+                if ref[p] not in ref[:p]:
+                    return p, ({"stop_token_ids": (ref[p],)} if kind == "stop_token_ids"
+                               else {"ignore_eos": False})
                 continue
-            if kind == "stop_string":
-                stop = f"{words[p - 1]} {words[p]}"  # type: ignore[index]
-                if " ".join(words).find(stop) + len(stop) != len(" ".join(words[:p + 1])):
-                    continue
-            return p
+            end = len(" ".join(words[:p + 1]))  # type: ignore[index]
+            for width in range(2, min(5, p + 1) + 1):
+                stop = " ".join(words[p + 1 - width : p + 1])  # type: ignore[index]
+                if text.find(stop) + len(stop) == end:
+                    return p, {"stop": (stop,)}
         start += n
-    raise AssertionError(f"no committed block of 3+ tokens to stop inside: {commits}")
+    raise AssertionError(f"no committed block of 3+ tokens to stop {kind} inside: {commits}")
 
 
 def assert_stop_inside_accepted_block(target: Path, config: dict[str, Any], prompt: list[int],
-                                      kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stop (``kind`` of :data:`STOPS`) on a token that speculation commits with two or
+                                      kind: str, monkeypatch: pytest.MonkeyPatch,
+                                      **extra: Any) -> None:
+    """A stop (``kind`` of :data:`STOP_KINDS`) on a token that speculation commits with two or
     more after it truncates there: tokens, text, finish and stop reasons, usage, metrics
-    and the streamed deltas equal speculation off's, and every block comes back."""
+    and the streamed deltas equal speculation off's, and every block comes back. ``extra``
+    (sampling fields) is active throughout."""
     cuts = _record_commits(monkeypatch)
-    free, _ = generate(target, config, [prompt], greedy())
+    free, _ = generate(target, config, [prompt], greedy(**extra))
     ref = free[0].outputs[0].token_ids
     words = free[0].outputs[0].text.split() if kind == "stop_string" else None
     if words is not None:
         assert len(words) == len(ref), "stop strings need one word per token"
-    p = _stop_position([n for n, _ in cuts], ref, words, kind)
-    params = greedy(**{"max_tokens": 20, **STOPS[kind](ref, words or [], p)})
+    p, stop = _stop_at([n for n, _ in cuts], ref, words, kind)
+    params = greedy(**{"max_tokens": 20, **extra, **stop})
     eos = ref[p] if kind == "eos" else None
     want, want_toks, want_text = _stream(LLM(model=str(target), dtype="bfloat16"), prompt,
                                          params, eos)
@@ -199,10 +205,11 @@ def assert_stop_inside_accepted_block(target: Path, config: dict[str, Any], prom
 
 
 def assert_seeded_samples(target: Path, config: dict[str, Any], prompt: list[int],
-                          *, accepted: bool = True, **extra: Any) -> None:
+                          *, accepted: bool = True, temperature: float = 1.0,
+                          **extra: Any) -> None:
     """Seeded ``n = 3`` under speculation: reproducible, independent, sample ``i`` is the
     single request with ``seed + i``; greedy ``n = 3`` equals speculation off."""
-    sampled = SamplingParams(n=3, seed=123, temperature=1.0, top_k=3, max_tokens=10,
+    sampled = SamplingParams(n=3, seed=123, temperature=temperature, top_k=3, max_tokens=10,
                              ignore_eos=True, **extra)
     first, llm = generate(target, config, [prompt], sampled)
     again, _ = generate(target, config, [prompt], sampled)

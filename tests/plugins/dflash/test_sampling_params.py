@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from draftwise import LLM
 from spec_features import (
+    STOP_KINDS,
     WORD_PARAMS,
     assert_identical,
     assert_logprobs_match,
@@ -88,7 +89,7 @@ def test_logprobs_equal_spec_off(target_dir: Path, trained_dir: Path, trained2_d
     assert_logprobs_match(target_dir, spec(drafter, 7), PROMPTS, mode, max_num_seqs=2)
 
 
-@pytest.mark.parametrize("kind", ["stop_token_ids", "stop_string", "eos"])
+@pytest.mark.parametrize("kind", STOP_KINDS)
 def test_a_stop_inside_an_accepted_block_truncates_there(
     target_dir: Path, trained_dir: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
