@@ -93,7 +93,7 @@ def assert_logprobs_match(target: Path, config: dict[str, Any], prompts: Sequenc
                           extra: dict[str, Any] | None = None, **llm_kw: Any) -> None:
     """Greedy logprobs (``mode``: raw or processed) spec-on == spec-off within 1e-5, with
     :data:`LOGPROB_EXTRA` and ``extra`` (sampling fields) active."""
-    params = greedy(**LOGPROB_EXTRA, **(extra or {}))
+    params = greedy(**{**LOGPROB_EXTRA, **(extra or {})})
     off, _ = generate(target, None, prompts, params, logprobs_mode=mode, **llm_kw)
     on, llm = generate(target, config, prompts, params, logprobs_mode=mode, **llm_kw)
     assert token_ids(on) == token_ids(off)
@@ -278,17 +278,20 @@ WORD_GRAMMAR = "(" + "|".join(WORD_TEXTS[i] for i in range(11, 510) if i not in 
 
 def assert_grammar_identical(target: Path, config: dict[str, Any], prompts: Sequence[list[int]],
                              grammar: str, *, accepted: bool = True, max_tokens: int = 20,
-                             eos_text: str = "", **llm_kw: Any) -> LLM:
+                             eos_text: str = "", extra: dict[str, Any] | None = None,
+                             **llm_kw: Any) -> LLM:
     """Greedy spec-on == spec-off under the regex ``grammar``, which changes the output;
-    every output matches it (less ``eos_text``, an EOS the grammar allowed at its end)."""
+    every output matches it (less ``eos_text``, an EOS the grammar allowed at its end).
+    ``extra`` (sampling fields) is active in every run."""
     import re
 
     from draftwise.structured import StructuredOutputsParams
 
-    params = greedy(max_tokens=max_tokens, ignore_eos=False,
+    params = greedy(max_tokens=max_tokens, ignore_eos=False, **(extra or {}),
                     structured_outputs=StructuredOutputsParams(regex=grammar))
     off, _ = generate(target, None, prompts, params, **llm_kw)
-    free, _ = generate(target, None, prompts, greedy(max_tokens=max_tokens), **llm_kw)
+    free, _ = generate(target, None, prompts, greedy(max_tokens=max_tokens, **(extra or {})),
+                       **llm_kw)
     assert token_ids(off) != token_ids(free), "the grammar must change the output"
     for o in off:
         text = o.outputs[0].text.removesuffix(eos_text) if eos_text else o.outputs[0].text

@@ -82,7 +82,7 @@ def test_a_stop_inside_an_accepted_block_truncates_there(
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 def test_logprobs_equal_spec_off(drafter: Drafter, mode: str) -> None:
     d = drafter
-    params = greedy(**LOGPROB_EXTRA, **d.extra)
+    params = greedy(**{**LOGPROB_EXTRA, **d.extra})
     assert_logprobs_match(d.target, d.config(params, PROMPTS), PROMPTS, mode, extra=d.extra)
 
 
