@@ -51,13 +51,7 @@ from draftwise.server.serving import (
     stream_events,
     usage_of,
 )
-from draftwise.server.tools import (
-    ToolPlan,
-    chat_template_of,
-    parse_calls,
-    tool_names,
-    tool_plan,
-)
+from draftwise.server.tools import ToolPlan, chat_template_of, tool_plan
 from draftwise.server.tools import (
     finish_reason as call_finish_reason,
 )
@@ -219,7 +213,7 @@ class ToolChatChunks(ChatChunks):
     def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, request_id: str,
                  plan: ToolPlan) -> None:
         super().__init__(ctx, body, request_id)
-        self.names = tool_names(plan)
+        self.plan = plan
         self._text: dict[int, str] = {}
         self._logprobs: dict[int, list[Any]] = {}
 
@@ -231,7 +225,7 @@ class ToolChatChunks(ChatChunks):
             self._logprobs.setdefault(index, []).extend(logprobs["content"])
         if finish_reason is None:
             return None
-        content, calls = parse_calls(self._text.pop(index), self.names)
+        content, calls = self.plan.parse(self._text.pop(index))
         lps = self._logprobs.pop(index, None)
         data = self._chunk(DeltaMessage(content=content),
                            call_finish_reason(finish_reason, calls),
@@ -249,7 +243,7 @@ def _chat_choice(body: ChatCompletionRequest, c: CompletionOutput,
     content: str | None = c.text
     calls: list[dict[str, Any]] = []
     if plan is not None and plan.parses:
-        content, calls = parse_calls(c.text, tool_names(plan))
+        content, calls = plan.parse(c.text)
     return ChatChoice(index=c.index,
                       message=ChatResponseMessage(content=content, tool_calls=calls),
                       logprobs=_chat_logprobs(body, c, 0, len(c.token_ids)),
