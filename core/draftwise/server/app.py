@@ -135,7 +135,19 @@ def _chat_logprobs(body: ChatCompletionRequest, completion: CompletionOutput, st
 
 
 class CompletionChunks(Chunks):
-    """``text_completion`` stream events."""
+    """``text_completion`` stream events; with ``prompt_logprobs``, each choice's first
+    chunk carries them (the shape of the non-streamed choice's field)."""
+
+    def __init__(self, ctx: ServingContext, body: CompletionRequest, request_id: str) -> None:
+        super().__init__(ctx, body, request_id)
+        self._prompt_logprobs: list[Any] | None = None
+        self._prompt_sent: set[int] = set()
+
+    def observe(self, out: RequestOutput) -> None:
+        """Also keep the prompt's logprobs (they come once the prefill is done)."""
+        super().observe(out)
+        if out.prompt_logprobs is not None and self._prompt_logprobs is None:
+            self._prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
 
     def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
               index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
@@ -146,7 +158,11 @@ class CompletionChunks(Chunks):
                                       finish_reason=finish_reason)],
             metrics=self.chunk_metrics(final),
         )
-        return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+        data = resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+        if self.body.prompt_logprobs is not None and index not in self._prompt_sent:
+            self._prompt_sent.add(index)
+            data["choices"][0]["prompt_logprobs"] = self._prompt_logprobs or []
+        return data
 
     def logprobs(self, completion: CompletionOutput, start: int, end: int,
                  offset: int) -> dict[str, Any] | None:
@@ -294,6 +310,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         id=request_id, model=ctx.config.model_name,
         choices=[_chat_choice(body, c, plan) for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
+        prompt_logprobs=(prompt_logprobs_json(out.prompt_logprobs or [])
+                         if body.prompt_logprobs is not None else None),
     )
     return JSONResponse(resp.to_dict())
 
