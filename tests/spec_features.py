@@ -303,3 +303,76 @@ def assert_grammar_identical(target: Path, config: dict[str, Any], prompts: Sequ
     else:
         assert llm.engine.spec.metrics.num_draft_tokens > 0
     return llm
+
+
+# -- forced tool calls ---------------------------------------------------------------------
+
+#: Qwen2.5-Instruct's own chat template (renders tools, in the Hermes format)
+QWEN_TEMPLATE = Path(__file__).parent / "core" / "server" / "data" / "qwen2.5_chat_template.jinja"
+#: two functions whose arguments are enums, so a forced call is short on a random model
+TOOLS = [{"type": "function", "function": {
+    "name": name, "parameters": {"type": "object", "properties": {
+        arg: {"type": "string", "enum": values}}, "required": [arg],
+        "additionalProperties": False}}}
+    for name, arg, values in (("set_unit", "unit", ["celsius", "fahrenheit"]),
+                              ("set_mode", "mode", ["on", "off"]))]
+#: (tool_choice fields, exactly one call)
+TOOL_CHOICES: list[tuple[dict[str, Any], bool]] = [
+    ({"tool_choice": "required"}, False),
+    ({"tool_choice": "required", "parallel_tool_calls": False}, True),
+    ({"tool_choice": {"type": "function", "function": {"name": "set_mode"}}}, True),
+]
+
+
+def make_tools_target(target: Path, directory: Path) -> Path:
+    """A copy of ``target`` with a byte-level tokenizer, Qwen2.5's template and room for its
+    tool prompt (about 970 byte tokens): a tools-capable tiny checkpoint."""
+    import json
+    import shutil
+
+    from tiny_checkpoints import write_byte_tokenizer
+
+    shutil.copytree(target, directory)
+    for stale in ("tokenizer.json", "tokenizer_config.json"):
+        (directory / stale).unlink(missing_ok=True)
+    write_byte_tokenizer(directory)
+    shutil.copy(QWEN_TEMPLATE, directory / "chat_template.jinja")
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg["max_position_embeddings"] = 2048
+    (directory / "config.json").write_text(json.dumps(cfg))
+    return directory
+
+
+def assert_forced_calls_identical(target: Path, config: dict[str, Any], choice: dict[str, Any],
+                                  one: bool, *, accepted: bool = False) -> None:
+    """A chat request with :data:`TOOLS` and ``choice``, made as the server makes it (tool
+    plan, call grammar, template): spec-on tokens == spec-off's and the calls parse, one
+    exactly when ``one``."""
+    import json
+
+    from draftwise.server.protocol import ChatCompletionRequest
+    from draftwise.server.serving import sampling_params
+    from draftwise.server.tools import chat_template_of, tool_plan
+
+    ask = [{"role": "user", "content": "Use the tools."}]
+    req = ChatCompletionRequest.model_validate(
+        {"messages": ask, "temperature": 0, "max_tokens": 240, "tools": TOOLS, **choice})
+    plan = tool_plan(req, chat_template_of(LLM(model=str(target), dtype="bfloat16").engine))
+    ids = LLM(model=str(target), dtype="bfloat16").engine.apply_chat_template(
+        ask, True, tools=list(plan.tools))
+    params = sampling_params(req, plan)
+    off, _ = generate(target, None, [ids], params)
+    on, llm = generate(target, config, [ids], params)
+    assert on[0].outputs[0].token_ids == off[0].outputs[0].token_ids
+    assert llm.engine.spec.metrics.num_drafts > 0 or not accepted
+    if accepted:
+        assert_accepted(llm)
+    _, calls = plan.parse(on[0].outputs[0].text)
+    assert calls, on[0].outputs[0].text
+    for call in calls:
+        args = json.loads(call["function"]["arguments"])
+        assert set(args) == ({"unit"} if call["function"]["name"] == "set_unit" else {"mode"})
+    if one:
+        assert len(calls) == 1 and on[0].outputs[0].finish_reason == "stop"
+    if "function" in str(choice["tool_choice"]):
+        assert calls[0]["function"]["name"] == "set_mode"

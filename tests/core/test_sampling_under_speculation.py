@@ -69,6 +69,7 @@ PARAMS = {
                            logit_bias={5: 1.0}, bad_words=("w344",), min_tokens=5,
                            ignore_eos=False),
     # repetition encouraged, so the n-gram drafter finds matches in the output too
+    "allowed_looping": greedy(allowed_token_ids=tuple(range(3, 60, 2)), frequency_penalty=-2.0),
     "looping_mix": greedy(frequency_penalty=-1.5, presence_penalty=0.5, logit_bias={5: 1.0},
                           bad_words=("w344",), min_tokens=5, ignore_eos=False),
 }
@@ -99,7 +100,7 @@ def test_greedy_with_the_parameter_is_identical_to_spec_off(
 
 @pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("name", ["negative_frequency_penalty", "repetition_penalty_below_1",
-                                  "logit_bias", "looping_mix"])
+                                  "logit_bias", "allowed_looping", "looping_mix"])
 def test_ngram_with_the_parameter_is_identical_to_spec_off(tiny: Path, name: str, k: int) -> None:
     params = PARAMS[name]
     off, _ = run(tiny, params)
