@@ -343,13 +343,9 @@ def make_tools_target(target: Path, directory: Path) -> Path:
     return directory
 
 
-def assert_forced_calls_identical(target: Path, config: dict[str, Any], choice: dict[str, Any],
-                                  one: bool, *, accepted: bool = False) -> None:
-    """A chat request with :data:`TOOLS` and ``choice``, made as the server makes it (tool
-    plan, call grammar, template): spec-on tokens == spec-off's and the calls parse, one
-    exactly when ``one``."""
-    import json
-
+def tool_request(target: Path, choice: dict[str, Any]) -> tuple[list[int], SamplingParams, Any]:
+    """Prompt ids, SamplingParams and tool plan of a chat request with :data:`TOOLS` and
+    ``choice``, made as the server makes them (tool plan, call grammar, template)."""
     from draftwise.server.protocol import ChatCompletionRequest
     from draftwise.server.serving import sampling_params
     from draftwise.server.tools import chat_template_of, tool_plan
@@ -357,10 +353,20 @@ def assert_forced_calls_identical(target: Path, config: dict[str, Any], choice: 
     ask = [{"role": "user", "content": "Use the tools."}]
     req = ChatCompletionRequest.model_validate(
         {"messages": ask, "temperature": 0, "max_tokens": 240, "tools": TOOLS, **choice})
-    plan = tool_plan(req, chat_template_of(LLM(model=str(target), dtype="bfloat16").engine))
-    ids = LLM(model=str(target), dtype="bfloat16").engine.apply_chat_template(
-        ask, True, tools=list(plan.tools))
-    params = sampling_params(req, plan)
+    engine = LLM(model=str(target), dtype="bfloat16").engine
+    plan = tool_plan(req, chat_template_of(engine))
+    ids = engine.apply_chat_template(ask, True, tools=list(plan.tools))
+    return ids, sampling_params(req, plan), plan
+
+
+def assert_forced_calls_identical(target: Path, config: dict[str, Any], choice: dict[str, Any],
+                                  one: bool, *, accepted: bool = False) -> None:
+    """A chat request with :data:`TOOLS` and ``choice``, made as the server makes it (tool
+    plan, call grammar, template): spec-on tokens == spec-off's and the calls parse, one
+    exactly when ``one``."""
+    import json
+
+    ids, params, plan = tool_request(target, choice)
     off, _ = generate(target, None, [ids], params)
     on, llm = generate(target, config, [ids], params)
     assert on[0].outputs[0].token_ids == off[0].outputs[0].token_ids

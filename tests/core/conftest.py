@@ -28,3 +28,11 @@ def word_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec.loader.exec_module(mod)
     path = mod.build(tmp_path_factory.mktemp("params-hybrid"), "qwen3_5", mtp=False)
     return write_wordlevel_tokenizer(path, [f"w{i}" for i in range(255)] + ["[UNK]"])
+
+
+@pytest.fixture(scope="session")
+def tools_llama(word_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama, tools-capable (``spec_features.make_tools_target``)."""
+    from spec_features import make_tools_target
+
+    return make_tools_target(word_llama, tmp_path_factory.mktemp("tools-llama") / "target")

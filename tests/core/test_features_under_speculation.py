@@ -21,12 +21,15 @@ from oracle_drafter import install_oracle, oracle_spec
 from spec_features import (
     LOGPROB_EXTRA,
     STOP_KINDS,
+    TOOL_CHOICES,
+    assert_forced_calls_identical,
     assert_grammar_identical,
     assert_logprobs_match,
     assert_seeded_samples,
     assert_stop_inside_accepted_block,
     generate,
     greedy,
+    tool_request,
     write_byte_level_words,
 )
 
@@ -127,3 +130,16 @@ def test_oracle_greedy_identical_with_grammar(byte_words: dict, make_dist: Any, 
     install_oracle(make_dist)
     assert_grammar_identical(target, oracle_spec(tmp_path, PROMPTS, off, 3), PROMPTS, grammar,
                              eos_text="[UNK]")
+
+
+@pytest.mark.parametrize(("choice", "one"), TOOL_CHOICES)
+def test_oracle_forced_tool_calls_are_identical(tools_llama: Path, make_dist: Any,
+                                                tmp_path: Path, choice: dict[str, Any],
+                                                one: bool) -> None:
+    """The oracle drafts the constrained call itself, so the call grammar's mask applies
+    inside accepted blocks (a drafter without the grammar has its drafts cut)."""
+    ids, params, _ = tool_request(tools_llama, choice)
+    off, _ = generate(tools_llama, None, [ids], params)
+    install_oracle(make_dist)
+    assert_forced_calls_identical(tools_llama, oracle_spec(tmp_path, [ids], off, 3), choice,
+                                  one, accepted=True)

@@ -18,7 +18,6 @@ import pytest
 from draftwise import LLM, SamplingParams
 from oracle_drafter import install_oracle, oracle_spec
 from stats import CHI2_9999, chi2_two_sample, pool_rare
-from tiny_checkpoints import save_tiny, write_wordlevel_tokenizer
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], [4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23, 42, 4, 8]]
 
