@@ -129,3 +129,17 @@ def write_byte_tokenizer(directory: Path) -> Path:
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     return directory
+
+
+def save_tiny_hybrid(directory: Path, mtp: bool = True, **overrides: Any) -> Path:
+    """The tiny Qwen3.5 GDN hybrid of ``scripts/build_tiny_hybrid.py`` (with its MTP head
+    unless ``mtp`` is false); ``overrides`` change its config (e.g. a larger vocabulary)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("build_tiny_hybrid",
+                                                  root / "scripts" / "build_tiny_hybrid.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod.TINY = {**mod.TINY, **overrides}
+    return mod.build(directory, "qwen3_5", mtp=mtp)

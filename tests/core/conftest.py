@@ -36,3 +36,14 @@ def tools_llama(word_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     from spec_features import make_tools_target
 
     return make_tools_target(word_llama, tmp_path_factory.mktemp("tools-llama") / "target")
+
+
+@pytest.fixture(scope="session")
+def tools_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny hybrid with 512 tokens (room for a byte-level vocabulary), tools-capable."""
+    from spec_features import make_tools_target
+    from tiny_checkpoints import save_tiny_hybrid
+
+    base = save_tiny_hybrid(tmp_path_factory.mktemp("hybrid-512") / "h", mtp=False,
+                            vocab_size=512)
+    return make_tools_target(base, tmp_path_factory.mktemp("tools-hybrid") / "target")

@@ -133,13 +133,15 @@ def test_oracle_greedy_identical_with_grammar(byte_words: dict, make_dist: Any, 
 
 
 @pytest.mark.parametrize(("choice", "one"), TOOL_CHOICES)
-def test_oracle_forced_tool_calls_are_identical(tools_llama: Path, make_dist: Any,
-                                                tmp_path: Path, choice: dict[str, Any],
-                                                one: bool) -> None:
+@pytest.mark.parametrize("name", ["tools_llama", "tools_hybrid"])
+def test_oracle_forced_tool_calls_are_identical(request: pytest.FixtureRequest, make_dist: Any,
+                                                tmp_path: Path, name: str,
+                                                choice: dict[str, Any], one: bool) -> None:
     """The oracle drafts the constrained call itself, so the call grammar's mask applies
     inside accepted blocks (a drafter without the grammar has its drafts cut)."""
-    ids, params, _ = tool_request(tools_llama, choice)
-    off, _ = generate(tools_llama, None, [ids], params)
+    target = request.getfixturevalue(name)
+    ids, params, _ = tool_request(target, choice)
+    off, _ = generate(target, None, [ids], params)
     install_oracle(make_dist)
-    assert_forced_calls_identical(tools_llama, oracle_spec(tmp_path, [ids], off, 3), choice,
+    assert_forced_calls_identical(target, oracle_spec(tmp_path, [ids], off, 3), choice,
                                   one, accepted=True)
