@@ -6,6 +6,7 @@ all weights re-drawn (norms near 1, biases non-zero) so that no tensor is a no-o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,33 @@ def write_wordlevel_tokenizer(directory: Path, tokens: list[str], unk: str = "[U
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.save(str(directory / "tokenizer.json"))
     return directory
+
+
+def write_byte_tokenizer(directory: Path) -> Path:
+    """tokenizer.json: <unk> <s> </s> (ids 0-2, the tiny config's bos/eos) then 256 bytes."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    return directory
+
+
+def save_tiny_hybrid(directory: Path, mtp: bool = True, **overrides: Any) -> Path:
+    """The tiny Qwen3.5 GDN hybrid of ``scripts/build_tiny_hybrid.py`` (with its MTP head
+    unless ``mtp`` is false); ``overrides`` change its config (e.g. a larger vocabulary)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("build_tiny_hybrid",
+                                                  root / "scripts" / "build_tiny_hybrid.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod.TINY = {**mod.TINY, **overrides}
+    return mod.build(directory, "qwen3_5", mtp=mtp)

@@ -455,10 +455,52 @@ def test_prompt_logprobs_identical_with_ngram(served):
     assert "prompt_logprobs" not in httpx.post(
         f"{off_url}/v1/completions", json={**body, "prompt_logprobs": None}, headers=headers,
         timeout=60).json()["choices"][0]
-    refused = httpx.post(f"{off_url}/v1/completions", json={**body, "stream": True},
+    # streamed (n = 2): each choice's first chunk carries the same list, no later chunk does
+    for url in (off_url, ng_url):
+        events = _sse(url, "/v1/completions", {**body, "stream": True, "n": 2})
+        firsts = {}
+        for ev in events:
+            choice = ev["choices"][0]
+            if choice["index"] not in firsts:
+                firsts[choice["index"]] = choice.get("prompt_logprobs")
+            else:
+                assert "prompt_logprobs" not in choice
+        assert sorted(firsts) == [0, 1]
+        for got in firsts.values():
+            assert got[0] is None and len(got) == len(a)
+            for x, y in zip(got[1:], a[1:]):
+                assert list(x) == list(y)
+                assert all(x[t]["logprob"] == pytest.approx(y[t]["logprob"], abs=1e-4)
+                           for t in x)
+    # chat: the response's top-level prompt_logprobs (vLLM's place), the same under n-gram
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": REPEAT}], "max_tokens": 8,
+            "temperature": 0, "prompt_logprobs": 1}
+    c_off, c_ng = (httpx.post(f"{u}/v1/chat/completions", json=chat, headers=headers,
+                              timeout=60).json() for u in (off_url, ng_url))
+    assert c_off["choices"][0]["message"] == c_ng["choices"][0]["message"]
+    pa, pb = c_off["prompt_logprobs"], c_ng["prompt_logprobs"]
+    assert len(pa) == c_off["usage"]["prompt_tokens"] == len(pb) and pa[0] is None
+    for x, y in zip(pa[1:], pb[1:]):
+        assert list(x) == list(y)
+        assert all(x[t]["logprob"] == pytest.approx(y[t]["logprob"], abs=1e-4) for t in x)
+    assert "prompt_logprobs" not in httpx.post(
+        f"{off_url}/v1/chat/completions", json={**chat, "prompt_logprobs": None},
+        headers=headers, timeout=60).json()
+    refused = httpx.post(f"{off_url}/v1/chat/completions", json={**chat, "stream": True},
                          headers=headers, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    assert "/v1/completions" in refused.json()["error"]["message"]  # what works instead
     wait_idle(off_url)
+    wait_idle(ng_url)
+
+
+def _sse(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON events of a streamed response (without [DONE])."""
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as resp:
+        assert resp.status_code == 200, resp.read()
+        lines = [line[len("data: "):] for line in resp.iter_lines() if line.startswith("data: ")]
+    return [json.loads(x) for x in lines if x != "[DONE]"]
 
 
 def test_penalties_bias_and_logprobs_are_identical_with_ngram(served):

@@ -51,13 +51,7 @@ from draftwise.server.serving import (
     stream_events,
     usage_of,
 )
-from draftwise.server.tools import (
-    ToolPlan,
-    chat_template_of,
-    parse_calls,
-    tool_names,
-    tool_plan,
-)
+from draftwise.server.tools import ToolPlan, chat_template_of, tool_plan
 from draftwise.server.tools import (
     finish_reason as call_finish_reason,
 )
@@ -141,7 +135,19 @@ def _chat_logprobs(body: ChatCompletionRequest, completion: CompletionOutput, st
 
 
 class CompletionChunks(Chunks):
-    """``text_completion`` stream events."""
+    """``text_completion`` stream events; with ``prompt_logprobs``, each choice's first
+    chunk carries them (the shape of the non-streamed choice's field)."""
+
+    def __init__(self, ctx: ServingContext, body: CompletionRequest, request_id: str) -> None:
+        super().__init__(ctx, body, request_id)
+        self._prompt_logprobs: list[Any] | None = None
+        self._prompt_sent: set[int] = set()
+
+    def observe(self, out: RequestOutput) -> None:
+        """Also keep the prompt's logprobs (they come once the prefill is done)."""
+        super().observe(out)
+        if out.prompt_logprobs is not None and self._prompt_logprobs is None:
+            self._prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
 
     def delta(self, text: str, finish_reason: str | None, final: RequestOutput | None,
               index: int = 0, logprobs: dict[str, Any] | None = None) -> dict:
@@ -152,7 +158,11 @@ class CompletionChunks(Chunks):
                                       finish_reason=finish_reason)],
             metrics=self.chunk_metrics(final),
         )
-        return resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+        data = resp.to_dict(keep_null=("usage",) if self.include_usage else ())
+        if self.body.prompt_logprobs is not None and index not in self._prompt_sent:
+            self._prompt_sent.add(index)
+            data["choices"][0]["prompt_logprobs"] = self._prompt_logprobs or []
+        return data
 
     def logprobs(self, completion: CompletionOutput, start: int, end: int,
                  offset: int) -> dict[str, Any] | None:
@@ -219,7 +229,7 @@ class ToolChatChunks(ChatChunks):
     def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, request_id: str,
                  plan: ToolPlan) -> None:
         super().__init__(ctx, body, request_id)
-        self.names = tool_names(plan)
+        self.plan = plan
         self._text: dict[int, str] = {}
         self._logprobs: dict[int, list[Any]] = {}
 
@@ -231,7 +241,7 @@ class ToolChatChunks(ChatChunks):
             self._logprobs.setdefault(index, []).extend(logprobs["content"])
         if finish_reason is None:
             return None
-        content, calls = parse_calls(self._text.pop(index), self.names)
+        content, calls = self.plan.parse(self._text.pop(index))
         lps = self._logprobs.pop(index, None)
         data = self._chunk(DeltaMessage(content=content),
                            call_finish_reason(finish_reason, calls),
@@ -249,7 +259,7 @@ def _chat_choice(body: ChatCompletionRequest, c: CompletionOutput,
     content: str | None = c.text
     calls: list[dict[str, Any]] = []
     if plan is not None and plan.parses:
-        content, calls = parse_calls(c.text, tool_names(plan))
+        content, calls = plan.parse(c.text)
     return ChatChoice(index=c.index,
                       message=ChatResponseMessage(content=content, tool_calls=calls),
                       logprobs=_chat_logprobs(body, c, 0, len(c.token_ids)),
@@ -300,6 +310,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         id=request_id, model=ctx.config.model_name,
         choices=[_chat_choice(body, c, plan) for c in out.outputs],
         usage=usage_of(out), metrics=spec_metrics(ctx, body, out),
+        prompt_logprobs=(prompt_logprobs_json(out.prompt_logprobs or [])
+                         if body.prompt_logprobs is not None else None),
     )
     return JSONResponse(resp.to_dict())
 

@@ -72,6 +72,10 @@ class _SamplingFields(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    #: vLLM extra: top-n log-probabilities of every prompt token (completions:
+    #: ``choices[i].prompt_logprobs``, on each choice's first chunk when streamed; chat:
+    #: the response's top-level ``prompt_logprobs``, as vLLM)
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -83,8 +87,6 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
-    #: vLLM extra: top-n log-probabilities of every prompt token (``choices[i].prompt_logprobs``)
-    prompt_logprobs: int | None = None
 
 
 class TextPart(_Strict):
@@ -133,12 +135,15 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
             out.append(("best_of", "best_of > 1 is not supported; send several requests"))
         if req.suffix:
             out.append(("suffix", "suffix (insertion) is not implemented"))
-        if req.prompt_logprobs is not None and req.stream:
-            out.append(("prompt_logprobs",
-                        "prompt_logprobs with stream=true is not implemented; send stream=false"))
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None \
             and not req.logprobs:
         out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
+    if isinstance(req, ChatCompletionRequest) and req.prompt_logprobs is not None \
+            and req.stream:  # vLLM refuses it too: a chat chunk has no place for it
+        out.append(("prompt_logprobs", (
+            "prompt_logprobs with stream=true is not implemented for chat completions; send "
+            "stream=false, or use /v1/completions (streamed there, on each choice's first "
+            "chunk)")))
     return out
 
 
@@ -238,7 +243,7 @@ class ChatChoice(BaseModel):
 class ChatCompletionResponse(_Out):
     """Body of a non-streamed chat completion."""
 
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("metrics",)
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("metrics", "prompt_logprobs")
 
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -248,6 +253,8 @@ class ChatCompletionResponse(_Out):
     choices: list[ChatChoice]
     usage: UsageInfo
     metrics: dict[str, Any] | None = None
+    #: vLLM's place for the prompt's log-probabilities (``prompt_logprobs`` asked for)
+    prompt_logprobs: list[Any] | None = None
 
 
 class DeltaMessage(BaseModel):

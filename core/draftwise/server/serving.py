@@ -155,7 +155,7 @@ def sampling_params(body: AnyRequest, tools: ToolPlan | None = None) -> Sampling
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
     else:
         fields["logprobs"] = body.logprobs
-        fields["prompt_logprobs"] = body.prompt_logprobs
+    fields["prompt_logprobs"] = body.prompt_logprobs
     try:
         return SamplingParams(**fields)
     except ValidationError as exc:

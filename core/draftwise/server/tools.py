@@ -26,8 +26,12 @@ render tools) ask for::
 - ``"none"``: tools are still rendered into the prompt (vLLM's default; its
   ``--exclude-tools-when-tool-choice-none`` is not offered) and the output is plain text.
 
-A forced call carries exactly one call (``parallel_tool_calls`` does not widen it); an
-``auto`` output may hold several blocks and every one that parses is returned.
+``parallel_tool_calls`` (OpenAI's, default true; vLLM's semantics): with ``"required"``
+the grammar takes one or more blocks, separated by a newline as Qwen2.5's template
+renders several calls (the model decides how many); ``false`` makes it exactly one. A
+named function is always exactly one call. An ``auto`` output may hold several blocks:
+every one that parses is returned, only the first with ``parallel_tool_calls: false``
+(as vLLM filters).
 """
 
 from __future__ import annotations
@@ -66,11 +70,18 @@ class ToolPlan:
     choice: str
     #: the output constraint of a forced call, else None
     constraint: StructuredOutputsParams | None = None
+    #: ``parallel_tool_calls`` is not false: several calls may be made and returned
+    parallel: bool = True
 
     @property
     def parses(self) -> bool:
         """Whether the output is read for ``<tool_call>`` blocks."""
         return self.choice != "none"
+
+    def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, tool_calls) of an output; only the first call unless parallel."""
+        content, calls = parse_calls(text, tool_names(self))
+        return content, calls if self.parallel else calls[:1]
 
 
 def renders_tools(template: ChatTemplate | None) -> bool:
@@ -109,15 +120,17 @@ def tool_plan(body: Any, template: ChatTemplate | None) -> ToolPlan | None:
         dup = next(n for n in names if names.count(n) > 1)
         raise _bad("tools", f"the function name {dup!r} is given twice")
     kind, name = _choice(choice, names)
+    parallel = body.parallel_tool_calls is not False
     if kind in ("none", "auto"):
-        return ToolPlan(functions, kind)
+        return ToolPlan(functions, kind, parallel=parallel)
     chosen = [f["function"] for f in functions
               if kind == "required" or f["function"]["name"] == name]
     try:
-        constraint = StructuredOutputsParams(grammar=call_grammar(chosen))
+        grammar = call_grammar(chosen, many=kind == "required" and parallel)
+        constraint = StructuredOutputsParams(grammar=grammar)
     except ValidationError as exc:  # a schema llguidance takes alone but not in the call
         raise _bad("tools", _message(exc)) from None
-    return ToolPlan(functions, kind, constraint)
+    return ToolPlan(functions, kind, constraint, parallel)
 
 
 def _function(i: int, tool: Any) -> dict[str, Any]:
@@ -167,8 +180,9 @@ def _choice(choice: Any, names: list[str]) -> tuple[str, str | None]:
                "{'type': 'function', 'function': {'name': ...}}")
 
 
-def call_grammar(functions: list[dict[str, Any]]) -> str:
-    """A Lark grammar (llguidance's dialect) of one Hermes block calling one of ``functions``.
+def call_grammar(functions: list[dict[str, Any]], many: bool = False) -> str:
+    """A Lark grammar (llguidance's dialect) of one Hermes block calling one of ``functions``,
+    or with ``many`` one or more such blocks, a newline between two (Qwen2.5's rendering).
 
     Each function's arguments are its parameters schema through llguidance's ``%json``,
     with flexible whitespace as the plain JSON-schema constraint has.
@@ -182,7 +196,10 @@ def call_grammar(functions: list[dict[str, Any]]) -> str:
         alts.append(f"call_{i}")
         rules.append(f"call_{i}: {head} args_{i} {tail}")
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
-    return "\n".join([f"start: {' | '.join(alts)}", *rules]) + "\n"
+    start = f"start: {' | '.join(alts)}"
+    if many:
+        start = f'start: call ("\\n" call)*\ncall: {" | ".join(alts)}'
+    return "\n".join([start, *rules]) + "\n"
 
 
 def parse_calls(text: str, names: set[str]) -> tuple[str | None, list[dict[str, Any]]]:

@@ -200,3 +200,33 @@ def test_server_without_tools_template_refuses_by_name(server):
     assert resp.status_code == 400
     err = resp.json()["error"]
     assert err["param"] == "tools" and "does not render tools" in err["message"]
+
+
+CALL_W = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": ' \
+         '"celsius"}}\n</tool_call>'
+CALL_T = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("kw", "two"), [
+    ({"tool_choice": "required"}, True),  # parallel_tool_calls defaults to true (OpenAI)
+    ({"tool_choice": "required", "parallel_tool_calls": True}, True),
+    ({"tool_choice": "required", "parallel_tool_calls": False}, False),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, False),
+])
+def test_required_takes_one_or_more_calls_unless_parallel_is_off(kw, two):
+    plan = tool_plan(chat(tools=[WEATHER, TIME], **kw), QWEN)
+    grammar = plan.constraint.grammar
+    first = CALL_T if "function" in str(kw["tool_choice"]) else CALL_W
+    assert _matches(grammar, first)
+    assert _matches(grammar, f"{first}\n{CALL_T}") == two
+    assert _matches(grammar, f"{first}\n{CALL_T}\n{CALL_W}") == two
+    assert not _matches(grammar, "")  # at least one call
+    assert not _matches(grammar, f"{first}{CALL_T}")  # a newline between two
+
+
+def test_parallel_off_returns_only_the_first_call():
+    text = f"{CALL_W}\n{CALL_T}"
+    on = tool_plan(chat(tools=[WEATHER, TIME]), QWEN)
+    off = tool_plan(chat(tools=[WEATHER, TIME], parallel_tool_calls=False), QWEN)
+    assert [c["function"]["name"] for c in on.parse(text)[1]] == ["get_weather", "get_time"]
+    assert [c["function"]["name"] for c in off.parse(text)[1]] == ["get_weather"]

@@ -9,7 +9,6 @@ rejected drafts leave the matcher at the committed tokens.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -19,29 +18,13 @@ from draftwise import LLM, SamplingParams
 from draftwise.errors import RequestError
 from draftwise.structured import StructuredOutputsParams
 from stats import CHI2_9999, chi2_two_sample, pool_rare
-from tiny_checkpoints import perturbed_copy, save_tiny
+from tiny_checkpoints import perturbed_copy, save_tiny, write_byte_tokenizer
 
 #: positions 0..3 allow different letters, then EOS: (a|b)(b|c)(a|c)(a|b|c)
 POSITIONAL = r"[ab][bc][ac][abc]"
 LETTERS = r"[abc]{3,10}"
 #: printable ASCII: loose enough that an unconstrained draft model often drafts inside it
 PRINTABLE = r"[ -~]{4,14}"
-
-
-def write_byte_tokenizer(directory: Path) -> Path:
-    """tokenizer.json: <unk> <s> </s> (ids 0-2, the tiny config's bos/eos) then 256 bytes."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for c in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import pytest
 from spec_sampling import sample_pairs
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 
-
 from .conftest import TRAIN_PROMPTS
 
 PROMPT = TRAIN_PROMPTS[0]

@@ -12,6 +12,12 @@ from typing import Any
 
 import pytest
 from draftwise import LLM, SamplingParams
+from spec_features import (
+    STOP_KINDS,
+    assert_logprobs_match,
+    assert_seeded_samples,
+    assert_stop_inside_accepted_block,
+)
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], [(i * 37) % 500 + 3 for i in range(23)]]
@@ -72,6 +78,29 @@ def test_drafts_follow_the_requests_processing(
     blind_rate = (llm.engine.spec.metrics.num_accepted_tokens
                   / llm.engine.spec.metrics.num_draft_tokens)
     assert rate > blind_rate + 0.1, (rate, blind_rate)
+
+
+def draft_spec(draft_dir: Path, k: int) -> dict[str, Any]:
+    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_logprobs_equal_spec_off(target_dir: Path, draft_dir: Path, mode: str, k: int) -> None:
+    assert_logprobs_match(target_dir, draft_spec(draft_dir, k), PROMPTS, mode)
+
+
+@pytest.mark.parametrize("kind", STOP_KINDS)
+def test_a_stop_inside_an_accepted_block_truncates_there(
+    target_dir: Path, draft_dir: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_stop_inside_accepted_block(target_dir, draft_spec(draft_dir, 4), PROMPTS[0], kind,
+                                      monkeypatch)
+
+
+def test_seeded_samples_are_reproducible(target_dir: Path, draft_dir: Path) -> None:
+    assert_seeded_samples(target_dir, draft_spec(draft_dir, 4), PROMPTS[1],
+                          frequency_penalty=0.5)
 
 
 N = 2500

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from draftwise import LLM, SamplingParams
 from draftwise.structured import StructuredOutputsParams
+from spec_features import assert_grammar_identical
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 128, 64, 1, 2, 3]
@@ -74,3 +75,12 @@ def test_greedy_identical_with_grammar(hybrid_dir: Path, grammar: str, k: int) -
     assert on == off
     assert llm.engine.spec.metrics.num_draft_tokens > 0
     assert llm.engine.spec.num_tracked_requests == 0
+
+
+def test_greedy_identical_with_grammar_and_drafts_accepted(hybrid_dir: Path) -> None:
+    """Three allowed tokens (the digits 1-3), each penalised once used: the head drafts with
+    the request's processing, so its drafts are often what the target must say and are
+    accepted; the grammar (a 2 after every 1) applies inside accepted blocks."""
+    extra = {"allowed_token_ids": (1, 2, 3), "frequency_penalty": 2.0, "presence_penalty": 2.0}
+    assert_grammar_identical(hybrid_dir, {"method": "mtp", "num_speculative_tokens": 3},
+                             [PROMPT], "(12|3)+", extra=extra, max_tokens=19)
