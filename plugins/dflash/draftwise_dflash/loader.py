@@ -4,7 +4,7 @@
 
 1. the container: a safetensors directory runs (plain, or NVFP4 in ModelOpt's or
    compressed-tensors' convention: ``draftwise_dflash.nvfp4``), and a llama.cpp
-   ``dflash`` GGUF of a DFlash1 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
+   ``dflash`` GGUF of a DFlash1 or DFlash2 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
    directory (``quantization_config.quant_method == "exl3"``) and any other quantized
    declaration are refused by name with what would work;
 2. the config (:func:`draftwise_dflash.config.parse_config`): DFlash1 or DFlash2;
@@ -36,8 +36,8 @@ from draftwise_dflash.model import DFlashModel, DFlashWeights
 
 #: what runs, for messages and ``draftwise plugins``
 RUNS = ("a safetensors directory (config.json + *.safetensors: bf16/fp16/fp32, or NVFP4 "
-        "from ModelOpt or compressed-tensors) or a llama.cpp 'dflash' GGUF of a DFlash1 "
-        "drafter")
+        "from ModelOpt or compressed-tensors) or a llama.cpp 'dflash' GGUF of a DFlash1 or "
+        "DFlash2 drafter")
 
 
 class DFlashError(ModelFormatError):
