@@ -253,7 +253,7 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
                       device: torch.device) -> tuple[Any, list[str]]:
     """The drafter's weights (``model.DFlashWeights``) and one line per stored type that
     was dequantized. Projections stay quantized where the kernels run them."""
-    from draftwise_dflash.loader import pack_layers
+    from draftwise_dflash.loader import pack_layers, pack_v2
     from draftwise_dflash.model import DFlashWeights
 
     keep, why = keep_quantized(dtype, device)
@@ -319,6 +319,7 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
             matrix("candidate_selector.hidden_projection.weight", h),
             cfg.v2.selector_top_k,
         )
+    pack_v2(convs, selector)
     weights = DFlashWeights(fc, dense("hidden_norm.weight"), dense("norm.weight"), layers,
                             convs, selector)
     notes = [f"{n} ({count} tensors) dequantized to {str(dtype).removeprefix('torch.')}"

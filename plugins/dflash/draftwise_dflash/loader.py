@@ -373,6 +373,7 @@ def read_weights(
             t["candidate_selector.hidden_projection.weight"],
             cfg.v2.selector_top_k,
         )
+    pack_v2(convs, selector)
     return DFlashWeights(t["fc.weight"], t["hidden_norm.weight"], t["norm.weight"], layers,
                          convs, selector)
 
@@ -397,6 +398,18 @@ def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtyp
     return out
 
 
+def pack_v2(convs: list[tuple[BlockConv, BlockConv]], selector: SelectorWeights | None) -> None:
+    """DFlash2's dense projections (conv kernel projections, the selector's hidden
+    projection) packed like the layers': the batch-invariant native GEMM instead of
+    ``F.linear``; GGUF-quantized ones stay as they are. Codebooks are row gathers."""
+    slots: list[tuple[Any, str]] = [(conv, "kernel_projection") for pair in convs for conv in pair]
+    if selector is not None:
+        slots.append((selector, "hidden_projection"))
+    dense = [(o, n) for o, n in slots if isinstance(getattr(o, n), torch.Tensor)]
+    for (o, n), w in zip(dense, pack_weights([getattr(o, n) for o, n in dense])):
+        setattr(o, n, w)
+
+
 def pack_layers(layers: list[DecoderLayer]) -> None:
     """The projections in the machine's packed layout (``models.linear``)."""
     slots = [(layer, n) for layer in layers for n in layer._LINEARS
@@ -407,4 +420,4 @@ def pack_layers(layers: list[DecoderLayer]) -> None:
 
 
 __all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "expected_shapes",
-           "pack_layers", "read_container", "read_weights"]
+           "pack_layers", "pack_v2", "read_container", "read_weights"]
