@@ -50,14 +50,15 @@ def converter_type(name: str, arr: np.ndarray, ftype: Q) -> Q:
 def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None = None,
                       reference: Path | None = None, arch: str = "dflash",
                       drop_key: str | None = None, extra_tensor: str | None = None,
-                      keys: dict[str, int] | None = None, drop_tensor: str | None = None
-                      ) -> Path:
+                      keys: dict[str, int] | None = None, drop_tensor: str | None = None,
+                      extra_kv: dict[str, Any] | None = None) -> Path:
     """``src`` (a z-lab safetensors drafter, DFlash1 or DFlash2) as llama.cpp's converter
     writes it (``conversion/qwen.py`` ``DFlashModel``): names through
     ``gguf_drafter``'s table, types by :func:`converter_type` (``types`` overrides per
     tensor kind, as llama-quantize's mixes do). K-quant matrices get random blocks; with
     ``reference`` the GGUF's dequantized content is saved there as a safetensors drafter
-    (its dense twin). ``keys`` overrides metadata values (mis-declared files)."""
+    (its dense twin). ``keys`` overrides uint32 metadata values (mis-declared files);
+    ``extra_kv`` adds typed keys (float, bool, str) under the architecture."""
     from safetensors.torch import load_file, save_file
 
     from draftwise_dflash.loader import _ALIASES
@@ -86,6 +87,10 @@ def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None
     w.add_array(f"{arch}.target_layers", [i + 1 for i in dc["target_layer_ids"]])
     w.add_uint32(f"{arch}.target_hidden_size", cfg["hidden_size"])
     w.add_uint32("tokenizer.ggml.mask_token_id", MASK)
+    for key, value in (extra_kv or {}).items():
+        add = (w.add_bool if isinstance(value, bool) else w.add_float32
+               if isinstance(value, float) else w.add_string)
+        add(f"{arch}.{key}", value)
     dense = {}
     for z, arr in tensors.items():
         name = gguf_name(z)

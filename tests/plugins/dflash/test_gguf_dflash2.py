@@ -138,3 +138,24 @@ def test_broken_and_mis_declared_dflash2_ggufs_refused_by_name(target_dir, draft
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size * 2 // 3])
     refused(target_dir, cut, "truncated")
+
+
+def test_converter_scale_keys_are_read_and_unknown_ones_refused(drafter2_dir, tmp_path) -> None:
+    """``qwen.py`` writes input_embedding_scale, output_multiplier, the softcap and
+    is_causal as GGUF keys; they reach the config (none is dropped), and keys with no
+    implementation here are refused by name."""
+    from draftwise_dflash.gguf_drafter import DFlashGGUFError
+    from draftwise_dflash.loader import DFlashLoader
+
+    path = write_dflash_gguf(drafter2_dir, tmp_path / "keys.gguf", Q.BF16, extra_kv={
+        "embedding_scale": 2.0, "logit_scale": 0.5, "final_logit_softcapping": 30.0,
+        "attention.causal": False})
+    cfg = DFlashLoader().detect(str(path)).config["dflash"]
+    assert (cfg.input_embedding_scale, cfg.output_multiplier) == (2.0, 0.5)
+    assert cfg.final_logit_softcapping == 30.0 and cfg.causal == (False, False)
+    assert cfg.v2 is not None and cfg.v2.selector_rank == 32
+    for kv, match in (({"attention.value_scale": 0.5}, "an attention value scale"),
+                      ({"hidden_act": "gelu"}, "only silu MLPs run here")):
+        bad = write_dflash_gguf(drafter2_dir, tmp_path / "bad.gguf", Q.BF16, extra_kv=kv)
+        with pytest.raises(DFlashGGUFError, match=match):
+            DFlashLoader().detect(str(bad))
