@@ -51,6 +51,7 @@ model dtype, and that is said in the load summary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -114,8 +115,23 @@ def z_name(gguf_name: str) -> str | None:
 
 def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
     """Rules 1-2: the z-lab config.json this GGUF stands for, or a named refusal."""
-    path, meta = ckpt.path, ckpt.metadata
-    arch = ckpt.architecture
+    _check_container(ckpt, runs)
+    d = _base_config(ckpt, runs)
+    _optional_keys(ckpt, d, runs)
+    return d
+
+
+def _need(ckpt: Any, key: str, runs: str) -> Any:
+    """A required metadata value, or a refusal naming the key."""
+    if key not in ckpt.metadata:
+        raise DFlashGGUFError(ckpt.path, f"metadata key {key!r} is missing; a DFlash GGUF "
+                              f"needs it. Instead: re-convert the drafter, or {runs}.", key=key)
+    return ckpt.metadata[key]
+
+
+def _check_container(ckpt: Any, runs: str) -> None:
+    """Rule 1: a mainline ``dflash`` GGUF without a DSpark head."""
+    path, arch = ckpt.path, ckpt.architecture
     if arch == "dflash-draft":
         raise DFlashGGUFError(path, "general.architecture 'dflash-draft' is the Bee/buun GGUF "
                               "schema, not llama.cpp mainline's 'dflash'. Instead: convert the "
@@ -128,13 +144,15 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
         raise DFlashGGUFError(path, "this 'dflash' GGUF carries a DSpark head (markov_w1/"
                               "markov_w2/conf_proj). Instead: method 'dspark' with the "
                               "drafter's safetensors directory (dspark reads no GGUF yet).")
+
+
+def _base_config(ckpt: Any, runs: str) -> dict[str, Any]:
+    """Rule 2's required keys as the config dict; keys with no implementation refused."""
+    path, meta, names = ckpt.path, ckpt.metadata, ckpt.tensor_names
     v2 = V2_MARKER in names
 
     def need(key: str) -> Any:
-        if key not in meta:
-            raise DFlashGGUFError(path, f"metadata key {key!r} is missing; a DFlash GGUF needs "
-                                  f"it. Instead: re-convert the drafter, or {runs}.", key=key)
-        return meta[key]
+        return _need(ckpt, key, runs)
 
     hidden = int(need("dflash.embedding_length"))
     heads = int(need("dflash.attention.head_count"))
@@ -177,6 +195,16 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
             "mask_token_id": int(need("tokenizer.ggml.mask_token_id")),
         },
     }
+    return d
+
+
+def _optional_keys(ckpt: Any, d: dict[str, Any], runs: str) -> None:
+    """Rule 2's optional keys and DFlash2's four, into ``d``."""
+    path, meta = ckpt.path, ckpt.metadata
+
+    def need(key: str) -> Any:
+        return _need(ckpt, key, runs)
+
     sub = d["dflash_config"]
     for key, name in (("embedding_scale", "input_embedding_scale"),
                       ("logit_scale", "output_multiplier"),
@@ -185,7 +213,7 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
             sub[name] = float(meta[f"dflash.{key}"])
     if "dflash.attention.causal" in meta:
         d["is_causal"] = bool(meta["dflash.attention.causal"])
-    if v2:
+    if d["architectures"] == ["DFlash2DraftModel"]:
         missing = [k for k in _V2_KEYS if f"dflash.{k}" not in meta]
         if missing:
             raise DFlashGGUFError(
@@ -198,7 +226,6 @@ def config_dict(ckpt: Any, runs: str) -> dict[str, Any]:
     if pattern is not None:
         d["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         d["sliding_window"] = int(need("dflash.attention.sliding_window"))
-    return d
 
 
 def check_tensors(ckpt: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
@@ -303,22 +330,7 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
         return packed if packed is not None else dense(z)
 
     fc = matrix("fc.weight", len(cfg.target_layer_ids) * h)
-    convs: list[tuple[BlockConv, BlockConv]] = []
-    selector = None
-    if cfg.v2 is not None:
-        gs = cfg.v2.conv_group_size
-        for i in range(c.num_hidden_layers):
-            convs.append(tuple(  # type: ignore[arg-type]
-                BlockConv(dense(f"layers.{i}.{n}.base_kernel"),
-                          matrix(f"layers.{i}.{n}.kernel_projection.weight", h), gs)
-                for n in ("attention_conv", "mlp_conv")))
-        r = cfg.v2.selector_rank
-        selector = SelectorWeights(
-            matrix("candidate_selector.predecessor_codebook", r),
-            matrix("candidate_selector.successor_codebook", r),
-            matrix("candidate_selector.hidden_projection.weight", h),
-            cfg.v2.selector_top_k,
-        )
+    convs, selector = _v2_weights(cfg, dense, matrix)
     pack_v2(convs, selector)
     weights = DFlashWeights(fc, dense("hidden_norm.weight"), dense("norm.weight"), layers,
                             convs, selector)
@@ -326,6 +338,30 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
              + (f": {why}" if why else ": no native kernel for the type")
              for n, count in sorted(widened.items())]
     return weights, notes
+
+
+def _v2_weights(cfg: DFlashConfig, dense: Callable[[str], torch.Tensor],
+                matrix: Callable[[str, int], Any]
+                ) -> tuple[list[tuple[BlockConv, BlockConv]], SelectorWeights | None]:
+    """DFlash2's convolutions and selector (none for DFlash1): base kernels dense, the
+    projections and codebooks through ``matrix`` (quantized where the kernels run them)."""
+    if cfg.v2 is None:
+        return [], None
+    h, gs = cfg.decoder.hidden_size, cfg.v2.conv_group_size
+    convs: list[tuple[BlockConv, BlockConv]] = []
+    for i in range(cfg.decoder.num_hidden_layers):
+        attn, mlp = (BlockConv(dense(f"layers.{i}.{n}.base_kernel"),
+                               matrix(f"layers.{i}.{n}.kernel_projection.weight", h), gs)
+                     for n in ("attention_conv", "mlp_conv"))
+        convs.append((attn, mlp))
+    r = cfg.v2.selector_rank
+    selector = SelectorWeights(
+        matrix("candidate_selector.predecessor_codebook", r),
+        matrix("candidate_selector.successor_codebook", r),
+        matrix("candidate_selector.hidden_projection.weight", h),
+        cfg.v2.selector_top_k,
+    )
+    return convs, selector
 
 
 __all__ = ["ARCH", "DFlashGGUFError", "check_tensors", "config_dict", "read_gguf_weights",
