@@ -22,8 +22,13 @@ SDPA is not used: its blocking depends on the query and key lengths.
 
 A block drafter (DFlash) runs its block non-causally: ``causal=False`` lets every query
 of a row see the row's whole context, this step's tokens included. The torch path masks
-against the row's last position; the native kernel gets each query as its own row of
-length one over the same context (the kernel writes every K/V before any row reads).
+against the row's last position; the native kernel gets each row's M queries as M times
+the heads of ONE query at the row's last position (query-heads ordered kv head, query,
+head within the group, which is how the kernel groups heads over a kv head), so a row's
+context is gathered and transposed once per kv head instead of once per query (M times
+less), and each (query, head) is still the same instruction sequence over the same keys
+in the same order as a query of its own: the same bits. The kernel writes every token's
+K/V before any row reads.
 
 On CPU with bf16 caches a hand-written C kernel (``core/csrc/paged_attention.c``, built
 at install when a compiler is present) does the same job without the gather and the
@@ -92,6 +97,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor | None = None  # [B + 1] int64
     seq_lens: torch.Tensor | None = None  # [B] int64
     block_tables: torch.Tensor | None = None  # [B, W] int64, contiguous
+    #: native non-causal: each row's queries ride as extra heads of one query (module
+    #: doc); pad_index/unpad_index then map T <-> [B, max_query_len]
+    queries_as_heads: bool = False
 
     @classmethod
     def build(
@@ -183,28 +191,37 @@ class AttentionMetadata:
 
     @classmethod
     def _native_non_causal(cls, batch: ForwardBatch, chunk: int) -> AttentionMetadata:
-        """Each query token as a row of its own over its row's whole context."""
+        """Each row's queries as the heads of one query at its last position (module doc)."""
         device = batch.input_ids.device
-        qlens, seqs = batch.query_lens_cpu, batch.seq_lens_cpu
-        row_of = torch.repeat_interleave(
-            torch.arange(len(qlens), device=device), torch.tensor(qlens, device=device)
-        )
-        t = int(sum(qlens))
-        tables = batch.block_tables.index_select(0, row_of).contiguous()
+        qlens = batch.query_lens_cpu
+        b, m = len(qlens), max(qlens)
+        pad_index = unpad_index = None
+        if any(q != m for q in qlens):
+            pad: list[int] = []
+            unpad: list[int] = []
+            start = 0
+            for row, q in enumerate(qlens):
+                pad.extend(range(start, start + q))
+                pad.extend([start + q - 1] * (m - q))  # a real query: a finite, dropped row
+                unpad.extend(range(row * m, row * m + q))
+                start += q
+            pad_index = torch.tensor(pad, dtype=torch.long, device=device)
+            unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
         return cls(
             slot_mapping=batch.slot_mapping.contiguous(),
-            block_ids=tables,
-            num_rows=t,
-            max_query_len=1,
-            ctx_len=max(seqs),
+            block_ids=batch.block_tables,
+            num_rows=b,
+            max_query_len=m,
+            ctx_len=max(batch.seq_lens_cpu),
             chunk=chunk,
-            pad_index=None,
-            unpad_index=None,
+            pad_index=pad_index,
+            unpad_index=unpad_index,
             masks={},
             backend="native",
-            query_start_loc=torch.arange(t + 1, dtype=torch.long, device=device),
-            seq_lens=batch.seq_lens.index_select(0, row_of).contiguous(),
-            block_tables=tables,
+            query_start_loc=torch.arange(b + 1, dtype=torch.long, device=device),
+            seq_lens=batch.seq_lens.contiguous(),
+            block_tables=batch.block_tables.contiguous(),
+            queries_as_heads=True,
         )
 
 
@@ -324,8 +341,15 @@ def _native_attention(
         and tuple(k_cache.shape[2:]) == (k.shape[1], d) == (v.shape[1], v.shape[2])
     ):
         raise ValueError("native attention: K/V caches must be contiguous bf16 [*, *, kv, d]")
+    tokens, heads, rows = t, h, t
+    if meta.queries_as_heads:  # [T, H, D] -> [B, KV * M * rep, D] (module doc)
+        b, m, kvh = meta.num_rows, meta.max_query_len, k.shape[1]
+        qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
+        q = (qp.reshape(b, m, kvh, h // kvh, d).permute(0, 2, 1, 3, 4)
+             .reshape(b, m * h, d).contiguous())
+        heads, rows = m * h, b
     (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
-    out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
+    out = torch.empty((rows, heads * d), dtype=q.dtype, device=q.device)
     tables = meta.block_tables
     _kernels.paged_attention(
         q.data_ptr(),
@@ -341,10 +365,10 @@ def _native_attention(
         qs,
         ks,
         vs,
-        t,
+        tokens,
         tables.shape[1],
         meta.num_rows,
-        h,
+        heads,
         k_cache.shape[2],
         d,
         k_cache.shape[1],
@@ -352,6 +376,12 @@ def _native_attention(
         f32_bits(scale),
         kernel_threads(),
     )
+    if meta.queries_as_heads:
+        b, m, kvh = meta.num_rows, meta.max_query_len, k.shape[1]
+        out = (out.view(b, kvh, m, h // kvh, d).permute(0, 2, 1, 3, 4)
+               .reshape(b * m, h * d))
+        if meta.unpad_index is not None:
+            out = out.index_select(0, meta.unpad_index)
     return out
 
 

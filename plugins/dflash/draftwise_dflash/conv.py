@@ -25,16 +25,17 @@ from dataclasses import dataclass
 
 import torch
 
-from draftwise.models.linear import linear
+from draftwise.models.linear import Weight, linear
+from draftwise.models.quant import QuantWeight, dequant_rows
 
 
 @dataclass(slots=True)
 class BlockConv:
     """One ``GroupedDynamicCausalConv``: ``base_kernel [2, taps, H]``,
-    ``kernel_projection [2 * taps * groups, H]``."""
+    ``kernel_projection [2 * taps * groups, H]`` (dense, packed or GGUF-quantized)."""
 
     base_kernel: torch.Tensor
-    kernel_projection: torch.Tensor
+    kernel_projection: Weight
     group_size: int
 
     @property
@@ -83,12 +84,22 @@ def convolve(
 
 @dataclass(slots=True)
 class SelectorWeights:
-    """``candidate_selector.*``: codebooks ``[V, r]`` and ``hidden_projection [r, H]``."""
+    """``candidate_selector.*``: codebooks ``[V, r]`` and ``hidden_projection [r, H]``
+    (a GGUF's quantized codebooks stay :class:`QuantWeight`; :func:`codebook_rows`)."""
 
-    predecessor: torch.Tensor
-    successor: torch.Tensor
-    hidden_projection: torch.Tensor
+    predecessor: torch.Tensor | QuantWeight
+    successor: torch.Tensor | QuantWeight
+    hidden_projection: Weight
     top_k: int
+
+
+def codebook_rows(table: torch.Tensor | QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a codebook as fp32 (``ids`` of any shape; rows appended): a
+    quantized one dequantizes only the gathered rows, exactly (ggml's get_rows)."""
+    if isinstance(table, QuantWeight):
+        flat = dequant_rows(table, ids.reshape(-1), torch.float32)
+        return flat.view(*ids.shape, table.in_features)
+    return table[ids].float()
 
 
 #: (scores [R, K] float32 of the rows still walking, their row indices, slot t)
@@ -120,8 +131,8 @@ def selector_walk(
     for t in range(max(lengths, default=0)):
         live = [r for r, n in enumerate(lengths) if n > t]
         at = torch.tensor([starts[r] + t for r in live], dtype=torch.long)
-        a = sel.predecessor[pred[live]].float() * proj[at]  # [R, r]
-        b = sel.successor[cand[at]].float()  # [R, K, r]
+        a = codebook_rows(sel.predecessor, pred[live]) * proj[at]  # [R, r]
+        b = codebook_rows(sel.successor, cand[at])  # [R, K, r]
         scores = unary[at] + torch.einsum("rd,rkd->rk", a, b)
         index, q = choose(scores, live, t)
         chosen = cand[at].gather(-1, index.view(-1, 1)).view(-1)
@@ -140,4 +151,4 @@ def selector_walk(
     return tokens, qs
 
 
-__all__ = ["BlockConv", "ChooseFn", "SelectorWeights", "convolve", "selector_walk"]
+__all__ = ["BlockConv", "ChooseFn", "SelectorWeights", "codebook_rows", "convolve", "selector_walk"]

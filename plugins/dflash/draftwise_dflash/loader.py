@@ -4,7 +4,7 @@
 
 1. the container: a safetensors directory runs (plain, or NVFP4 in ModelOpt's or
    compressed-tensors' convention: ``draftwise_dflash.nvfp4``), and a llama.cpp
-   ``dflash`` GGUF of a DFlash1 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
+   ``dflash`` GGUF of a DFlash1 or DFlash2 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
    directory (``quantization_config.quant_method == "exl3"``) and any other quantized
    declaration are refused by name with what would work;
 2. the config (:func:`draftwise_dflash.config.parse_config`): DFlash1 or DFlash2;
@@ -36,8 +36,8 @@ from draftwise_dflash.model import DFlashModel, DFlashWeights
 
 #: what runs, for messages and ``draftwise plugins``
 RUNS = ("a safetensors directory (config.json + *.safetensors: bf16/fp16/fp32, or NVFP4 "
-        "from ModelOpt or compressed-tensors) or a llama.cpp 'dflash' GGUF of a DFlash1 "
-        "drafter")
+        "from ModelOpt or compressed-tensors) or a llama.cpp 'dflash' GGUF of a DFlash1 or "
+        "DFlash2 drafter")
 
 
 class DFlashError(ModelFormatError):
@@ -373,6 +373,7 @@ def read_weights(
             t["candidate_selector.hidden_projection.weight"],
             cfg.v2.selector_top_k,
         )
+    pack_v2(convs, selector)
     return DFlashWeights(t["fc.weight"], t["hidden_norm.weight"], t["norm.weight"], layers,
                          convs, selector)
 
@@ -397,6 +398,18 @@ def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtyp
     return out
 
 
+def pack_v2(convs: list[tuple[BlockConv, BlockConv]], selector: SelectorWeights | None) -> None:
+    """DFlash2's dense projections (conv kernel projections, the selector's hidden
+    projection) packed like the layers': the batch-invariant native GEMM instead of
+    ``F.linear``; GGUF-quantized ones stay as they are. Codebooks are row gathers."""
+    slots: list[tuple[Any, str]] = [(conv, "kernel_projection") for pair in convs for conv in pair]
+    if selector is not None:
+        slots.append((selector, "hidden_projection"))
+    dense = [(o, n) for o, n in slots if isinstance(getattr(o, n), torch.Tensor)]
+    for (o, n), w in zip(dense, pack_weights([getattr(o, n) for o, n in dense])):
+        setattr(o, n, w)
+
+
 def pack_layers(layers: list[DecoderLayer]) -> None:
     """The projections in the machine's packed layout (``models.linear``)."""
     slots = [(layer, n) for layer in layers for n in layer._LINEARS
@@ -407,4 +420,4 @@ def pack_layers(layers: list[DecoderLayer]) -> None:
 
 
 __all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "expected_shapes",
-           "pack_layers", "read_container", "read_weights"]
+           "pack_layers", "pack_v2", "read_container", "read_weights"]

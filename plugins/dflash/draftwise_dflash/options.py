@@ -22,8 +22,8 @@ from draftwise.speculator import Capabilities, Refusal
 DESCRIPTION = (
     "DFlash1/DFlash2 block-diffusion drafters (z-lab): one non-causal forward drafts a "
     "block, conditioned on target hidden states. Formats: safetensors directory (bf16/fp16/"
-    "fp32, NVFP4 ModelOpt or compressed-tensors), llama.cpp 'dflash' GGUF for DFlash1 (bf16, "
-    "Q8_0, Q4_K_M and the other quantized types); EXL3 refused."
+    "fp32, NVFP4 ModelOpt or compressed-tensors), llama.cpp 'dflash' GGUF for DFlash1 and "
+    "DFlash2 (bf16, Q8_0, Q4_K_M and the other quantized types); EXL3 refused."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,

@@ -64,3 +64,44 @@ def test_non_causal_refuses_a_window() -> None:
     batch = build_forward_batch([[1, 2]], [0], [[0]], BLOCK, [[1]])
     with pytest.raises(ValueError, match="no sliding window"):
         AttentionMetadata.build(batch, BLOCK, {4}, causal=False)
+
+
+def _query_per_row(batch, meta: AttentionMetadata) -> AttentionMetadata:
+    """The native non-causal layout before queries rode as heads: every query its own
+    causal row of length one over its row's whole context (the bits to keep)."""
+    row_of = torch.repeat_interleave(torch.arange(len(batch.query_lens_cpu)),
+                                     torch.tensor(batch.query_lens_cpu))
+    t = int(row_of.numel())
+    tables = batch.block_tables.index_select(0, row_of).contiguous()
+    return AttentionMetadata(
+        slot_mapping=batch.slot_mapping.contiguous(), block_ids=tables, num_rows=t,
+        max_query_len=1, ctx_len=meta.ctx_len, chunk=meta.chunk, pad_index=None,
+        unpad_index=None, masks={}, backend="native",
+        query_start_loc=torch.arange(t + 1), seq_lens=batch.seq_lens.index_select(0, row_of),
+        block_tables=tables)
+
+
+@pytest.mark.skipif(_kernels is None, reason="C kernels not built")
+@pytest.mark.parametrize("qlens", [[5, 5], [7, 2, 4], [16]])
+def test_queries_as_heads_keeps_every_bit(qlens: list[int]) -> None:
+    """Rows of equal and unequal block lengths: the same bits as a row per query."""
+    gen = torch.Generator().manual_seed(1)
+    dtype = torch.bfloat16
+    ctx = [37, 3, 20][: len(qlens)]
+    width = 16
+    tables = [[r * width + i for i in range(width)] for r in range(len(qlens))]
+    kc = torch.randn(width * len(qlens), BLOCK, KV, D, generator=gen).to(dtype)
+    vc = torch.randn_like(kc.float(), ).to(dtype)
+    batch = build_forward_batch([[1] * q for q in qlens], ctx, tables, BLOCK,
+                                [[0] for _ in qlens])
+    t = sum(qlens)
+    q = torch.randn(t, HEADS, D, generator=gen).to(dtype)
+    k = torch.randn(t, KV, D, generator=gen).to(dtype)
+    v = torch.randn(t, KV, D, generator=gen).to(dtype)
+    meta = AttentionMetadata.build(batch, BLOCK, backend="native",
+                                   num_blocks=kc.shape[0], causal=False)
+    assert meta.queries_as_heads
+    got = paged_attention(q, k, v, kc.clone(), vc.clone(), meta, D**-0.5)
+    want = paged_attention(q, k, v, kc.clone(), vc.clone(), _query_per_row(batch, meta),
+                           D**-0.5)
+    assert torch.equal(got, want)

@@ -2,9 +2,10 @@
 source drafts, and every refusal by name before any target weight is read.
 
 GGUF files are written by gguf-py's ``GGUFWriter`` in llama.cpp mainline's ``dflash``
-layout (``draftwise_dflash.gguf_drafter``): bf16 and Q8_0 quantized from the safetensors
-drafter; Q4_K / Q6_K (gguf-py cannot quantize K-quants) as random blocks, whose
-dequantization is written back as the dense safetensors reference.
+layout (``draftwise_dflash.gguf_drafter``), with its converter's type rules: bf16 and
+Q8_0 quantized from the safetensors drafter; Q4_K / Q6_K (gguf-py cannot quantize
+K-quants) as random blocks, whose dequantization is written back as the dense safetensors
+reference. DFlash2 GGUFs: ``test_gguf_dflash2.py``.
 """
 
 from __future__ import annotations
@@ -32,28 +33,53 @@ from .conftest import MASK, TOKENS, TRAIN_PROMPTS, save_drafter
 from .test_oracle import record_drafts
 
 
+#: metadata keys of llama.cpp's DFlash2 (``gguf-py/gguf/constants.py:169-172``; the
+#: installed gguf-py predates them, so they are written by name)
+V2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def converter_type(name: str, arr: np.ndarray, ftype: Q) -> Q:
+    """The type llama.cpp's converter stores a tensor in (``conversion/base.py:1084-1121``):
+    1-D tensors, norms and names not ending in ``.weight`` (the conv base kernels) are
+    F32, the rest the file type."""
+    if arr.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return Q.F32
+    return ftype
+
+
 def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None = None,
                       reference: Path | None = None, arch: str = "dflash",
-                      drop_key: str | None = None, extra_tensor: str | None = None) -> Path:
-    """``src`` (a z-lab safetensors drafter) as a llama.cpp ``dflash`` GGUF. K-quant
-    matrices get random blocks; with ``reference`` their dequantization is saved there as
-    a safetensors drafter (the dense twin of the GGUF)."""
+                      drop_key: str | None = None, extra_tensor: str | None = None,
+                      keys: dict[str, int] | None = None, drop_tensor: str | None = None,
+                      extra_kv: dict[str, Any] | None = None) -> Path:
+    """``src`` (a z-lab safetensors drafter, DFlash1 or DFlash2) as llama.cpp's converter
+    writes it (``conversion/qwen.py`` ``DFlashModel``): names through
+    ``gguf_drafter``'s table, types by :func:`converter_type` (``types`` overrides per
+    tensor kind, as llama-quantize's mixes do). K-quant matrices get random blocks; with
+    ``reference`` the GGUF's dequantized content is saved there as a safetensors drafter
+    (its dense twin). ``keys`` overrides uint32 metadata values (mis-declared files);
+    ``extra_kv`` adds typed keys (float, bool, str) under the architecture."""
     from safetensors.torch import load_file, save_file
+
+    from draftwise_dflash.loader import _ALIASES
 
     cfg = json.loads((src / "config.json").read_text())
     dc = cfg["dflash_config"]
-    tensors = {k: v.float().numpy() for k, v in load_file(str(src / "model.safetensors")).items()}
+    tensors = {_ALIASES.get(k, k): v.float().numpy()
+               for k, v in load_file(str(src / "model.safetensors")).items()}
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(out), arch)
-    keys: dict[str, Any] = {
+    meta: dict[str, Any] = {
         "block_count": cfg["num_hidden_layers"], "context_length": 512,
         "embedding_length": cfg["hidden_size"], "feed_forward_length": cfg["intermediate_size"],
         "attention.head_count": cfg["num_attention_heads"],
         "attention.head_count_kv": cfg["num_key_value_heads"],
         "attention.key_length": cfg["head_dim"], "attention.value_length": cfg["head_dim"],
         "block_size": dc["block_size"],
+        **{k: dc[k] for k in V2_KEYS if k in dc},
+        **(keys or {}),
     }
-    for key, value in keys.items():
+    for key, value in meta.items():
         if key != drop_key:
             w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.rope.freq_base", 1000000.0)
@@ -61,19 +87,31 @@ def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None
     w.add_array(f"{arch}.target_layers", [i + 1 for i in dc["target_layer_ids"]])
     w.add_uint32(f"{arch}.target_hidden_size", cfg["hidden_size"])
     w.add_uint32("tokenizer.ggml.mask_token_id", MASK)
+    for key, value in (extra_kv or {}).items():
+        add = (w.add_bool if isinstance(value, bool) else w.add_float32
+               if isinstance(value, float) else w.add_string)
+        add(f"{arch}.{key}", value)
     dense = {}
     for z, arr in tensors.items():
         name = gguf_name(z)
-        kind = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
-        qt = (types or {}).get(kind, qtype) if arr.ndim == 2 else Q.F32
+        if name == drop_tensor:
+            continue
+        parts = name.split(".")
+        kind = parts[2] if parts[0] == "blk" else parts[0]
+        qt = converter_type(name, arr, qtype)
+        if qt != Q.F32:
+            qt = (types or {}).get(kind, qt)
         if qt in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
             raw = random_blocks(qt, arr.shape[0], arr.shape[1], rng, scale=0.15)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-            arr = gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(arr.shape)
         elif qt == Q.F32:
-            w.add_tensor(name, arr.astype(np.float32))
+            raw = arr.astype(np.float32)
+            w.add_tensor(name, raw)
         else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+            raw = gguf.quants.quantize(arr, qt)
+            w.add_tensor(name, raw, raw_dtype=qt)
+        if qt != Q.F32:
+            arr = gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(arr.shape)
         dense[z] = torch.from_numpy(arr)
     if extra_tensor:
         w.add_tensor(extra_tensor, np.zeros(cfg["hidden_size"], dtype=np.float32))
@@ -177,7 +215,8 @@ def refused(target: Path, drafter: Path, match: str, error: type = ModelFormatEr
 def test_gguf_refusals_by_name(target_dir, drafter_dir, tmp_path, no_target_load) -> None:
     v2 = write_dflash_gguf(drafter_dir, tmp_path / "v2.gguf", Q.BF16,
                            extra_tensor="blk.0.attn_conv_base.weight")
-    refused(target_dir, v2, "a DFlash2 GGUF \\(blk.0.attn_conv_base.weight")
+    refused(target_dir, v2, "are not DFlash1 tensors \\(DFlash2 tensors without "
+            "selector_hidden.weight")
     bee = write_dflash_gguf(drafter_dir, tmp_path / "bee.gguf", Q.BF16, arch="dflash-draft")
     refused(target_dir, bee, "'dflash-draft' is the Bee/buun GGUF schema")
     nokey = write_dflash_gguf(drafter_dir, tmp_path / "nokey.gguf", Q.BF16,
