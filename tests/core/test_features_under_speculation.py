@@ -52,11 +52,20 @@ class Drafter:
 LOOPING = {"frequency_penalty": -2.0, "repetition_penalty": 0.5}
 
 
+#: the tiny llama under these penalties, its vocabulary cut to four tokens, continues this
+#: prompt's cycle (found by trying every order of the four): n-gram drafts the cycle from
+#: the prompt, so tokens new to the output sit inside an accepted block
+CYCLE = [40, 41, 43, 42]
+FORCED_CYCLE = {"allowed_token_ids": CYCLE, "frequency_penalty": 2.0, "presence_penalty": 2.0}
+
+
 @pytest.fixture(params=["oracle-llama", "oracle-hybrid", "ngram-llama"])
 def drafter(request: pytest.FixtureRequest, make_dist: Any, tmp_path: Path) -> Drafter:
     """One drafter and target; the oracle drafts spec-off's output for the same settings."""
     name = request.param
     target = request.getfixturevalue("word_hybrid" if "hybrid" in name else "word_llama")
+    if name == "ngram-cycle":
+        return Drafter(target, lambda params, prompts: NGRAM, FORCED_CYCLE, [5, 9] + CYCLE * 3)
     if name.startswith("ngram"):
         return Drafter(target, lambda params, prompts: NGRAM, LOOPING,
                        [(i * 37) % 500 + 3 for i in range(23)])
@@ -69,11 +78,12 @@ def drafter(request: pytest.FixtureRequest, make_dist: Any, tmp_path: Path) -> D
     return Drafter(target, config, {}, PROMPTS[1])
 
 
-#: n-gram drafts repeat earlier output, so no token is new inside an accepted block of
-#: them (on the tiny model, which never copies its prompt); a run of words can be
+#: n-gram drafts repeat earlier text: a token new to the output inside an accepted block
+#: needs drafts from the prompt (the forced cycle); a run of words new to the text does not
 @pytest.mark.parametrize(("drafter", "kind"), [
     *((d, k) for d in ("oracle-llama", "oracle-hybrid") for k in STOP_KINDS),
-    ("ngram-llama", "stop_string")], indirect=["drafter"])
+    ("ngram-llama", "stop_string"), ("ngram-cycle", "stop_token_ids"), ("ngram-cycle", "eos")],
+    indirect=["drafter"])
 def test_a_stop_inside_an_accepted_block_truncates_there(
     drafter: Drafter, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
