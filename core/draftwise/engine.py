@@ -45,6 +45,32 @@ from draftwise.structured.matcher import GrammarMatcher
 logger = logging.getLogger("draftwise.engine")
 
 
+def _consume_grammar(req: Request) -> None:
+    """Advance the request's grammar; a refusal caused by its own token constraints is
+    named as that, not as a matcher failure.
+
+    The grammar's mask and ``allowed_token_ids`` / ``bad_words`` apply to the same
+    logits: if together they leave no token, every logit is -inf and the argmax commits a
+    token the grammar refuses. That is the request's own contradiction.
+    """
+    from draftwise.structured.matcher import GrammarStateError
+
+    try:
+        req.grammar.consume(req.new_token_ids)
+    except GrammarStateError as exc:
+        p = req.params
+        fields = [name for name, on in (("allowed_token_ids", p.allowed_token_ids is not None),
+                                        ("bad_words", bool(p.bad_words))) if on]
+        if not fields:
+            raise
+        raise RequestError(
+            fields[0],
+            f"together with the request's structured output, {' and '.join(fields)} leave "
+            f"no token the grammar allows after output token "
+            f"{req.num_output_tokens - len(req.new_token_ids)}; relax one of them",
+        ) from exc
+
+
 @dataclass(slots=True)
 class StepTimings:
     """Where one step's time went (seconds), for profiling and bench reports."""
@@ -469,7 +495,7 @@ class LLMEngine:
                 self._release_pending(req.parent)
             self.stats.num_generated_tokens += kept
             if req.grammar is not None:  # the grammar moves through committed tokens only
-                req.grammar.consume(req.new_token_ids)
+                _consume_grammar(req)
             if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
                 outcome.output_token_ids[i] = toks[:kept]
                 outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)

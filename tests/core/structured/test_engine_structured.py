@@ -146,3 +146,20 @@ def test_refusals_name_their_field(target: Path) -> None:
     with pytest.raises(ValueError, match="regex"):
         StructuredOutputsParams(regex="(ab")
     assert llm.engine.kv.num_used_blocks == 0
+
+
+def test_allowed_ids_that_contradict_the_grammar_fail_that_request_by_name(target: Path) -> None:
+    """allowed_token_ids outside the grammar's letters leave no token: the request fails with
+    a RequestError naming allowed_token_ids; the request beside it finishes untouched."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    xy = [tok.token_to_id(c) for c in "xy"]
+    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=ngram(2))
+    bad = regex(LETTERS, temperature=0, allowed_token_ids=xy)
+    good = regex(LETTERS, temperature=0)
+    outs = llm.generate(PROMPTS[:2], [bad, good])
+    assert outs[0].error is not None and "allowed_token_ids" in outs[0].error
+    assert "leave no token the grammar allows after output token 0" in outs[0].error
+    assert outs[1].error is None and re.fullmatch(LETTERS, outs[1].outputs[0].text)
+    assert llm.engine.kv.num_used_blocks == 0
