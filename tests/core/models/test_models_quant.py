@@ -245,3 +245,19 @@ def test_concurrent_callers_and_changing_thread_counts() -> None:
         assert not failures
     finally:
         kernels.set_kernel_threads(before)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+def test_inf_or_nan_in_a_row_makes_that_row_nan_in_both_paths(qtype: Q) -> None:
+    """Both activation schemes (blocks of 32 and 256), SIMD and scalar quantizers: a
+    non-finite value poisons its own row, as a float GEMM would, and no other."""
+    k, n = 512, 16
+    w = q.pack_quant([q.QuantPart(qtype, blocks(qtype, n, k, seed=11))], k)
+    x = activations(4, k, seed=5)
+    x[1, 40] = float("inf")
+    x[2, 300] = float("nan")
+    for scalar in (False, True):
+        got = q.linear_quant(x, w, out_f32=True, scalar=scalar)
+        assert got[1:3].isnan().all()
+        assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=scalar))
+        assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=not scalar))
