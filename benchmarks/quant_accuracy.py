@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import torch
-
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.loader import load_model
 

@@ -19,12 +19,10 @@ import time
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as Q
-
 from draftwise.models import kernels
 from draftwise.models import quant as q
-
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 
 #: byte offsets of each type's fp16 scales in a GGUF block (set to a sane value: random
 #: bytes would make some NaN or subnormal, which can run slower than real weights)
