@@ -11,8 +11,9 @@
  * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel.
  *
  * Activations: each row is quantized to int8 per block of 32 with an fp32 scale (as
- * llama.cpp does, Q8_0-style but with an fp32 scale), once per call, shared by every
- * weight segment of the call (a fused q|k|v may mix types).
+ * llama.cpp does, Q8_0-style but with an fp32 scale), and for Q4_K and Q6_K per block
+ * of 256 (llama.cpp's Q8_K), once per call, each scheme only if a segment takes it,
+ * shared by every weight segment of the call (a fused q|k|v may mix types).
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
@@ -26,9 +27,51 @@
 
 #include <stdlib.h>
 
+/* The scalar kernel of the super-block types (Q4_K, Q6_K: dw_act256 activations), the
+ * contract of quant.h one output and one row at a time. */
+static void tile_scalar256(int qtype, const uint8_t *tile, int64_t chunks,
+                           const dw_act256 *const *x, int rows, float (*out)[DW_TILE]) {
+    const int tile_block = DW_TILE * (qtype == DW_Q4_K ? Q4_K_BYTES : Q6_K_BYTES);
+    const int64_t supers = chunks / (DW_SUPER / DW_CHUNK);
+    for (int r = 0; r < rows; r++) {
+        for (int n = 0; n < DW_TILE; n++) {
+            float acc = 0.0f;
+            for (int64_t sb = 0; sb < supers; sb++) {
+                const uint8_t *blk = tile + sb * tile_block;
+                const dw_act256 *a = x[r] + sb;
+                int32_t isum = 0, imin = 0;
+                for (int i = 0; i < DW_SUPER / 16; i++) { /* 16-k sub-blocks */
+                    const int c = i / 2;
+                    int32_t dot = 0;
+                    for (int kk = 16 * (i % 2); kk < 16 * (i % 2) + 16; kk++)
+                        dot += dw_quant_code(qtype, blk, c, kk / 4, n, kk % 4) * a->q[32 * c + kk];
+                    if (qtype == DW_Q4_K) {
+                        isum += dw_k_scale_min(blk, Q4_K_SC, n, c, 0) * dot;
+                        if (i % 2) imin += dw_k_scale_min(blk, Q4_K_SC, n, c, 1) * a->b32[c];
+                    } else {
+                        isum += (int8_t)dw_tile_byte(blk, Q6_K_SC, n, i) * (dot - 32 * a->b16[i]);
+                    }
+                }
+                if (qtype == DW_Q4_K) {
+                    acc = fmaf((float)isum, dw_tile_half(blk, Q4_K_D, n) * a->d, acc);
+                    acc = fmaf((float)imin, -(dw_tile_half(blk, Q4_K_DMIN, n) * a->d), acc);
+                } else {
+                    acc = fmaf((float)isum, dw_tile_half(blk, Q6_K_D, n) * a->d, acc);
+                }
+            }
+            out[r][n] = acc;
+        }
+    }
+}
+
 /* The scalar kernel: the contract of quant.h, one output and one row at a time. */
-static void tile_scalar(int qtype, const uint8_t *tile, int64_t chunks, const dw_act *const *x,
+static void tile_scalar(int qtype, const uint8_t *tile, int64_t chunks, const void *const *xv,
                         int rows, float (*out)[DW_TILE]) {
+    if (dw_qtype_act_block(qtype) == DW_SUPER) {
+        tile_scalar256(qtype, tile, chunks, (const dw_act256 *const *)xv, rows, out);
+        return;
+    }
+    const dw_act *const *x = (const dw_act *const *)xv;
     dw_qtype_info info;
     dw_qtype_info_of(qtype, &info);
     const int cpb = info.block_k / DW_CHUNK, tile_block = DW_TILE * info.block_bytes;
@@ -57,7 +100,7 @@ static void tile_scalar(int qtype, const uint8_t *tile, int64_t chunks, const dw
 }
 
 #define SCALAR_KERNEL(T)                                                                          \
-    static void tile_scalar_##T(const uint8_t *t, int64_t c, const dw_act *const *x, int rows,    \
+    static void tile_scalar_##T(const uint8_t *t, int64_t c, const void *const *x, int rows,      \
                                 float (*out)[DW_TILE]) {                                          \
         tile_scalar(T, t, c, x, rows, out);                                                       \
     }
@@ -93,6 +136,7 @@ typedef struct {
     dw_tile_fn fn;
     const uint8_t *data;
     int64_t start, rows, tiles, tile_bytes, first_tile; /* first_tile: global tile index */
+    int super; /* takes dw_act256 super-block activations */
 } segment;
 
 #define MAX_SEGMENTS 8
@@ -102,7 +146,8 @@ typedef struct {
 typedef struct {
     segment seg[MAX_SEGMENTS];
     int nseg;
-    const dw_act *act; /* [m][chunks] */
+    const dw_act *act;       /* [m][chunks], when a segment takes them */
+    const dw_act256 *act256; /* [m][chunks / 8], when a segment takes them */
     const uint16_t *bias;
     void *y;
     int64_t m, chunks, y_stride, y_f32;
@@ -126,8 +171,10 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
             const int64_t passes = (r1 - r0 + DW_MAX_ROWS - 1) / DW_MAX_ROWS;
             for (int64_t pi = 0, r = r0; pi < passes; pi++) {
                 const int rows = (int)((r1 - r0) / passes + (pi < (r1 - r0) % passes));
-                const dw_act *x[DW_MAX_ROWS];
-                for (int i = 0; i < rows; i++) x[i] = j->act + (r + i) * j->chunks;
+                const void *x[DW_MAX_ROWS];
+                for (int i = 0; i < rows; i++)
+                    x[i] = g->super ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
+                                    : (const void *)(j->act + (r + i) * j->chunks);
                 float out[DW_MAX_ROWS][DW_TILE];
                 g->fn(g->data + lt * g->tile_bytes, j->chunks, x, rows, out);
                 for (int i = 0; i < rows; i++) {
@@ -147,26 +194,32 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
 
 typedef struct {
     const uint16_t *x;
-    dw_act *act;
+    dw_act *act;       /* NULL: no segment takes them */
+    dw_act256 *act256; /* NULL: no segment takes them */
+    dw_act_fn fn;
+    dw_act256_fn fn256;
     int64_t k, x_stride;
 } act_job;
 
 static void run_act(void *ctx, int64_t begin, int64_t end) {
     const act_job *a = ctx;
-    for (int64_t r = begin; r < end; r++)
-        dw_quant_act_row(a->x + r * a->x_stride, a->k, a->act + r * (a->k / DW_CHUNK));
+    for (int64_t r = begin; r < end; r++) {
+        if (a->act) a->fn(a->x + r * a->x_stride, a->k, a->act + r * (a->k / DW_CHUNK));
+        if (a->act256) a->fn256(a->x + r * a->x_stride, a->k, a->act256 + r * (a->k / DW_SUPER));
+    }
 }
 
-/* A per-thread buffer for the int8 activations, grown as needed and kept. */
-static dw_act *act_buffer(int64_t count) {
-    static _Thread_local dw_act *buf = NULL;
-    static _Thread_local int64_t cap = 0;
-    if (count > cap) {
-        free(buf);
-        buf = malloc((size_t)count * sizeof(dw_act));
-        cap = buf ? count : 0;
+/* A per-thread buffer for the int8 activations (two: one per scheme), grown as needed
+ * and kept. */
+static void *act_buffer(int which, size_t bytes) {
+    static _Thread_local void *buf[2] = {NULL, NULL};
+    static _Thread_local size_t cap[2] = {0, 0};
+    if (bytes > cap[which]) {
+        free(buf[which]);
+        buf[which] = malloc(bytes);
+        cap[which] = buf[which] ? bytes : 0;
     }
-    return buf;
+    return buf[which];
 }
 
 /* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
@@ -198,6 +251,7 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
                          (long long)e[0]);
             return NULL;
         }
+        g->super = dw_qtype_act_block((int)e[0]) == DW_SUPER;
         g->fn = scalar ? dw_tile_kernel_scalar((int)e[0]) : dw_tile_kernel_simd((int)e[0]);
         if (!g->fn) g->fn = dw_tile_kernel_scalar((int)e[0]);
         g->data = (const uint8_t *)(intptr_t)e[1];
@@ -211,10 +265,17 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (m == 0) Py_RETURN_NONE;
-    dw_act *act = act_buffer(m * j.chunks);
-    if (!act) return PyErr_NoMemory();
-    j.act = act;
-    act_job a = {.x = p[0], .act = act, .k = k, .x_stride = x_stride};
+    int need32 = 0, need256 = 0;
+    for (int i = 0; i < nseg; i++) need256 |= j.seg[i].super, need32 |= !j.seg[i].super;
+    if (need32 && !(j.act = act_buffer(0, (size_t)(m * j.chunks) * sizeof(dw_act))))
+        return PyErr_NoMemory();
+    if (need256 && !(j.act256 = act_buffer(1, (size_t)(m * (k / DW_SUPER)) * sizeof(dw_act256))))
+        return PyErr_NoMemory();
+    act_job a = {.x = p[0], .act = (dw_act *)j.act, .act256 = (dw_act256 *)j.act256,
+                 .fn = scalar ? NULL : dw_act_row_simd(), .fn256 = scalar ? NULL : dw_act256_row_simd(),
+                 .k = k, .x_stride = x_stride};
+    if (!a.fn) a.fn = dw_quant_act_row;
+    if (!a.fn256) a.fn256 = dw_quant_act256_row;
     const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
     Py_BEGIN_ALLOW_THREADS
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
@@ -294,4 +355,21 @@ PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_
 PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self, (void)args, (void)nargs;
     return PyUnicode_FromString(dw_quant_simd_name());
+}
+
+/* quant_act_block(type): 32 or 256, the activation block (one scale) the type takes. */
+PyObject *dw_quant_act_block_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "quant_act_block takes 1 argument");
+        return NULL;
+    }
+    const long long qtype = PyLong_AsLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    dw_qtype_info info;
+    if (!dw_qtype_info_of((int)qtype, &info)) {
+        PyErr_SetString(PyExc_ValueError, "quant_act_block: not a type the kernels run");
+        return NULL;
+    }
+    return PyLong_FromLong(dw_qtype_act_block((int)qtype));
 }

@@ -31,6 +31,9 @@ static PyMethodDef methods[] = {
      "weight to bf16 (or fp32)"},
     {"quant_simd", (PyCFunction)(void (*)(void))dw_quant_simd, METH_FASTCALL,
      "quant_simd(): the quantized GEMM's SIMD path in this build (avx2 or scalar)"},
+    {"quant_act_block", (PyCFunction)(void (*)(void))dw_quant_act_block_py, METH_FASTCALL,
+     "quant_act_block(ggml_type): values per int8 activation block (and scale) the type's "
+     "kernel multiplies with: 32, or 256 for the super-block types"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "

@@ -27,6 +27,19 @@
  * and x.s the block's scaled activation sums. The output is acc after the last chunk
  * (plus the bias), rounded once. Nothing in it depends on how many rows are multiplied,
  * which row this is, or which thread runs the tile: bitwise batch invariance.
+ *
+ * Q4_K and Q6_K instead take SUPER-BLOCK activations (llama.cpp's Q8_K scheme, with an
+ * fp32 scale): the row is quantized to int8 per block of 256 (one scale X.d) with the
+ * integer sums of every 16 (X.b16) and 32 (X.b32) values, and a weight super-block
+ * stays integer to its end, one or two float steps per 256 k and row instead of two or
+ * three per 32 (what makes a verify of several rows cost little more than a decode):
+ *   Q4_K: I  = sum_c sc_c * sum_{k in chunk c} q_k X.q_k                   (exact int32)
+ *         Im = sum_c m_c * X.b32[c]                                          (exact int32)
+ *         acc = fma((float)I, D * X.d, acc);  acc = fma((float)Im, -(Dmin * X.d), acc)
+ *   Q6_K: I  = sum_i p_i * (sum_{k in 16-block i} q_k X.q_k - 32 X.b16[i])   (exact int32)
+ *         acc = fma((float)I, D * X.d, acc)
+ * (sc_c, m_c the 6-bit sub-block scales and mins, p_i Q6_K's signed 8-bit scales, q_k
+ * the unsigned codes). dw_qtype_act_block says which scheme a type takes.
  */
 #ifndef DRAFTWISE_QUANT_H
 #define DRAFTWISE_QUANT_H
@@ -60,6 +73,17 @@ typedef struct {
     float s[3];
 } dw_act;
 
+/* One super-block of activations (Q4_K, Q6_K): 256 int8 values (|q| <= 127) with their
+ * fp32 scale d (x ~ d q) and the integer sums of each 16 (b16) and each 32 (b32). */
+#define DW_SUPER 256
+typedef struct {
+    int8_t q[DW_SUPER];
+    float d;
+    int16_t b16[16];
+    int16_t b32[8];
+    int8_t pad[12]; /* 320 bytes: whole cache lines */
+} dw_act256;
+
 /* Facts about a type: k per GGUF block, bytes per GGUF block (a tile block is eight). */
 typedef struct {
     int block_k;
@@ -80,11 +104,21 @@ void dw_quant_dequant_row(int qtype, const uint8_t *packed, int64_t k, int64_t n
 
 /* Quantize one activation row (k bf16 values, k a multiple of 32) into k / 32 blocks. */
 void dw_quant_act_row(const uint16_t *x, int64_t k, dw_act *out);
+/* The same into k / 256 super-blocks (k a multiple of 256). */
+void dw_quant_act256_row(const uint16_t *x, int64_t k, dw_act256 *out);
+/* The same two in SIMD where the build and CPU have it (NULL otherwise): the same bits. */
+typedef void (*dw_act_fn)(const uint16_t *x, int64_t k, dw_act *out);
+typedef void (*dw_act256_fn)(const uint16_t *x, int64_t k, dw_act256 *out);
+dw_act_fn dw_act_row_simd(void);
+dw_act256_fn dw_act256_row_simd(void);
+/* The activation block a type multiplies with: 256 (dw_act256) or 32 (dw_act). */
+int dw_qtype_act_block(int qtype);
 
 /* The tile kernel: 8 outputs x ``rows`` (1..DW_MAX_ROWS) activation rows over the whole
- * K (``chunks`` = k / 32), results to out[r][0..7] (fp32, before the bias). */
+ * K (``chunks`` = k / 32), results to out[r][0..7] (fp32, before the bias). x[r] points
+ * at row r's activation blocks: dw_act, or dw_act256 where dw_qtype_act_block is 256. */
 #define DW_MAX_ROWS 5
-typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const dw_act *const *x, int rows,
+typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const void *const *x, int rows,
                            float (*out)[DW_TILE]);
 
 /* The portable C implementation of every type (the reference), and the SIMD one where

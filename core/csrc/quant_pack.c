@@ -196,3 +196,31 @@ void dw_quant_act_row(const uint16_t *x, int64_t k, dw_act *out) {
         out->s[2] = d * (float)sum_hi;
     }
 }
+
+int dw_qtype_act_block(int qtype) { return qtype == DW_Q4_K || qtype == DW_Q6_K ? DW_SUPER : DW_CHUNK; }
+
+void dw_quant_act256_row(const uint16_t *x, int64_t k, dw_act256 *out) {
+    for (int64_t c = 0; c < k / DW_SUPER; c++, x += DW_SUPER, out++) {
+        float v[DW_SUPER], amax = 0.0f;
+        int bad = 0;
+        for (int i = 0; i < DW_SUPER; i++) {
+            uint32_t bits = (uint32_t)x[i] << 16;
+            memcpy(&v[i], &bits, sizeof bits);
+            bad |= !(fabsf(v[i]) <= 3.402823466e38f); /* inf or NaN */
+            const float m = fabsf(v[i]);
+            amax = m > amax ? m : amax;
+        }
+        /* as dw_quant_act_row: a NaN or inf makes the scale, so the outputs, NaN */
+        const float d = bad ? NAN : amax / 127.0f, id = !bad && amax > 0.0f ? 127.0f / amax : 0.0f;
+        memset(out, 0, sizeof *out);
+        for (int i = 0; i < DW_SUPER; i++) {
+            float r = nearbyintf(v[i] * id);
+            r = bad ? 0.0f : r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+            const int q = (int)r;
+            out->q[i] = (int8_t)q;
+            out->b16[i / 16] = (int16_t)(out->b16[i / 16] + q);
+            out->b32[i / 32] = (int16_t)(out->b32[i / 32] + q);
+        }
+        out->d = d;
+    }
+}

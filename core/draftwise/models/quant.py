@@ -7,9 +7,10 @@ projection in its stored GGUF type(s), repacked into the C kernel's tiles
 the file) in huge-page memory; :func:`linear_quant` runs ``x @ W^T`` on it
 (``core/csrc/gemm_quant.c``), and :func:`dequant_rows` serves embedding lookups.
 
-Activations are quantized to int8 per block of 32 with an fp32 scale inside the call
-(llama.cpp's scheme, with an fp32 instead of an fp16 scale), which is what makes the dot
-products integer ``vpmaddubsw`` work; the error this adds is measured by
+Activations are quantized to int8 inside the call, per block of 32 with an fp32 scale,
+or of 256 for Q4_K and Q6_K (llama.cpp's Q8_0 and Q8_K schemes, with fp32 instead of
+fp16 scales; :func:`activation_block`), which is what makes the dot products integer
+``vpmaddubsw`` work; the error this adds is measured by
 ``tests/core/models/test_models_quant.py`` against gguf-py's dequantization and an fp32
 matmul. Every output is one fp32 accumulation over K in a fixed order, so a row's bits do
 not depend on the batch, its position or the thread count (bitwise batch invariance).
@@ -49,6 +50,14 @@ def quant_kernels_available() -> bool:
 def quant_simd() -> str:
     """``avx2`` or ``scalar``: the kernel this build runs (``none`` without the C kernels)."""
     return str(KERNELS.quant_simd()) if quant_kernels_available() else "none"  # type: ignore[union-attr]
+
+
+def activation_block(qtype: GGMLQuantizationType) -> int:
+    """Values per int8 activation block (one fp32 scale) the kernel of ``qtype`` takes:
+    256 for Q4_K and Q6_K (integer sums to the end of a super-block), else 32."""
+    if not quant_kernels_available():
+        raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
+    return int(KERNELS.quant_act_block(int(qtype)))  # type: ignore[union-attr]
 
 
 def packed_bytes(qtype: GGMLQuantizationType, rows: int, k: int) -> int:

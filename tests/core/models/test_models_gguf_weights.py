@@ -58,9 +58,13 @@ def test_q4_k_m_model_runs_quantized_and_as_close_as_bf16(tiny_gguf, monkeypatch
     dense_err = (logits(dense, IDS) - ref).abs().max().item()
     quant_err = (logits(quant, IDS) - ref).abs().max().item()
     # int8 activation blocks round ~4x coarser than bf16 (RMS amax/440 against 2^-9/sqrt(3)
-    # of the value): measured 2-2.5x the bf16 model's distance here; a wrong row order,
-    # scale or type is O(1)
-    assert quant_err < 3 * dense_err + 0.05, (quant_err, dense_err)
+    # of the value); a wrong row order, scale or type is O(1).
+    # Q4_K and Q6_K take int8 activation blocks of 256 (llama.cpp's Q8_K, one scale per
+    # super-block: coarser still where a block's values are small next to its largest):
+    # measured 0.09 (qwen2) and 0.36 (llama) against the bf16 model's 0.06-0.07 (blocks
+    # of 32 for every type measured 0.12-0.14); the kernels' own tests bound each type
+    # to 1e-6 of its exact int8 arithmetic, so this guards the model's wiring
+    assert quant_err < 7 * dense_err + 0.05, (quant_err, dense_err)
 
 
 def test_quantized_embedding_is_the_dequantized_table(tiny_gguf) -> None:

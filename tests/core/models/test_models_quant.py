@@ -65,9 +65,10 @@ def activations(rows: int, k: int, seed: int) -> torch.Tensor:  # [rows, k] bf16
     return x.bfloat16()
 
 
-def int8_view(x: torch.Tensor) -> np.ndarray:  # [rows, k] float64
-    """The kernel's activations: per block of 32, round(x * 127/amax) * (amax/127), in fp32."""
-    xb = x.float().numpy().reshape(x.shape[0], -1, 32)
+def int8_view(x: torch.Tensor, block: int = 32) -> np.ndarray:  # [rows, k] float64
+    """The kernel's activations: per ``block`` values (32, or 256 for the super-block
+    types), round(x * 127/amax) * (amax/127), in fp32."""
+    xb = x.float().numpy().reshape(x.shape[0], -1, block)
     amax = np.abs(xb).max(-1, keepdims=True)
     d = (amax / np.float32(127)).astype(np.float32)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
@@ -85,14 +86,16 @@ def test_kernel_matches_gguf_dequantization(qtype: Q, extreme: bool) -> None:
     x = activations(9, k, seed=1)
     got = q.linear_quant(x, w, out_f32=True)
     assert torch.equal(got, q.linear_quant(x, w, out_f32=True, scalar=True))
-    xq = int8_view(x)
+    ab = q.activation_block(qtype)
+    assert ab == (256 if qtype in (Q.Q4_K, Q.Q6_K) else 32)
+    xq = int8_view(x, ab)
     scale = np.abs(xq) @ np.abs(dense).T
     err = np.abs(got.double().numpy() - xq @ dense.T)
     assert (err <= 1e-6 * scale + 1e-35).all(), (err / (scale + 1e-300)).max()
     # against the exact activations: within the int8 rounding of each block
     xe = x.double().numpy()
-    half_step = np.abs(xe).reshape(9, -1, 32).max(-1) / 254 * 1.0001  # [rows, blocks]
-    bound = half_step @ np.abs(dense).reshape(n, -1, 32).sum(-1).T + 1e-6 * scale + 1e-35
+    half_step = np.abs(xe).reshape(9, -1, ab).max(-1) / 254 * 1.0001  # [rows, blocks]
+    bound = half_step @ np.abs(dense).reshape(n, -1, ab).sum(-1).T + 1e-6 * scale + 1e-35
     assert (np.abs(got.double().numpy() - xe @ dense.T) <= bound).all()
     # bf16 output: the fp32 result rounded once
     assert torch.equal(q.linear_quant(x, w), got.bfloat16())
@@ -242,3 +245,19 @@ def test_concurrent_callers_and_changing_thread_counts() -> None:
         assert not failures
     finally:
         kernels.set_kernel_threads(before)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+def test_inf_or_nan_in_a_row_makes_that_row_nan_in_both_paths(qtype: Q) -> None:
+    """Both activation schemes (blocks of 32 and 256), SIMD and scalar quantizers: a
+    non-finite value poisons its own row, as a float GEMM would, and no other."""
+    k, n = 512, 16
+    w = q.pack_quant([q.QuantPart(qtype, blocks(qtype, n, k, seed=11))], k)
+    x = activations(4, k, seed=5)
+    x[1, 40] = float("inf")
+    x[2, 300] = float("nan")
+    for scalar in (False, True):
+        got = q.linear_quant(x, w, out_f32=True, scalar=scalar)
+        assert got[1:3].isnan().all()
+        assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=scalar))
+        assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=not scalar))

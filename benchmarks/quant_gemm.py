@@ -1,0 +1,87 @@
+"""Micro-benchmark of the quantized GEMM: one weight per type, 1..8 activation rows.
+
+``python benchmarks/quant_gemm.py --threads 1`` prints JSON: per type and row count the
+median CPU time of one call (steadier than the wall clock on a shared machine; the wall
+median is beside it), GMAC per CPU second, and the CPU cost relative to one row (what a
+speculative verify of ``rows - 1`` drafts costs against a decode step). Shapes default to
+Qwen2.5-1.5B's MLP down projection (1536 x 8960), whose weights (7-12 MB) do not stay in
+cache, as in a real forward. Row counts are interleaved round by round, so a load change
+on a shared machine touches every count alike; the load average is in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+from draftwise.models import kernels
+from draftwise.models import quant as q
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+#: byte offsets of each type's fp16 scales in a GGUF block (set to a sane value: random
+#: bytes would make some NaN or subnormal, which can run slower than real weights)
+_FP16 = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+         Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def _weight(qtype: Q, n: int, k: int, copies: int) -> list[q.QuantWeight]:
+    """Random blocks (the kernel's speed does not depend on the values) with finite scales."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    for o in _FP16[qtype]:
+        raw[:, :, o : o + 2] = np.full((n, k // block), 1e-3, np.float16).view(np.uint8).reshape(
+            n, k // block, 2)
+    raw = raw.reshape(n, -1)
+    return [q.pack_quant([q.QuantPart(qtype, raw)], k) for _ in range(copies)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1,Q4_0,Q5_0,Q5_1")
+    ap.add_argument("--rows", default="1,2,3,5,8")
+    ap.add_argument("--n", type=int, default=1536)
+    ap.add_argument("--k", type=int, default=8960)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=31)
+    ap.add_argument("--copies", type=int, default=4, help="weights cycled (defeats the cache)")
+    args = ap.parse_args()
+    kernels.set_kernel_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    report: dict = {"n": args.n, "k": args.k, "threads": args.threads,
+                    "simd": q.quant_simd(), "loadavg_before": os.getloadavg(), "types": {}}
+    for name in args.types.split(","):
+        ws = _weight(Q[name], args.n, args.k, args.copies)
+        xs = {m: torch.randn(m, args.k).bfloat16() for m in rows}
+        times: dict[int, list[float]] = {m: [] for m in rows}
+        cpu: dict[int, list[float]] = {m: [] for m in rows}
+        for _ in range(2):
+            for m in rows:
+                q.linear_quant(xs[m], ws[0])
+        for _ in range(args.rounds):
+            for m in rows:
+                t0, c0 = time.perf_counter(), time.process_time()
+                for w in ws:
+                    q.linear_quant(xs[m], w)
+                times[m].append((time.perf_counter() - t0) / len(ws))
+                cpu[m].append((time.process_time() - c0) / len(ws))
+        wall = {m: statistics.median(times[m]) for m in rows}
+        med = {m: statistics.median(cpu[m]) for m in rows}
+        report["types"][name] = {
+            str(m): {"cpu_ms": round(med[m] * 1e3, 4), "wall_ms": round(wall[m] * 1e3, 4),
+                     "gmac_per_cpu_s": round(m * args.n * args.k / med[m] / 1e9, 2),
+                     "vs_1_row": round(med[m] / med[rows[0]], 3)}
+            for m in rows}
+        print(name, " ".join(f"{m}:{med[m]*1e3:.3f}ms({med[m]/med[rows[0]]:.2f}x)" for m in rows),
+              flush=True)
+    report["loadavg_after"] = os.getloadavg()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
