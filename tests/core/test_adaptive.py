@@ -106,3 +106,84 @@ def test_observe_updates_only_reached_positions() -> None:
 def test_cap_bounds_the_choice() -> None:
     pol = policy(prior=1.0)
     assert pol.choose([pol.new_estimate(), pol.new_estimate()], [1, 0]) == [1, 0]
+
+
+def test_failed_probes_back_off_and_an_accepted_one_resets() -> None:
+    pol = policy(prior=0.0, probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
+    est = pol.new_estimate()
+
+    def next_probe() -> int:
+        """Steps until the next probe; the probe's drafts are all rejected."""
+        for n in range(1, 100):
+            if pol.choose([est], [4])[0]:
+                return n
+        raise AssertionError("never probed")
+
+    gaps = []
+    for _ in range(5):
+        gaps.append(next_probe())
+        pol.observe(est, 1, 1, 0)  # drafted, rejected
+    assert gaps == [2, 4, 8, 8, 8] and est.probe_fails == 5  # capped at max_probe_interval
+    assert next_probe() == 8
+    pol.observe(est, 1, 1, 1)  # the text turned repetitive: the probe held
+    assert est.probe_fails == 0
+    est.rates[0] = 0.0  # (the rule keeps it off: only the probe timing is under test)
+    assert next_probe() == 2
+
+
+def test_a_probe_that_got_no_draft_does_not_back_off() -> None:
+    pol = policy(prior=0.0, probe_interval=3)
+    est = pol.new_estimate()
+    for _ in range(3):
+        pol.choose([est], [4])
+    assert est.probing
+    pol.observe(est, 1, 0, 0)  # the lookup found nothing: no evidence either way
+    assert est.probe_fails == 0 and not est.probing
+    assert pol.probe_interval(est) == 3
+
+
+def test_no_backoff_keeps_the_interval() -> None:
+    pol = policy(prior=0.0, probe_interval=3, probe_backoff=1.0)
+    est = pol.new_estimate()
+    est.probe_fails = 10
+    assert pol.probe_interval(est) == 3
+
+
+def test_the_starting_rates_are_a_weak_prior() -> None:
+    """A fresh request's own first outcomes outweigh the population's rates: with
+    prior_strength 1 the first rejection halves p_1, the second takes a third more, and
+    only then does the running mean settle to ew_weight."""
+    pol = policy(prior=0.8, prior_strength=1.0, ew_weight=0.25)
+    est = pol.new_estimate()
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3 * 3 / 4)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3 * 3 / 4 * 3 / 4)  # w = ew_weight now
+    assert est.seen[:2] == [4, 0] and est.draft_seen[:2] == [4, 0]
+
+
+def test_a_weak_prior_turns_a_bad_prompt_off_sooner() -> None:
+    """Optimistic population rates (grounded prompts ran first), then a prompt whose
+    drafts all fail: it stops drafting after fewer wasted steps than at ew_weight alone."""
+
+    def wasted(strength: float) -> int:
+        pol = policy(prior=0.95, prior_strength=strength, probe_interval=1000)
+        est, n = pol.new_estimate(), 0
+        while pol.choose([est], [4])[0]:
+            n += 1
+            pol.observe(est, 4, 4, 0)
+        return n
+
+    assert wasted(1.0) < wasted(1000.0)  # 1000: effectively ew_weight from the start
+
+
+def test_step_seconds_table_matches_the_cost_model() -> None:
+    pol = policy()
+    for rows in (1, 3, 4, 9):
+        f = pol.step_seconds(rows)
+        for tokens in (rows, rows + 0.5, rows + 1.0, rows * 2.7, rows * 5.0):
+            assert f(tokens) == pytest.approx(pol.cost.step_seconds(rows, tokens))
