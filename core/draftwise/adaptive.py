@@ -215,10 +215,28 @@ class DepthPolicy:
 
         return seconds
 
+    def rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The rates the rule uses: a position nobody has observed yet (this request nor
+        the population) takes the rate of the position before it.
+
+        Position j is observed only when the row drafts that deep, so a fixed prior there
+        would decide for ever whether it is worth reaching: below the break-even it keeps
+        a request at depth 2 whose drafts all hold. Conditional acceptance rarely drops
+        once a draft is on track (an n-gram match goes on, a draft model agrees), so
+        the previous position's rate is the better guess, and reaching the position once
+        replaces it with what was measured.
+        """
+        out = list(est.rates)
+        pop = self.population.seen
+        for j in range(1, len(out)):
+            if not est.seen[j] and not pop[j]:
+                out[j] = out[j - 1]
+        return out
+
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
         ks = choose_depths(
-            [e.rates for e in estimates], [e.draft_rates for e in estimates], caps,
+            [self.rates(e) for e in estimates], [e.draft_rates for e in estimates], caps,
             self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):

@@ -187,3 +187,22 @@ def test_step_seconds_table_matches_the_cost_model() -> None:
         f = pol.step_seconds(rows)
         for tokens in (rows, rows + 0.5, rows + 1.0, rows * 2.7, rows * 5.0):
             assert f(tokens) == pytest.approx(pol.cost.step_seconds(rows, tokens))
+
+
+def test_an_unobserved_position_takes_the_rate_before_it() -> None:
+    """Drafts at positions 1-2 always held and 3-4 were never reached: a fixed prior of
+    0.4 there would keep the request at depth 2 for ever; the rule reads them as the
+    rate before them and goes to the full depth (where it then measures them)."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    cost = CostModel(rows, toks, [[1.0 + 0.3 * t for t in toks]])
+    pol = DepthPolicy(AdaptiveConfig(prior=0.4), 4, cost)
+    est = pol.new_estimate()
+    for _ in range(8):
+        pol.observe(est, 2, 2, 2)
+    assert est.rates[2:] == [0.4, 0.4] and pol.rates(est)[2:] == pytest.approx(
+        [est.rates[1]] * 2)
+    assert choose_depths([est.rates], [est.draft_rates], [4],
+                         pol.step_seconds(1)) == [2]  # what the fixed prior would pick
+    assert pol.choose([est], [4]) == [4]
+    pol.observe(est, 4, 4, 2)  # reached at last: position 3 measured (rejected)
+    assert pol.rates(est)[2] == est.rates[2] < 0.4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ def _identical(a: list[Any], b: list[Any]) -> int:
               help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: cores - 1, at least 1).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="What a second is: wall time, or this process's CPU time (for a loaded "
+                   "shared machine; meaningful with --threads 1).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,
@@ -47,12 +51,13 @@ def bench(
     compare_k: str | None,
     hf_threads_opt: int | None,
     num_threads: int | None,
+    clock: str,
     out_path: str,
 ) -> None:
     """Benchmark the engine on a JSONL workload and write a JSON report."""
     import torch
 
-    from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
+    from draftwise.bench import load_workload, now, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
     from draftwise.cli.common import build_engine, fail, peak_rss_bytes
     from draftwise.models.quant import quant_simd
@@ -64,6 +69,7 @@ def bench(
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "repeat": repeat,
+        "clock": clock,
         "machine": {
             "platform": platform.platform(),
             "torch": torch.__version__,
@@ -126,7 +132,8 @@ def bench(
         runs: dict[str, list[Any]] = {label: [] for label, _ in configs}
         for _ in range(repeat):
             for label, _spec in configs:
-                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency))
+                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency,
+                                              time.process_time if clock == "cpu" else now))
         results = {label: describe(label, spec, engines[label], runs[label])
                    for label, spec in configs}
         ours, engine = results["draftwise"], engines["draftwise"]

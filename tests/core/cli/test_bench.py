@@ -118,3 +118,23 @@ def test_bench_compare_k_refuses_a_bad_list(tiny: Path, tmp_path: Path, ks: str)
         "--out", str(tmp_path / "r.json"),
     ])
     assert result.exit_code == 2 and "--compare-k" in result.output
+
+
+def test_bench_cpu_clock(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--clock cpu: every time is this process's CPU time (what a loaded machine leaves)."""
+    import time
+
+    calls: list[int] = []
+    real = time.process_time
+    monkeypatch.setattr(time, "process_time", lambda: calls.append(1) or real())
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "prompt_token_ids": [3, 5, 7, 3, 5]}))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "4",
+        "--clock", "cpu", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["clock"] == "cpu" and calls  # the run read the CPU clock
+    assert report["draftwise"]["summary"]["all"]["tok_per_s"] > 0
