@@ -216,21 +216,22 @@ class DepthPolicy:
         return seconds
 
     def rates(self, est: AcceptanceEstimate) -> list[float]:
-        """The rates the rule uses: a position nobody has observed yet (this request nor
-        the population) takes the rate of the position before it.
+        """The rates the rule uses: a position this request has not reached yet reads at
+        least the rate of the position before it.
 
-        Position j is observed only when the row drafts that deep, so a fixed prior there
-        would decide for ever whether it is worth reaching: below the break-even it keeps
-        a request at depth 2 whose drafts all hold. Conditional acceptance rarely drops
-        once a draft is on track (an n-gram match goes on, a draft model agrees), so
-        the previous position's rate is the better guess, and reaching the position once
-        replaces it with what was measured.
+        Position j is observed only when the row drafts that deep, so a starting rate
+        there (the prior, or the population's from a few early, unlike requests) would
+        decide for ever whether it is worth reaching: below the break-even it keeps a
+        request at depth 2 whose drafts all hold. Conditional acceptance rarely drops
+        once a draft is on track (an n-gram match goes on, a draft model agrees), so the
+        previous position's rate is the better guess; reaching the position once
+        replaces it with the request's own measurement (optimism that pays for itself:
+        one deeper step, then the truth).
         """
         out = list(est.rates)
-        pop = self.population.seen
         for j in range(1, len(out)):
-            if not est.seen[j] and not pop[j]:
-                out[j] = out[j - 1]
+            if not est.seen[j]:
+                out[j] = max(out[j], out[j - 1])
         return out
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:

@@ -189,7 +189,7 @@ def test_step_seconds_table_matches_the_cost_model() -> None:
             assert f(tokens) == pytest.approx(pol.cost.step_seconds(rows, tokens))
 
 
-def test_an_unobserved_position_takes_the_rate_before_it() -> None:
+def test_an_unreached_position_reads_the_rate_before_it() -> None:
     """Drafts at positions 1-2 always held and 3-4 were never reached: a fixed prior of
     0.4 there would keep the request at depth 2 for ever; the rule reads them as the
     rate before them and goes to the full depth (where it then measures them)."""
@@ -206,3 +206,22 @@ def test_an_unobserved_position_takes_the_rate_before_it() -> None:
     assert pol.choose([est], [4]) == [4]
     pol.observe(est, 4, 4, 2)  # reached at last: position 3 measured (rejected)
     assert pol.rates(est)[2] == est.rates[2] < 0.4
+
+
+def test_the_population_rate_of_an_unreached_position_is_not_final() -> None:
+    """The population measured position 3 low on an earlier, unlike request: a request
+    that has not reached it still tries it once its own position 2 holds, and its own
+    measurement then rules (low: back to depth 2)."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    pol = DepthPolicy(AdaptiveConfig(prior=0.9), 4, CostModel(rows, toks, [[1.0 + 0.3 * t for t in toks]]))
+    early = pol.new_estimate()
+    for _ in range(6):
+        pol.observe(early, 3, 3, 2)  # position 3 always rejected
+    pop3 = pol.population.rates[2]
+    assert pop3 < 0.5
+    est = pol.new_estimate()
+    assert est.rates[2] == pop3 and pol.rates(est)[2] == est.rates[1]
+    assert pol.choose([est], [4]) == [4]
+    for _ in range(6):
+        pol.observe(est, 4, 4, 2)  # its own measurement: position 3 fails here too
+    assert pol.rates(est)[2] == est.rates[2] < 0.2 and pol.choose([est], [4]) == [2]
