@@ -221,7 +221,20 @@ def test_the_population_rate_of_an_unreached_position_is_not_final() -> None:
     assert pop3 < 0.5
     est = pol.new_estimate()
     assert est.rates[2] == pop3 and pol.rates(est)[2] == est.rates[1]
+    pol.observe(est, 2, 2, 2)  # its own first draft held (positions 1-2 only)
     assert pol.choose([est], [4]) == [4]
     for _ in range(6):
         pol.observe(est, 4, 4, 2)  # its own measurement: position 3 fails here too
     assert pol.rates(est)[2] == est.rates[2] < 0.2 and pol.choose([est], [4]) == [2]
+
+
+def test_a_fresh_request_starts_at_probe_depth() -> None:
+    """Optimistic population rates do not buy a fresh request a deep first draft: it
+    drafts probe_depth until one of its own drafts is verified, then the rule rules."""
+    pol = policy(prior=1.0, probe_depth=1)
+    est = pol.new_estimate()
+    assert pol.choose([est], [4]) == [1]
+    pol.observe(est, 1, 0, 0)  # the lookup found nothing: still nothing verified
+    assert pol.choose([est], [4]) == [1]
+    pol.observe(est, 1, 1, 1)
+    assert pol.choose([est], [4]) == [4]
