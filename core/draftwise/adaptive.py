@@ -23,7 +23,8 @@ stops paying for probes.
 A fresh request starts from the engine's population rates, but weakly: they count as
 ``prior_strength`` observations, so the request's own first outcomes move its estimate
 at weight 1 / (n + 1 + prior_strength) until that falls to ``ew_weight``; and until one of
-its own drafts was verified it drafts at most ``probe_depth``. A prompt unlike the ones
+its own drafts was verified it drafts at most ``probe_depth`` (its first decode step is
+such a probe). A prompt unlike the ones
 before it (open text after grounded edits) then wastes one draft token on its first
 step, not four, and stops drafting after a rejection or two instead of paying for the
 population's optimism for several steps.
@@ -244,8 +245,15 @@ class DepthPolicy:
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False
-            if not est.seen[0]:  # nothing of its own verified yet: start with a probe's
-                ks[i] = min(ks[i], self.config.probe_depth)  # depth, not the population's
+            if not est.seen[0] and cap > 0 and not est.num_probes:
+                # nothing of its own verified yet: its first decode step is a probe, at
+                # probe depth whatever the population says (a draft model also catches
+                # up on the prompt there, so its blocks become prefix-cacheable)
+                ks[i] = min(cap, self.config.probe_depth)
+                est.num_probes += 1
+                est.probing = True
+            elif not est.seen[0]:  # still nothing verified: no deeper than a probe
+                ks[i] = min(ks[i], self.config.probe_depth)
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1
                 if est.steps_off >= self.probe_interval(est):

@@ -88,7 +88,7 @@ def test_off_rows_are_probed_and_recover() -> None:
     pol = policy(prior=0.1, probe_interval=3, probe_depth=2)
     est = pol.new_estimate()
     seen = [pol.choose([est], [4])[0] for _ in range(6)]
-    assert seen == [0, 0, 2, 0, 0, 2]
+    assert seen == [2, 0, 0, 2, 0, 0]  # its first decode step is a probe, then every 3rd
     for _ in range(4):  # the text turned repetitive: every probe is accepted
         pol.observe(est, 2, 2, 2)
     assert est.rates[0] > 0.7 and pol.choose([est], [4])[0] > 0
@@ -123,7 +123,8 @@ def test_failed_probes_back_off_and_an_accepted_one_resets() -> None:
     for _ in range(5):
         gaps.append(next_probe())
         pol.observe(est, 1, 1, 0)  # drafted, rejected
-    assert gaps == [2, 4, 8, 8, 8] and est.probe_fails == 5  # capped at max_probe_interval
+    # the first decode step is a probe; then 4, 8, capped at max_probe_interval
+    assert gaps == [1, 4, 8, 8, 8] and est.probe_fails == 5
     assert next_probe() == 8
     pol.observe(est, 1, 1, 1)  # the text turned repetitive: the probe held
     assert est.probe_fails == 0
@@ -134,9 +135,7 @@ def test_failed_probes_back_off_and_an_accepted_one_resets() -> None:
 def test_a_probe_that_got_no_draft_does_not_back_off() -> None:
     pol = policy(prior=0.0, probe_interval=3)
     est = pol.new_estimate()
-    for _ in range(3):
-        pol.choose([est], [4])
-    assert est.probing
+    assert pol.choose([est], [4]) == [1] and est.probing  # the first step's probe
     pol.observe(est, 1, 0, 0)  # the lookup found nothing: no evidence either way
     assert est.probe_fails == 0 and not est.probing
     assert pol.probe_interval(est) == 3
@@ -233,8 +232,25 @@ def test_a_fresh_request_starts_at_probe_depth() -> None:
     drafts probe_depth until one of its own drafts is verified, then the rule rules."""
     pol = policy(prior=1.0, probe_depth=1)
     est = pol.new_estimate()
-    assert pol.choose([est], [4]) == [1]
+    assert pol.choose([est], [4]) == [1] and est.probing and est.num_probes == 1
     pol.observe(est, 1, 0, 0)  # the lookup found nothing: still nothing verified
-    assert pol.choose([est], [4]) == [1]
+    assert pol.choose([est], [4]) == [1] and not est.probing  # capped, not a probe again
     pol.observe(est, 1, 1, 1)
     assert pol.choose([est], [4]) == [4]
+
+
+def test_a_fresh_request_is_probed_first_even_when_the_rule_says_off() -> None:
+    pol = policy(prior=0.0)
+    est = pol.new_estimate()
+    assert choose_depths([est.rates], [est.draft_rates], [4], pol.step_seconds(1)) == [0]
+    assert pol.choose([est], [4]) == [1] and est.probing
+    assert pol.choose([est], [4]) == [0]  # one forced probe per request, not one per step
+    assert pol.choose([pol.new_estimate()], [0]) == [0]  # a row that may not draft: none
+
+
+def test_draft_cost_is_per_token_processed() -> None:
+    """A catch-up pass over a backlog is spread over every token it fed, not charged to
+    the one probe token that triggered it."""
+    cost = CostModel([1], [1, 2], [[1.0, 2.0]])
+    cost.observe_draft(1.0, 100)
+    assert cost.draft_seconds_per_token == pytest.approx(0.01)
