@@ -15,7 +15,19 @@ tokens per second of step time against the measured cost model
 (:class:`~draftwise.cost_model.CostModel`): a draft token is worth adding while the
 cumulative acceptance it buys outweighs the forward time it adds, and k = 0 (off) is
 one of the choices. A row kept at 0 gets a probe of ``probe_depth`` drafts every
-``probe_interval`` steps, so a request whose text turns repetitive gets speculation back.
+``probe_interval`` steps, so a request whose text turns repetitive gets speculation back;
+each probe whose drafts are all rejected multiplies that interval by ``probe_backoff`` (up
+to ``max_probe_interval``), and an accepted draft resets it, so text that never repeats
+stops paying for probes.
+
+A fresh request starts from the engine's population rates, but weakly: they count as
+``prior_strength`` observations, so the request's own first outcomes move its estimate
+at weight 1 / (n + 1 + prior_strength) until that falls to ``ew_weight``; and until one of
+its own drafts was verified it drafts at most ``probe_depth`` (its first decode step is
+such a probe). A prompt unlike the ones
+before it (open text after grounded edits) then wastes one draft token on its first
+step, not four, and stops drafting after a rejection or two instead of paying for the
+population's optimism for several steps.
 
 Lossless by construction: only how many drafts are verified changes, never how.
 """
@@ -46,21 +58,45 @@ class AcceptanceEstimate:
     steps_off: int = 0
     #: the depth chosen for its last decode step
     last_k: int = 0
-    #: steps it verified drafts on / probe drafts it was given
+    #: probes it was given
     num_probes: int = 0
+    #: observations so far of each position's acceptance / of its draft coming back
+    seen: list[int] = field(default_factory=list)
+    draft_seen: list[int] = field(default_factory=list)
+    #: probes in a row whose drafts were all rejected (each one lengthens the interval)
+    probe_fails: int = 0
+    #: the depth chosen for the last step was a probe (its outcome sets the backoff)
+    probing: bool = False
 
     def __post_init__(self) -> None:
         if not self.draft_rates:
             self.draft_rates = [1.0] * len(self.rates)
+        self.seen = self.seen or [0] * len(self.rates)
+        self.draft_seen = self.draft_seen or [0] * len(self.draft_rates)
 
-    def observe(self, weight: float, num_asked: int, num_drafted: int, num_accepted: int
-                ) -> None:
+    def observe(self, weight: float, num_asked: int, num_drafted: int, num_accepted: int,
+                prior_strength: float = float("inf")) -> None:
         """One step that let the row draft ``num_asked``: ``num_drafted`` came,
-        ``num_accepted`` held."""
+        ``num_accepted`` held.
+
+        Position j's n-th observation weighs ``max(weight, 1 / (n + 1 + prior_strength))``:
+        the starting rates count as ``prior_strength`` observations (infinitely many by
+        default: a plain exponentially weighted mean), then the running mean becomes
+        exponentially weighted.
+        """
         for j in range(min(num_asked, len(self.draft_rates))):
-            self.draft_rates[j] += weight * (float(j < num_drafted) - self.draft_rates[j])
+            w = max(weight, 1.0 / (self.draft_seen[j] + 1 + prior_strength))
+            self.draft_rates[j] += w * (float(j < num_drafted) - self.draft_rates[j])
+            self.draft_seen[j] += 1
         for j in range(min(num_accepted + 1, num_drafted)):
-            self.rates[j] += weight * (float(j < num_accepted) - self.rates[j])
+            w = max(weight, 1.0 / (self.seen[j] + 1 + prior_strength))
+            self.rates[j] += w * (float(j < num_accepted) - self.rates[j])
+            self.seen[j] += 1
+        if self.probing and num_drafted:  # a probe that got no draft tells nothing
+            self.probe_fails = 0 if num_accepted else self.probe_fails + 1
+        elif num_accepted:
+            self.probe_fails = 0
+        self.probing = False
 
     def expected_tokens(self, k: int) -> float:
         """E(k) given a draft came: 1 + sum of cumulative acceptance over k positions."""
@@ -77,6 +113,7 @@ class AcceptanceEstimate:
             "draft_rate_per_pos": [round(d, 4) for d in self.draft_rates],
             "last_k": self.last_k,
             "num_probes": self.num_probes,
+            "probe_fails": self.probe_fails,
         }
 
 
@@ -101,6 +138,8 @@ def choose_depths(
     the order and prices in the drafts the drafter does not make.
     """
     num_rows = len(caps)
+    if not any(caps):
+        return [0] * num_rows
     cands: list[tuple[float, int, float]] = []
     for i, cap in enumerate(caps):
         cum = 1.0
@@ -134,6 +173,9 @@ class DepthPolicy:
     cost: CostModel
     #: engine-wide running rates: where a new request's estimate starts
     population: AcceptanceEstimate = field(init=False)
+    #: per batch size R, the step time at R + t tokens for t = 0..R*max_k (the grid is
+    #: fixed once measured, so each is interpolated once, not on every step)
+    _step_tables: dict[int, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.population = AcceptanceEstimate([self.config.prior] * self.max_k)
@@ -147,26 +189,78 @@ class DepthPolicy:
         self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int
     ) -> None:
         """A step that let the row draft: update its estimate and the population's."""
-        w = self.config.ew_weight
-        est.observe(w, num_asked, num_drafted, num_accepted)
+        w, strength = self.config.ew_weight, self.config.prior_strength
+        est.observe(w, num_asked, num_drafted, num_accepted, strength)
         # the population moves slower: it summarises many requests
-        self.population.observe(w / 4, num_asked, num_drafted, num_accepted)
+        self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength)
+
+    def probe_interval(self, est: AcceptanceEstimate) -> int:
+        """Steps at k = 0 before this request's next probe: backed off per failed probe."""
+        cfg = self.config
+        grown = cfg.probe_interval * cfg.probe_backoff ** min(est.probe_fails, 64)
+        return int(max(cfg.probe_interval, min(cfg.max_probe_interval, grown)))
+
+    def step_seconds(self, num_rows: int) -> Callable[[float], float]:
+        """Forward seconds of ``num_rows`` rows as a function of their total tokens."""
+        table = self._step_tables.get(num_rows)
+        if table is None:
+            table = [self.cost.step_seconds(num_rows, num_rows + t)
+                     for t in range(num_rows * self.max_k + 1)]
+            self._step_tables[num_rows] = table
+        last = len(table) - 1
+
+        def seconds(tokens: float) -> float:
+            x = min(max(tokens - num_rows, 0.0), float(last))
+            lo = int(x)
+            if lo >= last:
+                return table[last]
+            return table[lo] + (x - lo) * (table[lo + 1] - table[lo])
+
+        return seconds
+
+    def rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The rates the rule uses: a position this request has not reached yet reads at
+        least the rate of the position before it.
+
+        Position j is observed only when the row drafts that deep, so a starting rate
+        there (the prior, or the population's from a few early, unlike requests) would
+        decide for ever whether it is worth reaching: below the break-even it keeps a
+        request at depth 2 whose drafts all hold. Conditional acceptance rarely drops
+        once a draft is on track (an n-gram match goes on, a draft model agrees), so the
+        previous position's rate is the better guess; reaching the position once
+        replaces it with the request's own measurement (optimism that pays for itself:
+        one deeper step, then the truth).
+        """
+        out = list(est.rates)
+        for j in range(1, len(out)):
+            if not est.seen[j]:
+                out[j] = max(out[j], out[j - 1])
+        return out
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
-        num_rows = len(caps)
         ks = choose_depths(
-            [e.rates for e in estimates], [e.draft_rates for e in estimates], caps,
-            lambda tokens: self.cost.step_seconds(num_rows, tokens),
-            self.cost.draft_seconds_per_token,
+            [self.rates(e) for e in estimates], [e.draft_rates for e in estimates], caps,
+            self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):
+            est.probing = False
+            if not est.seen[0] and cap > 0 and not est.num_probes:
+                # nothing of its own verified yet: its first decode step is a probe, at
+                # probe depth whatever the population says (a draft model also catches
+                # up on the prompt there, so its blocks become prefix-cacheable)
+                ks[i] = min(cap, self.config.probe_depth)
+                est.num_probes += 1
+                est.probing = True
+            elif not est.seen[0]:  # still nothing verified: no deeper than a probe
+                ks[i] = min(ks[i], self.config.probe_depth)
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1
-                if est.steps_off >= self.config.probe_interval:
+                if est.steps_off >= self.probe_interval(est):
                     ks[i] = min(cap, self.config.probe_depth)
                     est.steps_off = 0
                     est.num_probes += 1
+                    est.probing = True
             else:
                 est.steps_off = 0
             est.last_k = ks[i]

@@ -98,7 +98,8 @@ class CostModel:
         return sec[j - 1] + w * (sec[j] - sec[j - 1])
 
     def observe_draft(self, seconds: float, num_tokens_asked: int) -> None:
-        """One step's proposing time over the draft tokens it asked for."""
+        """One step's proposing time over the tokens its drafters processed (the drafts
+        asked for, plus any backlog a draft model caught up on first)."""
         if num_tokens_asked <= 0:
             return
         per = seconds / num_tokens_asked

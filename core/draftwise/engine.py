@@ -313,12 +313,17 @@ class LLMEngine:
         tm.schedule += t_sched - t0
         t0 = t_sched
         tables = [self.kv.block_table(row.request.req_id) for row in rows]
-        drafts = (
-            self.spec.propose(rows, tables) if self.spec is not None
-            else StepDrafts.none(len(rows))
-        )
-        if self.spec is not None:  # structured output: drafts past a refused token are dead
+        # a step where no row may draft (adaptive depth chose k = 0 everywhere, prefill,
+        # requests with speculation off) is the plain step: no proposer runs, no feedback
+        drafting = self.spec is not None and any(row.max_draft for row in rows)
+        if drafting:
+            drafts = self.spec.propose(rows, tables)
+            # structured output: drafts past a refused token are dead
             drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
+        else:
+            drafts = StepDrafts.none(len(rows))
+            if self.spec is not None:
+                self.spec.track(rows)
         t1 = time.perf_counter()
         starts = [row.request.num_computed_tokens for row in rows]
         prompt_rows = [prompt_lp.logit_rows(row.request, s, row.num_new_tokens)
@@ -332,7 +337,7 @@ class LLMEngine:
             prompt_lp.record(row.request, s, pr, lg, self._decode_token)
         outcome = self._verify(rows, drafts, logits)
         t3 = time.perf_counter()
-        outputs = self._commit(rows, drafts, outcome, output.hidden_states, starts)
+        outputs = self._commit(rows, drafts, outcome, output.hidden_states, starts, drafting)
         tm.propose += t1 - t0
         tm.forward += t2 - t1
         tm.verify += t3 - t2
@@ -425,8 +430,10 @@ class LLMEngine:
         outcome: StepOutcome,
         hidden_states: dict[int, torch.Tensor],
         starts: list[int],
+        drafting: bool = True,
     ) -> list[RequestOutput]:
-        """Commit row by row (:meth:`_commit_row`), then feed back, then build outputs."""
+        """Commit row by row (:meth:`_commit_row`), then feed back (when a row could draft:
+        ``drafting``), then build outputs."""
         offsets = [0]
         for i, row in enumerate(rows):
             offsets.append(offsets[-1] + row.num_new_tokens + drafts.num_draft_tokens[i])
@@ -444,7 +451,7 @@ class LLMEngine:
                 continue
             if outcome.output_token_ids[i] is not None:
                 progressed.append(row.request)
-        if self.spec is not None:
+        if self.spec is not None and drafting:
             try:
                 self.spec.feedback(rows, drafts, outcome)
             except Exception as exc:  # noqa: BLE001 - tokens are committed: no retry is right

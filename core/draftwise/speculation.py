@@ -109,10 +109,15 @@ class Speculation:
         probs: list[torch.Tensor | None] = [None] * n
         owner: list[int | None] = [None] * n
         kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
-        for row in rows:
-            self._state(row)
+        self.track(rows)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
+        if not pending:
+            return StepDrafts.none(n)
+        # what the drafters process: the drafts asked for, plus the backlog an own-KV
+        # drafter feeds first (positions it skipped while the row was at k = 0, or a
+        # prompt), so the cost per token is not a catch-up pass over one probe token
         t0, num_asked = time.perf_counter(), sum(r.max_draft for r in rows)
+        num_backlog = 0
         for pid, drafter in enumerate(self.drafters):
             if not pending:
                 break
@@ -121,6 +126,9 @@ class Speculation:
             if not asked:
                 continue
             batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in asked])
+            if drafter.own_kv:
+                num_backlog += sum(max(0, len(r.token_ids) - 1 - r.num_kv_computed)
+                                   for r in batch.rows)
             out = drafter.proposer.propose(batch)
             self._check(drafter, batch, out)
             cu = out.cu_num_draft_tokens
@@ -137,11 +145,17 @@ class Speculation:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
         if self.policy is not None:
-            self.policy.cost.observe_draft(time.perf_counter() - t0, num_asked)
+            self.policy.cost.observe_draft(time.perf_counter() - t0, num_asked + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
         return StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs), kv_valid)
+
+    def track(self, rows: list[ScheduledRow]) -> None:
+        """Start the core's state of requests seen for the first time since admission
+        (every step calls this, drafting or not: a frontier starts at the prefix hit)."""
+        for row in rows:
+            self._state(row)
 
     def _state(self, row: ScheduledRow) -> _RequestState:
         """The request's state, made on its first row since admission (or preemption)."""

@@ -88,7 +88,7 @@ def test_off_rows_are_probed_and_recover() -> None:
     pol = policy(prior=0.1, probe_interval=3, probe_depth=2)
     est = pol.new_estimate()
     seen = [pol.choose([est], [4])[0] for _ in range(6)]
-    assert seen == [0, 0, 2, 0, 0, 2]
+    assert seen == [2, 0, 0, 2, 0, 0]  # its first decode step is a probe, then every 3rd
     for _ in range(4):  # the text turned repetitive: every probe is accepted
         pol.observe(est, 2, 2, 2)
     assert est.rates[0] > 0.7 and pol.choose([est], [4])[0] > 0
@@ -106,3 +106,151 @@ def test_observe_updates_only_reached_positions() -> None:
 def test_cap_bounds_the_choice() -> None:
     pol = policy(prior=1.0)
     assert pol.choose([pol.new_estimate(), pol.new_estimate()], [1, 0]) == [1, 0]
+
+
+def test_failed_probes_back_off_and_an_accepted_one_resets() -> None:
+    pol = policy(prior=0.0, probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
+    est = pol.new_estimate()
+
+    def next_probe() -> int:
+        """Steps until the next probe; the probe's drafts are all rejected."""
+        for n in range(1, 100):
+            if pol.choose([est], [4])[0]:
+                return n
+        raise AssertionError("never probed")
+
+    gaps = []
+    for _ in range(5):
+        gaps.append(next_probe())
+        pol.observe(est, 1, 1, 0)  # drafted, rejected
+    # the first decode step is a probe; then 4, 8, capped at max_probe_interval
+    assert gaps == [1, 4, 8, 8, 8] and est.probe_fails == 5
+    assert next_probe() == 8
+    pol.observe(est, 1, 1, 1)  # the text turned repetitive: the probe held
+    assert est.probe_fails == 0
+    est.rates[0] = 0.0  # (the rule keeps it off: only the probe timing is under test)
+    assert next_probe() == 2
+
+
+def test_a_probe_that_got_no_draft_does_not_back_off() -> None:
+    pol = policy(prior=0.0, probe_interval=3)
+    est = pol.new_estimate()
+    assert pol.choose([est], [4]) == [1] and est.probing  # the first step's probe
+    pol.observe(est, 1, 0, 0)  # the lookup found nothing: no evidence either way
+    assert est.probe_fails == 0 and not est.probing
+    assert pol.probe_interval(est) == 3
+
+
+def test_no_backoff_keeps_the_interval() -> None:
+    pol = policy(prior=0.0, probe_interval=3, probe_backoff=1.0)
+    est = pol.new_estimate()
+    est.probe_fails = 10
+    assert pol.probe_interval(est) == 3
+
+
+def test_the_starting_rates_are_a_weak_prior() -> None:
+    """A fresh request's own first outcomes outweigh the population's rates: with
+    prior_strength 1 the first rejection halves p_1, the second takes a third more, and
+    only then does the running mean settle to ew_weight."""
+    pol = policy(prior=0.8, prior_strength=1.0, ew_weight=0.25)
+    est = pol.new_estimate()
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3 * 3 / 4)
+    pol.observe(est, 1, 1, 0)
+    assert est.rates[0] == pytest.approx(0.4 * 2 / 3 * 3 / 4 * 3 / 4)  # w = ew_weight now
+    assert est.seen[:2] == [4, 0] and est.draft_seen[:2] == [4, 0]
+
+
+def test_a_weak_prior_turns_a_bad_prompt_off_sooner() -> None:
+    """Optimistic population rates (grounded prompts ran first), then a prompt whose
+    drafts all fail: it stops drafting after fewer wasted steps than at ew_weight alone."""
+
+    def wasted(strength: float) -> int:
+        pol = policy(prior=0.95, prior_strength=strength, probe_interval=1000)
+        est, n = pol.new_estimate(), 0
+        while pol.choose([est], [4])[0]:
+            n += 1
+            pol.observe(est, 4, 4, 0)
+        return n
+
+    assert wasted(1.0) < wasted(1000.0)  # 1000: effectively ew_weight from the start
+
+
+def test_step_seconds_table_matches_the_cost_model() -> None:
+    pol = policy()
+    for rows in (1, 3, 4, 9):
+        f = pol.step_seconds(rows)
+        for tokens in (rows, rows + 0.5, rows + 1.0, rows * 2.7, rows * 5.0):
+            assert f(tokens) == pytest.approx(pol.cost.step_seconds(rows, tokens))
+
+
+def test_an_unreached_position_reads_the_rate_before_it() -> None:
+    """Drafts at positions 1-2 always held and 3-4 were never reached: a fixed prior of
+    0.4 there would keep the request at depth 2 for ever; the rule reads them as the
+    rate before them and goes to the full depth (where it then measures them)."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    cost = CostModel(rows, toks, [[1.0 + 0.3 * t for t in toks]])
+    pol = DepthPolicy(AdaptiveConfig(prior=0.4), 4, cost)
+    est = pol.new_estimate()
+    for _ in range(8):
+        pol.observe(est, 2, 2, 2)
+    assert est.rates[2:] == [0.4, 0.4] and pol.rates(est)[2:] == pytest.approx(
+        [est.rates[1]] * 2)
+    assert choose_depths([est.rates], [est.draft_rates], [4],
+                         pol.step_seconds(1)) == [2]  # what the fixed prior would pick
+    assert pol.choose([est], [4]) == [4]
+    pol.observe(est, 4, 4, 2)  # reached at last: position 3 measured (rejected)
+    assert pol.rates(est)[2] == est.rates[2] < 0.4
+
+
+def test_the_population_rate_of_an_unreached_position_is_not_final() -> None:
+    """The population measured position 3 low on an earlier, unlike request: a request
+    that has not reached it still tries it once its own position 2 holds, and its own
+    measurement then rules (low: back to depth 2)."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    pol = DepthPolicy(AdaptiveConfig(prior=0.9), 4, CostModel(rows, toks, [[1.0 + 0.3 * t for t in toks]]))
+    early = pol.new_estimate()
+    for _ in range(6):
+        pol.observe(early, 3, 3, 2)  # position 3 always rejected
+    pop3 = pol.population.rates[2]
+    assert pop3 < 0.5
+    est = pol.new_estimate()
+    assert est.rates[2] == pop3 and pol.rates(est)[2] == est.rates[1]
+    pol.observe(est, 2, 2, 2)  # its own first draft held (positions 1-2 only)
+    assert pol.choose([est], [4]) == [4]
+    for _ in range(6):
+        pol.observe(est, 4, 4, 2)  # its own measurement: position 3 fails here too
+    assert pol.rates(est)[2] == est.rates[2] < 0.2 and pol.choose([est], [4]) == [2]
+
+
+def test_a_fresh_request_starts_at_probe_depth() -> None:
+    """Optimistic population rates do not buy a fresh request a deep first draft: it
+    drafts probe_depth until one of its own drafts is verified, then the rule rules."""
+    pol = policy(prior=1.0, probe_depth=1)
+    est = pol.new_estimate()
+    assert pol.choose([est], [4]) == [1] and est.probing and est.num_probes == 1
+    pol.observe(est, 1, 0, 0)  # the lookup found nothing: still nothing verified
+    assert pol.choose([est], [4]) == [1] and not est.probing  # capped, not a probe again
+    pol.observe(est, 1, 1, 1)
+    assert pol.choose([est], [4]) == [4]
+
+
+def test_a_fresh_request_is_probed_first_even_when_the_rule_says_off() -> None:
+    pol = policy(prior=0.0)
+    est = pol.new_estimate()
+    assert choose_depths([est.rates], [est.draft_rates], [4], pol.step_seconds(1)) == [0]
+    assert pol.choose([est], [4]) == [1] and est.probing
+    assert pol.choose([est], [4]) == [0]  # one forced probe per request, not one per step
+    assert pol.choose([pol.new_estimate()], [0]) == [0]  # a row that may not draft: none
+
+
+def test_draft_cost_is_per_token_processed() -> None:
+    """A catch-up pass over a backlog is spread over every token it fed, not charged to
+    the one probe token that triggered it."""
+    cost = CostModel([1], [1, 2], [[1.0, 2.0]])
+    cost.observe_draft(1.0, 100)
+    assert cost.draft_seconds_per_token == pytest.approx(0.01)

@@ -185,3 +185,81 @@ def test_adaptive_sampling_keeps_the_distribution(tiny: Path, tmp_path: Path) ->
     # are, each is a function of the request's past, and the law must not move)
     stat, dof = chi2_two_sample(off, on)
     assert stat < CHI2_9999[dof], (stat, dof)
+
+
+def _record_calls(llm: LLM) -> list[list[str]]:
+    """Wrap the first drafter's propose: each call's row ids, in order."""
+    proposer = llm.engine.spec.drafters[0].proposer
+    inner, calls = proposer.propose, []
+
+    def propose(batch):
+        calls.append([r.req_id for r in batch.rows])
+        return inner(batch)
+
+    proposer.propose = propose
+    return calls
+
+
+def test_a_step_with_every_row_off_is_the_plain_step(
+    tiny: Path, plain: list[list[int]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Adaptive depth that keeps every row at k = 0 (no acceptance expected, no probes
+    after each request's first decode step) runs no proposer and no feedback on any
+    other step, and the tokens are the plain engine's."""
+    cfg = {**NGRAM, "draftwise": {"adaptive": {
+        "prior": 0.0, "probe_interval": 1_000_000, "cost_cache": False}}}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    calls = _record_calls(llm)
+    fed_back: list[int] = []
+    spec = llm.engine.spec
+    inner = spec.feedback
+    monkeypatch.setattr(spec, "feedback", lambda rows, *a: fed_back.append(len(rows)) or
+                        inner(rows, *a))
+    outs = llm.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    # each request is shown to the drafter once (its first decode step's probe), and
+    # feedback runs only on steps where some row could draft
+    seen = [rid for ids in calls for rid in ids]
+    assert sorted(seen) == sorted({o.request_id for o in outs})
+    assert len(fed_back) == len(calls) and len(calls) <= len(PROMPTS)
+    assert spec.num_tracked_requests == 0
+
+
+DRAFT_MODEL_ADAPTIVE = {"method": "draft_model", "num_speculative_tokens": 3,
+                        "draftwise": {"adaptive": {"probe_interval": 2, "cost_cache": False}}}
+
+
+def test_adaptive_draft_model_equals_spec_off(tiny: Path, plain: list[list[int]]) -> None:
+    """draft_model under adaptive depth, alone and batched: greedy tokens equal spec off,
+    and a request with speculation off never reaches the draft model (k = 0 means its
+    rows cost the drafter nothing)."""
+    cfg = {**DRAFT_MODEL_ADAPTIVE, "model": str(tiny)}  # the target as its own draft: accepts
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    for p, want in zip(prompts(), plain):
+        assert llm.generate(p, greedy())[0].outputs[0].token_ids == want
+    assert llm.engine.spec.metrics.num_accepted_tokens > 0
+    calls = _record_calls(llm)
+    asks = [None, SpeculativeParams(enabled=False), None, None, None]
+    outs = llm.generate(prompts(), greedy(), speculative=asks)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    off_id = outs[1].request_id
+    assert calls and all(off_id not in ids for ids in calls)
+    assert outs[1].metrics["speculative_decoding"]["num_draft_tokens"] == 0
+    assert llm.engine.spec.num_tracked_requests == 0
+
+
+def test_adaptive_draft_model_that_rejects_turns_off(tiny: Path, tmp_path: Path,
+                                                     plain: list[list[int]]) -> None:
+    """A draft model that disagrees with the target: adaptive depth stops asking it (few
+    calls after the first rejections, probes backed off) and the output stays plain's."""
+    draft = save_tiny("llama", tmp_path / "bad-draft", seed=11)
+    cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+           "draftwise": {"adaptive": {"probe_interval": 2, "cost_cache": False}}}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    calls = _record_calls(llm)
+    out = llm.generate(prompts()[3], greedy(64))[0]
+    assert out.outputs[0].token_ids[:24] == plain[3]
+    m = llm.engine.spec.metrics
+    assert m.num_draft_tokens > 0 and m.num_accepted_tokens == 0  # (seeded: always rejects)
+    # of 63 decode steps: probes after 2, 4, 8, 16, 32 steps off, not every 2 (~30 calls)
+    assert len(calls) <= 8

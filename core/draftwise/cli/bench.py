@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,16 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Runs; best per prompt.")
 @click.option("--compare-hf", is_flag=True, help="Also run HF transformers in this process.")
 @click.option("--compare-off", is_flag=True, help="Also run our engine with speculation off.")
+@click.option("--compare-k", "compare_k", default=None, metavar="K1,K2,...",
+              help="Also run the same config at fixed depth k for each listed k (adaptive "
+                   "settings dropped), side by side in this run; implies --compare-off.")
 @click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
               help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: cores - 1, at least 1).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="What a second is: wall time, or this process's CPU time (for a loaded "
+                   "shared machine; meaningful with --threads 1).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,
@@ -41,14 +48,16 @@ def bench(
     repeat: int,
     compare_hf: bool,
     compare_off: bool,
+    compare_k: str | None,
     hf_threads_opt: int | None,
     num_threads: int | None,
+    clock: str,
     out_path: str,
 ) -> None:
     """Benchmark the engine on a JSONL workload and write a JSON report."""
     import torch
 
-    from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
+    from draftwise.bench import load_workload, now, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
     from draftwise.cli.common import build_engine, fail, peak_rss_bytes
     from draftwise.models.quant import quant_simd
@@ -60,6 +69,7 @@ def bench(
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "repeat": repeat,
+        "clock": clock,
         "machine": {
             "platform": platform.platform(),
             "torch": torch.__version__,
@@ -108,17 +118,22 @@ def bench(
     # every engine is built first and the repeats are interleaved (A B C, A B C, ...), so
     # a load change on a shared machine lands on every configuration alike
     configs: list[tuple[str, str | None]] = [("draftwise", speculative_config)]
-    if compare_off and speculative_config:
+    fixed_ks = _parse_ks(compare_k, speculative_config)  # a bad list: usage error, exit 2
+    if (compare_off or fixed_ks) and speculative_config:
         configs.append(("draftwise_spec_off", None))
         fixed_spec = _without_adaptive(speculative_config)
-        if fixed_spec is not None:  # adaptive: fixed depth side by side in the same run
+        if fixed_ks:  # fixed depth at every listed k, side by side in the same run
+            configs += [(f"draftwise_k{k}", _fixed_depth(speculative_config, k))
+                        for k in fixed_ks]
+        elif fixed_spec is not None:  # adaptive: fixed depth side by side in the same run
             configs.append(("draftwise_fixed_k", fixed_spec))
     try:
         engines = {label: build(spec) for label, spec in configs}
         runs: dict[str, list[Any]] = {label: [] for label, _ in configs}
         for _ in range(repeat):
             for label, _spec in configs:
-                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency))
+                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency,
+                                              time.process_time if clock == "cpu" else now))
         results = {label: describe(label, spec, engines[label], runs[label])
                    for label, spec in configs}
         ours, engine = results["draftwise"], engines["draftwise"]
@@ -134,9 +149,21 @@ def bench(
                     report, "draftwise", "draftwise_fixed_k")
                 report["identical_fixed_k_to_spec_off"] = _identical(
                     results["draftwise_fixed_k"], off)
-            _per_prompt_ratios(report)
+            fixed_labels = [label for label, _ in configs if label.startswith("draftwise_k")]
+            for label in fixed_labels:
+                report["ratios"][f"{label}_vs_off"] = _ratio(report, label, "draftwise_spec_off")
+                report.setdefault("identical_to_spec_off_by_k", {})[label] = _identical(
+                    results[label], off)
+            if fixed_labels:  # whole workload: adaptive (or the config) against the best k
+                best = max(fixed_labels,
+                           key=lambda lb: report[lb]["summary"]["all"]["tok_per_s"])
+                report["best_fixed_k"] = best
+                report["ratios"]["vs_best_fixed_k"] = _ratio(report, "draftwise", best)
+            _per_prompt_ratios(report, [label for label, _ in configs
+                                        if label != "draftwise_spec_off"])
             for name, value in report["ratios"].items():
                 click.echo(f"ratio {name}: {value['all']:.2f}x", err=True)
+            _echo_per_prompt(report)
     except Exception as exc:  # noqa: BLE001 - config/load errors become a clean exit
         fail(exc)
         return
@@ -205,17 +232,59 @@ def _without_adaptive(spec: str) -> str | None:
     return json.dumps(data)
 
 
-def _per_prompt_ratios(report: dict[str, Any]) -> None:
+def _parse_ks(value: str | None, spec: str | None) -> list[int]:
+    """``--compare-k 1,2,3`` -> [1, 2, 3]; refused without a speculative config."""
+    if not value:
+        return []
+    if not spec:
+        raise click.BadParameter("needs --speculative-config (the config to fix)",
+                                 param_hint="--compare-k")
+    try:
+        ks = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give draft lengths like 1,2,3",
+                                 param_hint="--compare-k") from None
+    if not ks or any(k < 1 for k in ks):
+        raise click.BadParameter(f"{value!r}: every k must be at least 1",
+                                 param_hint="--compare-k")
+    return sorted(set(ks))
+
+
+def _fixed_depth(spec: str, k: int) -> str:
+    """The config at fixed depth ``k``: adaptive settings dropped, top-level k set."""
+    data = json.loads(_without_adaptive(spec) or spec)
+    data["num_speculative_tokens"] = k
+    return json.dumps(data)
+
+
+def _per_prompt_ratios(report: dict[str, Any], labels: list[str] | None = None) -> None:
     """tok/s of each speculating run over spec off, prompt by prompt (min and each)."""
     off = {p["id"]: p["tok_per_s"] for p in report["draftwise_spec_off"]["per_prompt"]}
     out: dict[str, Any] = {}
-    for label in ("draftwise", "draftwise_fixed_k"):
+    for label in labels or ("draftwise", "draftwise_fixed_k"):
         if label not in report:
             continue
         each = {p["id"]: (p["tok_per_s"] / off[p["id"]] if off.get(p["id"]) else 0.0)
                 for p in report[label]["per_prompt"]}
         out[label] = {"min": min(each.values(), default=0.0), "per_prompt": each}
     report["per_prompt_vs_off"] = out
+
+
+def _echo_per_prompt(report: dict[str, Any]) -> None:
+    """The per-prompt ratios over spec off as a table on stderr (one column per run)."""
+    table = report.get("per_prompt_vs_off", {})
+    if not table:
+        return
+    labels = list(table)
+    ids = list(next(iter(table.values()))["per_prompt"])
+    names = [lb.removeprefix("draftwise_") if lb != "draftwise" else "config" for lb in labels]
+    click.echo("per prompt, tok/s over spec off: " + "  ".join(f"{n:>8s}" for n in names),
+               err=True)
+    for pid in ids:
+        cells = "  ".join(f"{table[lb]['per_prompt'].get(pid, 0.0):8.2f}" for lb in labels)
+        click.echo(f"  {pid:30s} {cells}", err=True)
+    click.echo(f"  {'min':30s} " + "  ".join(f"{table[lb]['min']:8.2f}" for lb in labels),
+               err=True)
 
 
 def _ratio(report: dict[str, Any], a: str, b: str) -> dict[str, float]:

@@ -29,8 +29,16 @@ class AdaptiveConfig(BaseModel):
     #: acceptance per position assumed before anything was observed (engine-wide
     #: estimates then take over: a new request starts from the population's rates)
     prior: float = Field(0.6, ge=0.0, le=1.0)
+    #: observations a fresh request's starting rates (the population's) count as: its own
+    #: first outcomes weigh 1 / (n + 1 + prior_strength) until that falls to ew_weight
+    prior_strength: float = Field(1.0, ge=0.0, le=1_000.0)
     #: steps a request spends at k = 0 before it is given a probe draft again
     probe_interval: int = Field(16, ge=1, le=1_000_000)
+    #: each probe whose drafts were all rejected multiplies the interval by this (1: never
+    #: back off); an accepted draft resets it
+    probe_backoff: float = Field(2.0, ge=1.0, le=16.0)
+    #: the longest the backed-off interval grows (never below probe_interval)
+    max_probe_interval: int = Field(256, ge=1, le=1_000_000)
     #: drafts a probe verifies (cut to the request's limit); one is enough to see whether
     #: the text turned predictable, and the rule takes it deeper from there
     probe_depth: int = Field(1, ge=1, le=128)

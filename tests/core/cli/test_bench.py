@@ -77,3 +77,64 @@ def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
     assert set(report["per_prompt_vs_off"]["draftwise"]["per_prompt"]) == {"p0", "p1"}
     cost = report["draftwise"]["adaptive"]["cost_model"]
     assert cost["rows"] == [1] and len(cost["forward_seconds"][0]) == 3
+
+
+def test_bench_compare_k_runs_every_fixed_depth_side_by_side(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+    workload = tmp_path / "w.jsonl"
+    rows = [{"id": f"p{i}", "kind": "open", "prompt_token_ids": [3 + i, 5, 7] * 3}
+            for i in range(2)]
+    workload.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.json"
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                       "draftwise": {"adaptive": True}})
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "6",
+        "--speculative-config", spec, "--compare-k", "2,1", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for k in (1, 2):
+        cfg = report[f"draftwise_k{k}"]["speculative_config"]
+        assert cfg["num_speculative_tokens"] == k and "draftwise" not in cfg
+        assert f"draftwise_k{k}_vs_off" in report["ratios"]
+    assert report["identical_to_spec_off"] == 2
+    assert report["identical_to_spec_off_by_k"] == {"draftwise_k1": 2, "draftwise_k2": 2}
+    assert report["best_fixed_k"] in {"draftwise_k1", "draftwise_k2"}
+    assert "vs_best_fixed_k" in report["ratios"] and "draftwise_fixed_k" not in report
+    assert set(report["per_prompt_vs_off"]) == {"draftwise", "draftwise_k1", "draftwise_k2"}
+    assert "per prompt, tok/s over spec off" in result.output
+
+
+@pytest.mark.parametrize("ks", ["0,1", "a"])
+def test_bench_compare_k_refuses_a_bad_list(tiny: Path, tmp_path: Path, ks: str) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "prompt_token_ids": [1, 2, 3]}))
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":2}', "--compare-k", ks,
+        "--out", str(tmp_path / "r.json"),
+    ])
+    assert result.exit_code == 2 and "--compare-k" in result.output
+
+
+def test_bench_cpu_clock(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--clock cpu: every time is this process's CPU time (what a loaded machine leaves)."""
+    import time
+
+    calls: list[int] = []
+    real = time.process_time
+    monkeypatch.setattr(time, "process_time", lambda: calls.append(1) or real())
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "prompt_token_ids": [3, 5, 7, 3, 5]}))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "4",
+        "--clock", "cpu", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["clock"] == "cpu" and calls  # the run read the CPU clock
+    assert report["draftwise"]["summary"]["all"]["tok_per_s"] > 0
