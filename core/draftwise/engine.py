@@ -40,35 +40,9 @@ from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.drafts import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
-from draftwise.structured.matcher import GrammarMatcher
+from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 logger = logging.getLogger("draftwise.engine")
-
-
-def _consume_grammar(req: Request) -> None:
-    """Advance the request's grammar; a refusal caused by its own token constraints is
-    named as that, not as a matcher failure.
-
-    The grammar's mask and ``allowed_token_ids`` / ``bad_words`` apply to the same
-    logits: if together they leave no token, every logit is -inf and the argmax commits a
-    token the grammar refuses. That is the request's own contradiction.
-    """
-    from draftwise.structured.matcher import GrammarStateError
-
-    try:
-        req.grammar.consume(req.new_token_ids)
-    except GrammarStateError as exc:
-        p = req.params
-        fields = [name for name, on in (("allowed_token_ids", p.allowed_token_ids is not None),
-                                        ("bad_words", bool(p.bad_words))) if on]
-        if not fields:
-            raise
-        raise RequestError(
-            fields[0],
-            f"together with the request's structured output, {' and '.join(fields)} leave "
-            f"no token the grammar allows after output token "
-            f"{req.num_output_tokens - len(req.new_token_ids)}; relax one of them",
-        ) from exc
 
 
 @dataclass(slots=True)
@@ -502,7 +476,8 @@ class LLMEngine:
                 self._release_pending(req.parent)
             self.stats.num_generated_tokens += kept
             if req.grammar is not None:  # the grammar moves through committed tokens only
-                _consume_grammar(req)
+                consume_committed(req.grammar, req.new_token_ids, req.params,
+                                  req.num_output_tokens - len(req.new_token_ids))
             if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
                 outcome.output_token_ids[i] = toks[:kept]
                 outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
@@ -516,9 +491,14 @@ class LLMEngine:
                     lp[t].logprob for lp, t in zip(kept_lps, toks))
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
-            if toks is not None:  # its full blocks of verified K/V stay reusable
-                self._cache_finished(req, start + row.num_new_tokens + outcome.num_accepted[i])
-            self.scheduler.finish(req, req.status)
+            cacheable = None
+            if toks is not None:  # its full blocks of verified K/V stay reusable; the
+                # draft owners' frontier is the one before this step (smaller: safe)
+                computed = min(start + row.num_new_tokens + outcome.num_accepted[i],
+                               len(req.all_token_ids))
+                cacheable = (self.spec.cacheable(req.req_id, computed)
+                             if self.spec is not None else computed)
+            self.scheduler.finish(req, req.status, num_cacheable=cacheable)
             self._release_state(req.req_id)
             return
         n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
@@ -528,21 +508,6 @@ class LLMEngine:
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
         cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
         self.scheduler.commit(req, computed, cacheable)
-
-    def _cache_finished(self, req: Request, computed: int) -> None:
-        """Register a finishing request's full blocks of verified K/V before they are freed.
-
-        Without this, a request that ends in the step its prefill completes (``max_tokens``
-        1, an early stop) leaves nothing in the prefix cache, and a finishing request's
-        last full blocks are lost. ``computed`` counts the positions whose K/V this step
-        wrote and verified; a stop inside the block clipped the accepted drafts to the kept
-        tokens, so every one of them matches ``all_token_ids``. The draft owners' frontier
-        is the one before this step (its commit is skipped for a finished row): smaller,
-        so only blocks every KV owner has written are registered.
-        """
-        computed = min(computed, len(req.all_token_ids))
-        cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
-        self.kv.cache_blocks(req.req_id, req.all_token_ids, min(cacheable, computed))
 
     def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
         """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then

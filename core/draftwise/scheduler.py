@@ -94,8 +94,16 @@ class Scheduler:
         """Anything left to run."""
         return bool(self.waiting or self.running)
 
-    def finish(self, req: Request, status: RequestStatus) -> None:
-        """Take a request out of the queues and return all its blocks."""
+    def finish(self, req: Request, status: RequestStatus,
+               num_cacheable: int | None = None) -> None:
+        """Take a request out of the queues and return all its blocks.
+
+        ``num_cacheable``: a request finishing normally first registers its full blocks of
+        verified K/V up to there, so a request that ends in the step its prefill completes
+        (``max_tokens`` 1, an early stop) still leaves its prompt in the prefix cache.
+        """
+        if num_cacheable is not None:
+            self.kv.cache_blocks(req.req_id, req.all_token_ids, num_cacheable)
         req.status = status
         if req in self.running:
             self.running.remove(req)

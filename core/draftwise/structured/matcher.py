@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from draftwise.errors import DraftwiseError
+from draftwise.errors import DraftwiseError, RequestError
 
 
 class GrammarStateError(DraftwiseError, RuntimeError):
@@ -56,4 +56,27 @@ class GrammarMatcher:
             raise GrammarStateError(f"the grammar matcher failed: {self._m.get_error()}")
 
 
-__all__ = ["GrammarMatcher", "GrammarStateError"]
+def consume_committed(grammar: GrammarMatcher, tokens: Sequence[int], params: Any,
+                      position: int) -> None:
+    """Advance ``grammar`` through a step's committed ``tokens`` (output tokens from
+    ``position``); a refusal the request's own token constraints caused is named as that.
+
+    The grammar's mask and ``allowed_token_ids`` / ``bad_words`` apply to the same logits:
+    if together they leave no token, every logit is -inf and the argmax commits a token
+    the grammar refuses. That is the request's contradiction, not a matcher failure.
+    """
+    try:
+        grammar.consume(tokens)
+    except GrammarStateError:
+        fields = [name for name, on in (("allowed_token_ids", params.allowed_token_ids is not None),
+                                        ("bad_words", bool(params.bad_words))) if on]
+        if not fields:
+            raise
+        raise RequestError(
+            fields[0],
+            f"together with the request's structured output, {' and '.join(fields)} leave "
+            f"no token the grammar allows after output token {position}; relax one of them",
+        ) from None
+
+
+__all__ = ["GrammarMatcher", "GrammarStateError", "consume_committed"]
