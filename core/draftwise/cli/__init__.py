@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     A plugin error refuses (exit 1) only commands that need the registry; ``--help``,
     ``--version`` and ``plugins`` run and show it.
     """
+    from draftwise.cli.common import startup_gc
     from draftwise.plugins.errors import PluginError, PluginSelectionError
     from draftwise.plugins.manager import (
         ENV_VAR,
@@ -141,9 +142,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(argv) if argv is not None else sys.argv[1:]
     state = CliState()
     try:
-        state.host = get_plugin_host()
-        register_commands(group, state.host)
-        load_speculators()
+        with startup_gc():  # the plugins' imports (torch among them)
+            state.host = get_plugin_host()
+            register_commands(group, state.host)
+            load_speculators()
     except PluginError as exc:
         state.startup_error = exc
         hint = None

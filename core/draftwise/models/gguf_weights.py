@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -144,15 +145,20 @@ def load_quantized(
     if not sizes:
         return 0
     arena = huge_page_tensor(sum(sizes.values()), torch.uint8)
-    threads = os.cpu_count() or 1  # a one-off copy at start-up: every core shortens it
-    offset = 0
-    for target, hf in plan.groups.items():
-        size = sizes[target]
-        packed = pack_quant(parts_of[target], k_of[target], arena[offset : offset + size], threads)
-        install(target, packed)
+    slices, offset = {}, 0
+    for target, size in sizes.items():
+        slices[target] = arena[offset : offset + size]
         offset += size
-        for n in hf:
-            ckpt.release(available[n][0])
-            if progress is not None:
-                progress(n)
+    # one weight per task, each packed by one thread: no barrier between the threads
+    # (a late thread, its core busy elsewhere, only delays its own weight), and the arena's
+    # fresh pages are zeroed by the kernel in whichever thread first writes them
+    workers = min(os.cpu_count() or 1, len(sizes))
+    with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
+        packed = {t: pool.submit(pack_quant, parts_of[t], k_of[t], slices[t], 1) for t in sizes}
+        for target, hf in plan.groups.items():
+            install(target, packed[target].result())
+            for n in hf:
+                ckpt.release(available[n][0])
+                if progress is not None:
+                    progress(n)
     return offset
