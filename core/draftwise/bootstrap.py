@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from draftwise.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.draft_stage import DetectedDraft
+    from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
     from draftwise.speculation import Speculation
     from draftwise.speculator import KVLayout
@@ -83,24 +84,33 @@ def resolve_num_threads(requested: int | None) -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
-def apply_threads(model: Any, threads: int) -> None:
+def finish_backend(loaded: LoadedModel, threads: int) -> Backend:
+    """The model's decided :class:`~draftwise.models.backend.Backend`, completed with the
+    GEMM that runs each placed weight type and the thread split, installed on the model,
+    logged as one line and applied (:func:`apply_threads`)."""
+    model = loaded.model
+    backend = model.backend.finish(model.gemm_kinds(), threads)
+    model.backend = backend
+    logger.info("%s", backend.line())
+    apply_threads(backend)
+    return backend
+
+
+def apply_threads(backend: Backend) -> None:
     """Give the compute threads to whoever does the work: torch, or the native GEMM.
 
     With native GEMM weights (``models.linear``: the bf16 kernel, or GGUF weights kept
     quantized, ``models.quant``) the GEMMs run on draftwise's own worker pool and torch
     keeps one thread: torch's OpenMP workers spin-wait between its ops on the cores the
     GEMM workers need. Measured on 2 cores, default model, 300-token context: 2 GEMM
-    threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9.
+    threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9. The split is
+    :meth:`Backend.finish`'s.
     """
     from draftwise.models.kernels import set_kernel_threads
 
-    backends = str(getattr(model, "weight_backend", "dense")).split("+")
-    if "native" in backends or "quant" in backends:
-        set_kernel_threads(threads)
-        torch.set_num_threads(1)
-    else:
-        set_kernel_threads(None)
-        torch.set_num_threads(threads)
+    set_kernel_threads(backend.threads)
+    if backend.torch_threads is not None:
+        torch.set_num_threads(backend.torch_threads)
 
 
 def resolve_max_model_len(args: EngineArgs, loaded: LoadedModel) -> int:
@@ -174,8 +184,7 @@ def build_depth_policy(
             "code": code_identity(),
             "dtype": str(next(model.parameters()).dtype),
             "threads": threads,
-            "backend": str(getattr(model, "weight_backend", "dense")),
-            "attention": str(getattr(model, "attention_backend", "torch")),
+            "backend": str(model.backend.as_dict()),
             "block_size": args.block_size,
         }
     rows = min(args.max_num_seqs, settings.max_measured_rows)
@@ -211,7 +220,7 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
     torch.set_num_threads(threads)  # for loading
     loaded = load_model(args.model, dtype=args.dtype, progress=progress)
     drafts = load_drafts(detected, loaded)
-    apply_threads(loaded.model, threads)
+    finish_backend(loaded, threads)
     max_model_len = resolve_max_model_len(args, loaded)
     num_blocks = size_kv_cache(args, loaded, max_model_len, draft_kv_layouts(detected, drafts))
     k = max_draft_len(spec_config) if spec_config is not None else 0

@@ -80,8 +80,9 @@ def bench(
             "speculative_config": json.loads(spec) if spec else None,
             "dtype": str(next(engine.loaded.model.parameters()).dtype),
             "threads": kernel_threads(),  # the engine's compute threads (bootstrap.apply_threads)
-            # which fast paths ran (models.attention / models.linear): numbers depend on them
-            "attention_backend": getattr(engine.loaded.model, "attention_backend", "torch"),
+            # every kernel that ran, decided once (models.backend): numbers depend on them
+            "backend": engine.loaded.model.backend.as_dict(),
+            "attention_backend": engine.loaded.model.backend.attention,
             "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
             "weight_backend": getattr(engine.loaded.model, "weight_backend", "dense"),
             "quant_kernel": quant_simd(),  # avx2 or scalar, for GGUF weights kept quantized

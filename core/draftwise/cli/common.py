@@ -67,13 +67,20 @@ def load_progress() -> Any:
 def build_engine(
     model: str | None, speculative_config: str | None, dtype: str, **kwargs: Any
 ) -> LLMEngine:
-    """An engine with a progress display while weights load."""
+    """An engine with a progress display while weights load, and its backend line on
+    stderr (the kernels that run, ``models.backend``; logged instead where logging shows
+    INFO, as ``serve`` sets it up)."""
+    import logging
+
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
 
     args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype, **kwargs)
     with startup_gc():
-        return LLMEngine(args, progress=load_progress())
+        engine = LLMEngine(args, progress=load_progress())
+    if not logging.getLogger("draftwise.bootstrap").isEnabledFor(logging.INFO):
+        click.echo(engine.loaded.model.backend.line(), err=True)
+    return engine
 
 
 def sampling_params(**fields: Any) -> SamplingParams:

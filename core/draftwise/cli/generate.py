@@ -166,6 +166,7 @@ def generate(
             "prompt_token_ids": final.prompt_token_ids,
             "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
             "metrics": metrics,
+            "backend": engine.loaded.model.backend.as_dict(),
             "speculation": speculation,
             "proposers": engine.spec.proposer_stats() if engine.spec is not None else None,
             "token_provenance": metrics.pop("token_provenance", None),

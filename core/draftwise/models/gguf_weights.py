@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGMLQuantizationType
@@ -27,6 +28,9 @@ from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.quant import NATIVE_TYPES, QuantPart, pack_quant, plan_bytes, quant_kernels_available
+
+if TYPE_CHECKING:
+    from draftwise.models.backend import Backend
 
 #: ``auto`` | ``native`` | ``0``; see the module doc
 QUANT_ENV = "DRAFTWISE_QUANT"
@@ -54,6 +58,8 @@ class QuantPlan:
 
 def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
     """Whether quantized GGUF weights stay quantized here, and if not, why (for the notice).
+
+    The rule only: ``models.backend.decide_backend`` is its one caller outside tests.
 
     Raises ``ValueError`` when ``DRAFTWISE_QUANT=native`` asks for what cannot run.
     """
@@ -95,9 +101,14 @@ def plan_quantized(
     available: Mapping[str, tuple[str, tuple[int, ...]]],
     dtype: torch.dtype,
     device: torch.device | str,
+    backend: Backend | None = None,
 ) -> QuantPlan:
-    """Decide, for every weight, quantized or dense (see the module doc)."""
-    keep, why = keep_quantized(dtype, device)
+    """Decide, for every weight, quantized or dense (see the module doc), under the
+    model's decided ``backend`` (None: decide here, for tests)."""
+    if backend is None:
+        keep, why = keep_quantized(dtype, device)
+    else:
+        keep, why = backend.quantized, backend.quantized_why_not
     groups: dict[str, tuple[str, ...]] = {}
     dense_bytes: dict[str, int] = {}
     total = sum(ckpt.nbytes(g) for g, _ in available.values())

@@ -129,8 +129,9 @@ class DSparkLoader:
                  for n, x in ckpt.iter_tensors(list(extra_shapes(cfg)))}
         dc = cfg.backbone.decoder
         return LoadedDraft(
-            weights=LoadedDSpark(cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device),
-                                 mask, extra),
+            weights=LoadedDSpark(
+                cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device, model.backend),
+                mask, extra),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,
