@@ -71,25 +71,41 @@ def check_args(args: EngineArgs) -> None:
         raise EngineConfigError(f"num_kv_blocks must be at least 2, got {args.num_kv_blocks}")
 
 
-def resolve_num_threads(requested: int | None) -> int:
-    """Intra-op threads: the user's number, else one core fewer than the machine has.
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask: ``taskset``, cgroup cpusets)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
-    Like vLLM on CPU, one core is left to the scheduler, tokenizer and server threads.
-    Measured on a 2-core machine with other work on the second core: the default model
-    decodes at 38 tok/s with 1 thread and 0.4 tok/s with 2 (OpenMP threads spin-waiting
-    for a core that is busy elsewhere).
+
+def resolve_num_threads(requested: int | None, native_gemm: bool) -> int:
+    """Compute threads: the user's number, else every core when the native GEMMs run, and
+    one core fewer when only torch computes.
+
+    Measured on a 2-core machine (default model, 128 greedy tokens, tok/s, 1 vs 2
+    threads): quiet, 117 -> 184 end to end on 6 prompts (issue 13's numbers); loaded by
+    other work (load average 10-15), 12.1 vs 12.2, 9.2 vs 12.1, 6.8 vs 9.7. The native
+    pool hands out chunks to whichever thread is running (``core/csrc/threadpool.c``),
+    so a busy core delays only its own chunk and every core is the right default, as it
+    is llama.cpp's. torch's OpenMP workers instead spin-wait for each other: with the
+    second core busy the same model once decoded at 38 tok/s on 1 thread and 0.4 on 2,
+    so a torch-only model (fp32, or no C compiler) keeps a core free, as vLLM does.
     """
     if requested is not None:
         return requested
-    return max(1, (os.cpu_count() or 1) - 1)
+    cores = usable_cores()
+    return cores if native_gemm else max(1, cores - 1)
 
 
-def finish_backend(loaded: LoadedModel, threads: int) -> Backend:
+def finish_backend(loaded: LoadedModel, threads: int | None) -> Backend:
     """The model's decided :class:`~draftwise.models.backend.Backend`, completed with the
-    GEMM that runs each placed weight type and the thread split, installed on the model,
+    GEMM that runs each placed weight type and the threads (the user's, else
+    :func:`resolve_num_threads`'s default for those GEMMs), installed on the model,
     logged as one line and applied (:func:`apply_threads`)."""
     model = loaded.model
-    backend = model.backend.finish(model.gemm_kinds(), threads)
+    gemm = model.gemm_kinds()
+    native = any(kind.startswith(("native", "quant")) for _, kind in gemm)
+    backend = model.backend.finish(gemm, resolve_num_threads(threads, native))
     model.backend = backend
     logger.info("%s", backend.line())
     apply_threads(backend)
@@ -216,11 +232,11 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
     if registry is not None and spec_config is not None:  # the drafts' own files, no weights
         target_path = resolve_model_path(args.model)
         spec_config, detected = detect_drafts(spec_config, registry, target_path)
-    threads = resolve_num_threads(args.num_threads)
-    torch.set_num_threads(threads)  # for loading
+    torch.set_num_threads(args.num_threads or usable_cores())  # for loading
     loaded = load_model(args.model, dtype=args.dtype, progress=progress)
     drafts = load_drafts(detected, loaded)
-    finish_backend(loaded, threads)
+    backend = finish_backend(loaded, args.num_threads)
+    threads = backend.threads or backend.torch_threads or 1
     max_model_len = resolve_max_model_len(args, loaded)
     num_blocks = size_kv_cache(args, loaded, max_model_len, draft_kv_layouts(detected, drafts))
     k = max_draft_len(spec_config) if spec_config is not None else 0

@@ -29,7 +29,8 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
               help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 def bench(
     workload: str,

@@ -48,7 +48,8 @@ import click
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token_ids and metrics as one JSON document at the end.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 def generate(
     model: str | None,
     prompt: str | None,

@@ -43,7 +43,8 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--max-model-len", default=None, type=click.IntRange(2),
               help="Context length (default: the model's, capped at 8192).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,

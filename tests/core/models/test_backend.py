@@ -33,6 +33,15 @@ WRAPPERS = ("rms_norm", "add_rms_norm", "silu_mul", "rope_", "argmax_f32", "line
 SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512}
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """finish_backend applies its thread split process-wide; later tests get theirs back."""
+    kernel, torch_threads = kernels._threads, torch.get_num_threads()
+    yield
+    kernels.set_kernel_threads(kernel)
+    torch.set_num_threads(torch_threads)
+
+
 def spy(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Count calls to every kernel wrapper (callers look them up on the module)."""
     calls: Counter[str] = Counter()
@@ -196,3 +205,17 @@ def test_wrappers_still_refuse_under_python_O() -> None:
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.count("refused:") == 2, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [("bfloat16", (4, 1)), ("float32", (None, 3))])
+def test_default_threads_are_every_core_with_native_gemms(
+    tiny_checkpoint, monkeypatch, dtype, expected
+) -> None:
+    from draftwise import bootstrap
+
+    monkeypatch.setattr(bootstrap, "usable_cores", lambda: 4)
+    loaded = load_model(str(tiny_checkpoint("qwen3")), dtype=dtype)
+    backend = finish_backend(loaded, threads=None)
+    assert (backend.threads, backend.torch_threads) == expected
+    assert f"threads={expected[0] or 'torch' + chr(39) + 's'}" in backend.line()
+    assert bootstrap.resolve_num_threads(1, native_gemm=True) == 1  # the flag wins
