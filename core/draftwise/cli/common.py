@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def startup_gc() -> Iterator[None]:
+def startup_gc(freeze: bool | None = None) -> Iterator[None]:
     """No cyclic garbage collection while the process starts, then none of what it built.
 
     Start-up allocates ~10^6 long-lived objects (torch's modules, the vocabulary, the
@@ -24,14 +24,24 @@ def startup_gc() -> Iterator[None]:
     default model, 12% of the start-up CPU (perf: ``gc_collect_main``). Nothing built
     then is garbage, so collection waits until it is done, and ``gc.freeze`` moves what
     survived out of the collector's sight: later collections (during decode) scan only
-    new objects. Only for the CLI, which builds one engine per process.
+    new objects. Freezing is for a process the ``draftwise`` script owns (``freeze``
+    None: whether the running command came through :func:`draftwise.cli.main`): frozen
+    objects are never collected, so a test process invoking commands in-process (click's
+    CliRunner) would keep every engine it built.
     """
+    if freeze is None:
+        from draftwise.cli import CliState
+
+        ctx = click.get_current_context(silent=True)
+        state = ctx.find_object(CliState) if ctx is not None else None
+        freeze = state is not None and state.own_process
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if was_enabled:
             gc.enable()
 
@@ -65,22 +75,29 @@ def load_progress() -> Any:
 
 
 def build_engine(
-    model: str | None, speculative_config: str | None, dtype: str, **kwargs: Any
+    model: str | None, speculative_config: str | None, dtype: str, announce: bool = True,
+    **kwargs: Any,
 ) -> LLMEngine:
-    """An engine with a progress display while weights load, and its backend line on
-    stderr (the kernels that run, ``models.backend``; logged instead where logging shows
-    INFO, as ``serve`` sets it up)."""
-    import logging
-
+    """An engine with a progress display while weights load, and (``announce``) its
+    backend line on stderr (:func:`announce_backend`)."""
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
 
     args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype, **kwargs)
     with startup_gc():
         engine = LLMEngine(args, progress=load_progress())
+    if announce:
+        announce_backend(engine)
+    return engine
+
+
+def announce_backend(engine: LLMEngine) -> None:
+    """The one start-up line naming the kernels that run (``models.backend``) on stderr,
+    unless logging shows INFO, where bootstrap has logged it already."""
+    import logging
+
     if not logging.getLogger("draftwise.bootstrap").isEnabledFor(logging.INFO):
         click.echo(engine.loaded.model.backend.line(), err=True)
-    return engine
 
 
 def sampling_params(**fields: Any) -> SamplingParams:

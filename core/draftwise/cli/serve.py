@@ -104,7 +104,7 @@ def serve(
     logprobs_mode: str | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
-    from draftwise.cli.common import build_engine, check_text_option, fail
+    from draftwise.cli.common import announce_backend, build_engine, check_text_option, fail
     from draftwise.server.serving import check_api_key
 
     if api_key is None:
@@ -130,7 +130,8 @@ def serve(
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:
-        engine = build_engine(model, speculative_config, dtype, **kwargs)
+        # the backend line follows the ready line, which scripts read first for the port
+        engine = build_engine(model, speculative_config, dtype, announce=False, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
         fail(exc)
 
@@ -152,6 +153,7 @@ def serve(
     def ready(url: str) -> None:
         click.echo(f"draftwise serving {names[0]!r} on {url} (speculation: "
                    f"{spec if spec else 'off'}; pid {os.getpid()})", err=True)
+        announce_backend(engine)
 
     run_server(app, host, port, log_level=log_level, shutdown_timeout=shutdown_timeout,
                on_ready=ready)
