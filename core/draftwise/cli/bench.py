@@ -51,7 +51,7 @@ def bench(
 
     from draftwise.bench import load_workload, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
-    from draftwise.cli.common import build_engine, fail, peak_rss_bytes
+    from draftwise.cli.common import announce_backend, build_engine, fail, peak_rss_bytes
     from draftwise.models.quant import quant_simd
     from draftwise.models.kernels import kernel_threads
 
@@ -72,6 +72,7 @@ def bench(
         engine = build_engine(
             model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
         )
+        announce_backend(engine)
         warm_up(engine, items)
         return engine
 

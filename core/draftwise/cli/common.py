@@ -75,19 +75,16 @@ def load_progress() -> Any:
 
 
 def build_engine(
-    model: str | None, speculative_config: str | None, dtype: str, announce: bool = True,
-    **kwargs: Any,
+    model: str | None, speculative_config: str | None, dtype: str, **kwargs: Any
 ) -> LLMEngine:
-    """An engine with a progress display while weights load, and (``announce``) its
-    backend line on stderr (:func:`announce_backend`)."""
+    """An engine with a progress display while weights load (the command then prints its
+    backend line, :func:`announce_backend`, where its output allows)."""
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
 
     args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype, **kwargs)
     with startup_gc():
         engine = LLMEngine(args, progress=load_progress())
-    if announce:
-        announce_backend(engine)
     return engine
 
 

@@ -77,7 +77,7 @@ def generate(
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
-        build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
+        announce_backend, build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
     )
 
     if (prompt is None) == (prompt_token_ids is None):
@@ -114,6 +114,7 @@ def generate(
         engine = build_engine(
             model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
         )
+        announce_backend(engine)
         if ids is not None:
             engine.add_request({"prompt_token_ids": ids}, params, request_id="cli",
                                speculative=spec_params)

@@ -130,8 +130,7 @@ def serve(
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:
-        # the backend line follows the ready line, which scripts read first for the port
-        engine = build_engine(model, speculative_config, dtype, announce=False, **kwargs)
+        engine = build_engine(model, speculative_config, dtype, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
         fail(exc)
 
@@ -153,7 +152,7 @@ def serve(
     def ready(url: str) -> None:
         click.echo(f"draftwise serving {names[0]!r} on {url} (speculation: "
                    f"{spec if spec else 'off'}; pid {os.getpid()})", err=True)
-        announce_backend(engine)
+        announce_backend(engine)  # after the ready line, which scripts read for the port
 
     run_server(app, host, port, log_level=log_level, shutdown_timeout=shutdown_timeout,
                on_ready=ready)
