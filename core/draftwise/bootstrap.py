@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from draftwise.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.draft_stage import DetectedDraft
+    from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
     from draftwise.speculation import Speculation
     from draftwise.speculator import KVLayout
@@ -70,37 +71,62 @@ def check_args(args: EngineArgs) -> None:
         raise EngineConfigError(f"num_kv_blocks must be at least 2, got {args.num_kv_blocks}")
 
 
-def resolve_num_threads(requested: int | None) -> int:
-    """Intra-op threads: the user's number, else one core fewer than the machine has.
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask: ``taskset``, cgroup cpusets)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
-    Like vLLM on CPU, one core is left to the scheduler, tokenizer and server threads.
-    Measured on a 2-core machine with other work on the second core: the default model
-    decodes at 38 tok/s with 1 thread and 0.4 tok/s with 2 (OpenMP threads spin-waiting
-    for a core that is busy elsewhere).
+
+def resolve_num_threads(requested: int | None, native_gemm: bool) -> int:
+    """Compute threads: the user's number, else every core when the native GEMMs run, and
+    one core fewer when only torch computes.
+
+    Measured on a 2-core machine (default model, 128 greedy tokens, tok/s, 1 vs 2
+    threads): quiet, 117 -> 184 end to end on 6 prompts (issue 13's numbers); loaded by
+    other work (load average 10-15), 12.1 vs 12.2, 9.2 vs 12.1, 6.8 vs 9.7. The native
+    pool hands out chunks to whichever thread is running (``core/csrc/threadpool.c``),
+    so a busy core delays only its own chunk and every core is the right default, as it
+    is llama.cpp's. torch's OpenMP workers instead spin-wait for each other: with the
+    second core busy the same model once decoded at 38 tok/s on 1 thread and 0.4 on 2,
+    so a torch-only model (fp32, or no C compiler) keeps a core free, as vLLM does.
     """
     if requested is not None:
         return requested
-    return max(1, (os.cpu_count() or 1) - 1)
+    cores = usable_cores()
+    return cores if native_gemm else max(1, cores - 1)
 
 
-def apply_threads(model: Any, threads: int) -> None:
+def finish_backend(loaded: LoadedModel, threads: int | None) -> Backend:
+    """The model's decided :class:`~draftwise.models.backend.Backend`, completed with the
+    GEMM that runs each placed weight type and the threads (the user's, else
+    :func:`resolve_num_threads`'s default for those GEMMs), installed on the model,
+    logged as one line and applied (:func:`apply_threads`)."""
+    model = loaded.model
+    gemm = model.gemm_kinds()
+    native = any(kind.startswith(("native", "quant")) for _, kind in gemm)
+    backend = model.backend.finish(gemm, resolve_num_threads(threads, native))
+    model.backend = backend
+    logger.info("%s", backend.line())
+    apply_threads(backend)
+    return backend
+
+
+def apply_threads(backend: Backend) -> None:
     """Give the compute threads to whoever does the work: torch, or the native GEMM.
 
     With native GEMM weights (``models.linear``: the bf16 kernel, or GGUF weights kept
     quantized, ``models.quant``) the GEMMs run on draftwise's own worker pool and torch
     keeps one thread: torch's OpenMP workers spin-wait between its ops on the cores the
     GEMM workers need. Measured on 2 cores, default model, 300-token context: 2 GEMM
-    threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9.
+    threads with torch at 1 decode in 6.6 ms; with torch also at 2, 15.9. The split is
+    :meth:`Backend.finish`'s.
     """
     from draftwise.models.kernels import set_kernel_threads
 
-    backends = str(getattr(model, "weight_backend", "dense")).split("+")
-    if "native" in backends or "quant" in backends:
-        set_kernel_threads(threads)
-        torch.set_num_threads(1)
-    else:
-        set_kernel_threads(None)
-        torch.set_num_threads(threads)
+    set_kernel_threads(backend.threads)
+    if backend.torch_threads is not None:
+        torch.set_num_threads(backend.torch_threads)
 
 
 def resolve_max_model_len(args: EngineArgs, loaded: LoadedModel) -> int:
@@ -174,8 +200,7 @@ def build_depth_policy(
             "code": code_identity(),
             "dtype": str(next(model.parameters()).dtype),
             "threads": threads,
-            "backend": str(getattr(model, "weight_backend", "dense")),
-            "attention": str(getattr(model, "attention_backend", "torch")),
+            "backend": str(model.backend.as_dict()),
             "block_size": args.block_size,
         }
     rows = min(args.max_num_seqs, settings.max_measured_rows)
@@ -207,11 +232,11 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
     if registry is not None and spec_config is not None:  # the drafts' own files, no weights
         target_path = resolve_model_path(args.model)
         spec_config, detected = detect_drafts(spec_config, registry, target_path)
-    threads = resolve_num_threads(args.num_threads)
-    torch.set_num_threads(threads)  # for loading
+    torch.set_num_threads(args.num_threads or usable_cores())  # for loading
     loaded = load_model(args.model, dtype=args.dtype, progress=progress)
     drafts = load_drafts(detected, loaded)
-    apply_threads(loaded.model, threads)
+    backend = finish_backend(loaded, args.num_threads)
+    threads = backend.threads or backend.torch_threads or 1
     max_model_len = resolve_max_model_len(args, loaded)
     num_blocks = size_kv_cache(args, loaded, max_model_len, draft_kv_layouts(detected, drafts))
     k = max_draft_len(spec_config) if spec_config is not None else 0

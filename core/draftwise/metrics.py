@@ -19,11 +19,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter
+from typing import TYPE_CHECKING, Any
 
 from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:  # imported where the counters are made: only a server exports them
+    from prometheus_client import CollectorRegistry, Counter
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,8 @@ class SpecDecodingProm:
         engine: str | int = 0,
         prefix: str = "draftwise:",
     ) -> None:
+        from prometheus_client import Counter
+
         names = ["model_name", "engine"]
         labels = {"model_name": model_name, "engine": str(engine)}
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, field_validator
 
-from draftwise.models.kernels import KERNELS as _kernels
+from draftwise.models import kernels
+from draftwise.models.backend import ARGMAX
 from draftwise.structured.params import StructuredOutputsParams
 from draftwise.text import describe_invalid, invalid_text_at
 
@@ -545,7 +546,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
     ties and NaN included (first index of the maximum; a NaN wins).
     """
     if (
-        _kernels is None
+        ARGMAX != "native"
         or logits.dtype != torch.float32
         or logits.ndim != 2
         or logits.device.type != "cpu"
@@ -553,9 +554,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
         or logits.shape[1] == 0
     ):
         return logits.argmax(-1)
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
-    _kernels.argmax_f32(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1])
-    return out
+    return kernels.argmax_f32(logits)
 
 
 def sample(

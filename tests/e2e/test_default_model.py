@@ -88,7 +88,8 @@ def test_generate_command_streams_text() -> None:
               "--max-tokens", "24"]
     )
     assert result.exit_code == 0, result.output
-    assert len(result.output.strip()) > 20
+    assert len(result.stdout.strip()) > 20  # the text; stderr has the backend and speed lines
+    assert result.stderr.startswith("backend: attention=")
 
 
 def test_generate_json_with_ngram_matches_plain() -> None:
@@ -97,7 +98,7 @@ def test_generate_json_with_ngram_matches_plain() -> None:
     plain = CliRunner().invoke(cli, args)
     spec = CliRunner().invoke(cli, [*args, "--speculative-config", json.dumps(ngram(4))])
     assert plain.exit_code == 0 and spec.exit_code == 0, (plain.output, spec.output)
-    a, b = json.loads(plain.output), json.loads(spec.output)
+    a, b = json.loads(plain.stdout), json.loads(spec.stdout)  # stderr: the backend line
     assert a["token_ids"] == b["token_ids"]
     sd = b["metrics"]["speculative_decoding"]
     assert sd["num_draft_tokens"] > 0 and sd["mean_acceptance_length"] >= 1.0

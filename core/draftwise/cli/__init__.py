@@ -47,6 +47,8 @@ class CliState:
     """What commands share through ``ctx.obj``: the plugin host (a test injects its own)."""
 
     host: PluginHost | None = None
+    #: set by :func:`main`: the process is the ``draftwise`` script's (``startup_gc`` freezes)
+    own_process: bool = False
     #: what loading the plugins raised at startup (commands needing the registry refuse)
     startup_error: PluginError | None = None
     _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     A plugin error refuses (exit 1) only commands that need the registry; ``--help``,
     ``--version`` and ``plugins`` run and show it.
     """
+    from draftwise.cli.common import startup_gc
     from draftwise.plugins.errors import PluginError, PluginSelectionError
     from draftwise.plugins.manager import (
         ENV_VAR,
@@ -139,11 +142,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     group = make_cli()
     args = list(argv) if argv is not None else sys.argv[1:]
-    state = CliState()
+    # the console script calls main() with no argv; a caller passing argv (a test) owns
+    # the process, and frozen objects are never collected (startup_gc)
+    state = CliState(own_process=argv is None)
     try:
-        state.host = get_plugin_host()
-        register_commands(group, state.host)
-        load_speculators()
+        with startup_gc(freeze=state.own_process):  # the plugins' imports (torch among them)
+            state.host = get_plugin_host()
+            register_commands(group, state.host)
+            load_speculators()
     except PluginError as exc:
         state.startup_error = exc
         hint = None

@@ -33,7 +33,8 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--hf-threads", "hf_threads_opt", default=None, type=click.IntRange(1),
               help="torch threads for the HF peer (default: the same as our engine's).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="What a second is: wall time, or this process's CPU time (for a loaded "
                    "shared machine; meaningful with --threads 1).")
@@ -59,7 +60,7 @@ def bench(
 
     from draftwise.bench import load_workload, now, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
-    from draftwise.cli.common import build_engine, fail, peak_rss_bytes
+    from draftwise.cli.common import announce_backend, build_engine, fail, peak_rss_bytes
     from draftwise.models.quant import quant_simd
     from draftwise.models.kernels import kernel_threads
 
@@ -81,6 +82,7 @@ def bench(
         engine = build_engine(
             model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
         )
+        announce_backend(engine)
         warm_up(engine, items)
         return engine
 
@@ -90,8 +92,9 @@ def bench(
             "speculative_config": json.loads(spec) if spec else None,
             "dtype": str(next(engine.loaded.model.parameters()).dtype),
             "threads": kernel_threads(),  # the engine's compute threads (bootstrap.apply_threads)
-            # which fast paths ran (models.attention / models.linear): numbers depend on them
-            "attention_backend": getattr(engine.loaded.model, "attention_backend", "torch"),
+            # every kernel that ran, decided once (models.backend): numbers depend on them
+            "backend": engine.loaded.model.backend.as_dict(),
+            "attention_backend": engine.loaded.model.backend.attention,
             "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
             "weight_backend": getattr(engine.loaded.model, "weight_backend", "dense"),
             "quant_kernel": quant_simd(),  # avx2 or scalar, for GGUF weights kept quantized

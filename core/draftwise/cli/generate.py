@@ -48,7 +48,8 @@ import click
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token_ids and metrics as one JSON document at the end.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 def generate(
     model: str | None,
     prompt: str | None,
@@ -76,7 +77,7 @@ def generate(
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
-        build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
+        announce_backend, build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
     )
 
     if (prompt is None) == (prompt_token_ids is None):
@@ -113,6 +114,7 @@ def generate(
         engine = build_engine(
             model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
         )
+        announce_backend(engine)
         if ids is not None:
             engine.add_request({"prompt_token_ids": ids}, params, request_id="cli",
                                speculative=spec_params)
@@ -166,6 +168,7 @@ def generate(
             "prompt_token_ids": final.prompt_token_ids,
             "speculative_config": engine.spec_config.to_json() if engine.spec_config else None,
             "metrics": metrics,
+            "backend": engine.loaded.model.backend.as_dict(),
             "speculation": speculation,
             "proposers": engine.spec.proposer_stats() if engine.spec is not None else None,
             "token_provenance": metrics.pop("token_provenance", None),

@@ -43,7 +43,8 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--max-model-len", default=None, type=click.IntRange(2),
               help="Context length (default: the model's, capped at 8192).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
-              help="compute threads (default: cores - 1, at least 1).")
+              help="compute threads (default: every core with the native "
+              "GEMMs, else cores - 1).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,
@@ -103,7 +104,7 @@ def serve(
     logprobs_mode: str | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
-    from draftwise.cli.common import build_engine, check_text_option, fail
+    from draftwise.cli.common import announce_backend, build_engine, check_text_option, fail
     from draftwise.server.serving import check_api_key
 
     if api_key is None:
@@ -151,6 +152,7 @@ def serve(
     def ready(url: str) -> None:
         click.echo(f"draftwise serving {names[0]!r} on {url} (speculation: "
                    f"{spec if spec else 'off'}; pid {os.getpid()})", err=True)
+        announce_backend(engine)  # after the ready line, which scripts read for the port
 
     run_server(app, host, port, log_level=log_level, shutdown_timeout=shutdown_timeout,
                on_ready=ready)

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwise.models import kernels
 from draftwise.models.batch import ForwardBatch
-from draftwise.models.kernels import KERNELS, f32_bits, kernel_threads
+from draftwise.models.kernels import KERNELS
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
@@ -59,8 +60,16 @@ BACKEND_ENV = "DRAFTWISE_ATTENTION"
 _kernels = KERNELS
 
 
+def native_head_dim(head_dim: int) -> bool:
+    """Whether the C kernel takes heads of this size (a multiple of 16 up to 512)."""
+    return head_dim % 16 == 0 and head_dim <= 512
+
+
 def choose_backend(dtype: torch.dtype, head_dim: int, device: torch.device | str) -> str:
-    """``native`` (the C kernel) or ``torch`` for a model's KV dtype and head size."""
+    """``native`` (the C kernel) or ``torch`` for a model's KV dtype and head size.
+
+    The rule only: ``models.backend.decide_backend`` is its one caller outside tests.
+    """
     wanted = os.environ.get(BACKEND_ENV, "auto")
     if wanted not in ("auto", "native", "torch"):
         raise ValueError(f"{BACKEND_ENV}={wanted!r}: use auto, native or torch")
@@ -69,7 +78,7 @@ def choose_backend(dtype: torch.dtype, head_dim: int, device: torch.device | str
         why_not = "the C kernels were not built (no compiler at install time)"
     elif torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         why_not = f"it runs bf16 on CPU only (this model: {dtype} on {device})"
-    elif head_dim % 16 or head_dim > 512:
+    elif not native_head_dim(head_dim):
         why_not = f"head_dim {head_dim} is not a multiple of 16 up to 512"
     if wanted == "native" and why_not is not None:
         raise RuntimeError(f"{BACKEND_ENV}=native, but the native attention cannot run: {why_not}")
@@ -311,15 +320,6 @@ def paged_attention(
     return out if meta.unpad_index is None else out.index_select(0, meta.unpad_index)
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``x`` [T, heads, d] with contiguous heads (a view into qkv is fine), and its row stride."""
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"the native attention takes bf16 q/k/v, got {x.dtype}")
-    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
-        x = x.contiguous()
-    return x, x.stride(0)
-
-
 def _native_attention(
     q: torch.Tensor,  # [T, heads, head_dim] bf16
     k: torch.Tensor,  # [T, kv_heads, head_dim]
@@ -331,51 +331,17 @@ def _native_attention(
     window: int | None,
 ) -> torch.Tensor:  # [T, heads * head_dim]
     """The C kernel: writes this step's K/V, then attends over the paged cache in place."""
-    assert _kernels is not None and meta.block_tables is not None
-    assert meta.query_start_loc is not None and meta.seq_lens is not None
-    t, h, d = q.shape
-    if not (
-        k_cache.is_contiguous() and v_cache.is_contiguous()
-        and k_cache.shape == v_cache.shape
-        and k_cache.dtype == v_cache.dtype == torch.bfloat16
-        and tuple(k_cache.shape[2:]) == (k.shape[1], d) == (v.shape[1], v.shape[2])
-    ):
-        raise ValueError("native attention: K/V caches must be contiguous bf16 [*, *, kv, d]")
-    tokens, heads, rows = t, h, t
+    if meta.block_tables is None or meta.query_start_loc is None or meta.seq_lens is None:
+        raise ValueError("native attention needs metadata built with backend='native'")
+    h, d = q.shape[1], q.shape[2]
     if meta.queries_as_heads:  # [T, H, D] -> [B, KV * M * rep, D] (module doc)
         b, m, kvh = meta.num_rows, meta.max_query_len, k.shape[1]
         qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
         q = (qp.reshape(b, m, kvh, h // kvh, d).permute(0, 2, 1, 3, 4)
              .reshape(b, m * h, d).contiguous())
-        heads, rows = m * h, b
-    (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
-    out = torch.empty((rows, heads * d), dtype=q.dtype, device=q.device)
-    tables = meta.block_tables
-    _kernels.paged_attention(
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        out.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        meta.slot_mapping.data_ptr(),
-        meta.query_start_loc.data_ptr(),
-        meta.seq_lens.data_ptr(),
-        tables.data_ptr(),
-        qs,
-        ks,
-        vs,
-        tokens,
-        tables.shape[1],
-        meta.num_rows,
-        heads,
-        k_cache.shape[2],
-        d,
-        k_cache.shape[1],
-        window or 0,
-        f32_bits(scale),
-        kernel_threads(),
-    )
+    out = kernels.paged_attention(
+        q, k, v, k_cache, v_cache, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
+        meta.block_tables, meta.num_rows, window, scale)
     if meta.queries_as_heads:
         b, m, kvh = meta.num_rows, meta.max_query_len, k.shape[1]
         out = (out.view(b, kvh, m, h // kvh, d).permute(0, 2, 1, 3, 4)

@@ -4,7 +4,7 @@ At decode sizes (a few tokens of width 576) every torch op costs its dispatch ov
 not its arithmetic: RMSNorm is 8 ops (~14 us), RoPE 5, SiLU-and-multiply 3. The C
 versions (``core/csrc/elementwise.c``) keep transformers' bf16 rounding points and run
 in ~1 us. Each function here is also the torch reference for its kernel, chosen per call
-by ``native`` (the model decides once, with its attention backend).
+by ``native`` (the model's :class:`~draftwise.models.backend.Backend` decides, once).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftwise.models.kernels import KERNELS as _kernels
-from draftwise.models.kernels import f32_bits, kernel_threads
+from draftwise.models import kernels
 
 BF16 = torch.bfloat16
 
@@ -26,13 +25,7 @@ def rms_norm(
 ) -> torch.Tensor:  # same shape and dtype as x
     """transformers' RMSNorm: normalise in fp32, cast back, then scale."""
     if native and weight.dim() == 1 and x.is_contiguous() and x.dtype == weight.dtype == BF16:
-        assert _kernels is not None
-        out = torch.empty_like(x)
-        dim = x.shape[-1]
-        _kernels.rms_norm(
-            x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, f32_bits(eps)
-        )
-        return out
+        return kernels.rms_norm(x, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -54,14 +47,7 @@ def add_rms_norm(
         and h.dtype == delta.dtype == weight.dtype == BF16
         and weight.dim() == 1
     ):
-        assert _kernels is not None
-        out = torch.empty_like(delta)
-        dim = h.shape[-1]
-        _kernels.add_rms_norm(
-            h.data_ptr(), delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
-            h.numel() // dim, dim, f32_bits(eps),
-        )
-        return delta, out
+        return kernels.add_rms_norm(h, delta, weight, eps)
     h = h + delta
     return h, rms_norm(h, weight, eps)
 
@@ -70,11 +56,7 @@ def silu_mul(gate_up: torch.Tensor, native: bool = False) -> torch.Tensor:  # [T
     """``silu(gate) * up`` for a fused ``[gate | up]`` projection output."""
     inter = gate_up.shape[-1] // 2
     if native and gate_up.is_contiguous() and gate_up.dtype == BF16:
-        assert _kernels is not None
-        out = torch.empty((gate_up.shape[0], inter), dtype=gate_up.dtype)
-        _kernels.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter,
-                          kernel_threads())
-        return out
+        return kernels.silu_mul(gate_up)
     return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
 
 
@@ -84,18 +66,4 @@ def apply_rope_(
     sin: torch.Tensor,  # [T, 1, head_dim] sign-folded sin (see models.rope)
 ) -> torch.Tensor:  # x, rotated in place
     """RoPE in place with the C kernel (bitwise ``models.rope.apply_rope``)."""
-    assert _kernels is not None
-    t, h, d = x.shape
-    assert x.stride(2) == 1 and x.stride(1) == d
-    assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == x.dtype == sin.dtype
-    _kernels.rope(
-        x.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        0,
-        t,
-        h,
-        d,
-        x.stride(0),
-    )
-    return x
+    return kernels.rope_(x, cos, sin)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGMLQuantizationType
@@ -26,6 +28,9 @@ from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.quant import NATIVE_TYPES, QuantPart, pack_quant, plan_bytes, quant_kernels_available
+
+if TYPE_CHECKING:
+    from draftwise.models.backend import Backend
 
 #: ``auto`` | ``native`` | ``0``; see the module doc
 QUANT_ENV = "DRAFTWISE_QUANT"
@@ -53,6 +58,8 @@ class QuantPlan:
 
 def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
     """Whether quantized GGUF weights stay quantized here, and if not, why (for the notice).
+
+    The rule only: ``models.backend.decide_backend`` is its one caller outside tests.
 
     Raises ``ValueError`` when ``DRAFTWISE_QUANT=native`` asks for what cannot run.
     """
@@ -94,9 +101,14 @@ def plan_quantized(
     available: Mapping[str, tuple[str, tuple[int, ...]]],
     dtype: torch.dtype,
     device: torch.device | str,
+    backend: Backend | None = None,
 ) -> QuantPlan:
-    """Decide, for every weight, quantized or dense (see the module doc)."""
-    keep, why = keep_quantized(dtype, device)
+    """Decide, for every weight, quantized or dense (see the module doc), under the
+    model's decided ``backend`` (None: decide here, for tests)."""
+    if backend is None:
+        keep, why = keep_quantized(dtype, device)
+    else:
+        keep, why = backend.quantized, backend.quantized_why_not
     groups: dict[str, tuple[str, ...]] = {}
     dense_bytes: dict[str, int] = {}
     total = sum(ckpt.nbytes(g) for g, _ in available.values())
@@ -144,15 +156,20 @@ def load_quantized(
     if not sizes:
         return 0
     arena = huge_page_tensor(sum(sizes.values()), torch.uint8)
-    threads = os.cpu_count() or 1  # a one-off copy at start-up: every core shortens it
-    offset = 0
-    for target, hf in plan.groups.items():
-        size = sizes[target]
-        packed = pack_quant(parts_of[target], k_of[target], arena[offset : offset + size], threads)
-        install(target, packed)
+    slices, offset = {}, 0
+    for target, size in sizes.items():
+        slices[target] = arena[offset : offset + size]
         offset += size
-        for n in hf:
-            ckpt.release(available[n][0])
-            if progress is not None:
-                progress(n)
+    # one weight per task, each packed by one thread: no barrier between the threads
+    # (a late thread, its core busy elsewhere, only delays its own weight), and the arena's
+    # fresh pages are zeroed by the kernel in whichever thread first writes them
+    workers = min(os.cpu_count() or 1, len(sizes))
+    with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
+        packed = {t: pool.submit(pack_quant, parts_of[t], k_of[t], slices[t], 1) for t in sizes}
+        for target, hf in plan.groups.items():
+            install(target, packed[target].result())
+            for n in hf:
+                ckpt.release(available[n][0])
+                if progress is not None:
+                    progress(n)
     return offset

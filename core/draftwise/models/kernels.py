@@ -1,8 +1,14 @@
-"""The hand-written C kernels (``core/csrc``), when the install could build them.
+"""The hand-written C kernels (``core/csrc``): the one module that calls them.
 
-``KERNELS`` is the extension module or None; callers keep a torch path for None (see
-``models.attention.choose_backend``). The kernels take raw data pointers and integers,
-so floats cross as their float32 bit patterns (:func:`f32_bits`).
+``KERNELS`` is the extension module or None (no C compiler at install); which kernels a
+model runs is decided once, in :func:`draftwise.models.backend.decide_backend`, from
+:func:`available` here. Every entry point is wrapped below as a typed function over
+tensors. The C side takes raw data pointers and integers and trusts them (a wrong shape
+is a wild read), so each wrapper checks dtype, contiguity and sizes and raises
+:class:`KernelInputError` (never ``assert``, which ``python -O`` removes); a missing
+kernel raises :class:`KernelUnavailableError`. Floats cross as their float32 bit
+patterns (:func:`f32_bits`). The checks read each tensor property once: the GEMM
+wrappers run ~120 times per decode step.
 
 Threads: the native GEMM runs on its own worker pool (``core/csrc/threadpool.c``), sized
 by :func:`set_kernel_threads` (default: torch's intra-op count). An engine whose weights
@@ -18,6 +24,10 @@ from types import ModuleType
 
 import torch
 
+from draftwise.errors import DraftwiseError
+
+BF16 = torch.bfloat16
+
 
 def _load() -> ModuleType | None:
     try:
@@ -28,6 +38,44 @@ def _load() -> ModuleType | None:
 
 
 KERNELS: ModuleType | None = _load()
+
+
+class KernelInputError(DraftwiseError, ValueError):
+    """A tensor a C kernel cannot take (dtype, layout or size); nothing was computed."""
+
+
+class KernelUnavailableError(DraftwiseError, RuntimeError):
+    """A C kernel this install did not build was called."""
+
+
+def available(name: str) -> bool:
+    """Whether this install built the C entry point ``name``."""
+    return KERNELS is not None and hasattr(KERNELS, name)
+
+
+def _kernel(name: str) -> ModuleType:
+    if KERNELS is None or not hasattr(KERNELS, name):
+        raise KernelUnavailableError(
+            f"the C kernel {name} is not built in this install (no C compiler at install time)")
+    return KERNELS
+
+
+def bf16_isa() -> str:
+    """The instruction path ``linear_bf16`` was built with (``none`` without the kernels)."""
+    return str(getattr(KERNELS, "linear_bf16_isa", "none"))
+
+
+def quant_simd() -> str:
+    """``avx2`` or ``scalar``: the quantized GEMM this build runs (``none``: not built)."""
+    if KERNELS is None or not hasattr(KERNELS, "quant_simd"):
+        return "none"
+    return str(KERNELS.quant_simd())
+
+
+def quant_act_block(qtype: int) -> int:
+    """Values per int8 activation block (one fp32 scale) the quantized GEMM takes for the
+    GGML type ``qtype``: 256 for Q4_K and Q6_K, else 32."""
+    return int(_kernel("quant_act_block").quant_act_block(int(qtype)))
 
 
 @lru_cache(maxsize=64)
@@ -50,3 +98,225 @@ def set_kernel_threads(n: int | None) -> None:
 def kernel_threads() -> int:
     """Threads the C kernels use now."""
     return _threads if _threads is not None else torch.get_num_threads()
+
+
+def _bf16_rows(what: str, x: torch.Tensor, dim: int | None = None) -> None:
+    if x.dtype != BF16 or not x.is_contiguous() or x.device.type != "cpu":
+        raise KernelInputError(f"{what} must be a contiguous bf16 CPU tensor, got {x.dtype} "
+                               f"{list(x.shape)} on {x.device}")
+    if dim is not None and (x.dim() == 0 or x.shape[-1] != dim):
+        raise KernelInputError(f"{what} must have rows of {dim}, got {list(x.shape)}")
+
+
+# -- elementwise (core/csrc/elementwise.c) -------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm over the last dim (``x``: [..., dim], ``weight``: [dim])."""
+    k = _kernel("rms_norm")
+    dim = weight.shape[0] if weight.dim() == 1 else -1
+    _bf16_rows("rms_norm weight", weight, dim)
+    _bf16_rows("rms_norm input", x, dim)
+    out = torch.empty_like(x)
+    k.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim,
+               f32_bits(eps))
+    return out
+
+
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h + delta, rms_norm(h + delta))``; the sum is written into ``delta``'s storage."""
+    k = _kernel("add_rms_norm")
+    dim = weight.shape[0] if weight.dim() == 1 else -1
+    _bf16_rows("add_rms_norm weight", weight, dim)
+    _bf16_rows("add_rms_norm residual", h, dim)
+    _bf16_rows("add_rms_norm delta", delta, dim)
+    if h.shape != delta.shape:
+        raise KernelInputError(f"add_rms_norm: residual {list(h.shape)} and delta "
+                               f"{list(delta.shape)} differ")
+    out = torch.empty_like(delta)
+    k.add_rms_norm(h.data_ptr(), delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                   h.numel() // dim, dim, f32_bits(eps))
+    return delta, out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """``silu(gate) * up`` of a fused ``[gate | up]`` projection output."""
+    k = _kernel("silu_mul")
+    _bf16_rows("silu_mul input", gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise KernelInputError(f"silu_mul takes [T, 2 * I], got {list(gate_up.shape)}")
+    inter = gate_up.shape[1] // 2
+    out = torch.empty((gate_up.shape[0], inter), dtype=BF16)
+    k.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, kernel_threads())
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in place on ``x`` [T, heads, head_dim] (rows may be strided views), with each
+    token's ``cos`` and sign-folded ``sin`` rows [T, 1, head_dim]."""
+    k = _kernel("rope")
+    if x.dim() != 3 or x.dtype != BF16:
+        raise KernelInputError(f"rope takes bf16 [T, heads, head_dim], got {x.dtype} "
+                               f"{list(x.shape)}")
+    t, h, d = x.shape
+    if x.stride(2) != 1 or x.stride(1) != d:
+        raise KernelInputError("rope: each token's heads must be contiguous")
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.dtype != BF16 or not table.is_contiguous() or table.numel() != t * d:
+            raise KernelInputError(f"rope {name} must be contiguous bf16 [{t}, 1, {d}], got "
+                                   f"{table.dtype} {list(table.shape)}")
+    k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0, t, h, d, x.stride(0))
+    return x
+
+
+def argmax_f32(logits: torch.Tensor) -> torch.Tensor:  # [N, V] fp32 -> [N] int64
+    """``logits.argmax(-1)`` of contiguous fp32 rows (first maximum; a NaN wins)."""
+    k = _kernel("argmax_f32")
+    if (logits.dtype != torch.float32 or logits.dim() != 2 or not logits.is_contiguous()
+            or logits.device.type != "cpu" or logits.shape[1] == 0):
+        raise KernelInputError(f"argmax takes contiguous fp32 [N, V > 0] on the CPU, got "
+                               f"{logits.dtype} {list(logits.shape)}")
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    k.argmax_f32(logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1])
+    return out
+
+
+# -- GEMMs (gemm_bf16.c, gemm_quant*.c, quant_pack.c) -------------------------------------
+def _gemm_io(what: str, x: torch.Tensor, k: int, n: int, bias: torch.Tensor | None,
+             out_f32: bool = False) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """The checked input (made row-contiguous), its row stride and a fresh output."""
+    shape, strides = x.shape, x.stride()
+    if x.dtype != BF16 or len(shape) != 2 or shape[1] != k:
+        raise KernelInputError(f"{what} takes bf16 [T, {k}], got {x.dtype} {list(shape)}")
+    if strides[1] != 1 or strides[0] < k:
+        x = x.contiguous()
+        strides = x.stride()
+    if bias is not None and (bias.dtype != BF16 or not bias.is_contiguous()
+                             or bias.shape != (n,)):
+        raise KernelInputError(f"{what} bias must be contiguous bf16 [{n}]")
+    out = torch.empty(shape[0], n, dtype=torch.float32 if out_f32 else BF16)
+    return x, strides[0], out
+
+
+def linear_bf16(
+    x: torch.Tensor,  # [T, in] bf16
+    packed: torch.Tensor,  # the BlockedWeight layout, numel_for(out, in) bf16
+    in_features: int,
+    out_features: int,
+    bias: torch.Tensor | None = None,  # [out] bf16
+) -> torch.Tensor:  # [T, out] bf16
+    """``x @ W^T + b`` with W in ``models.linear.BlockedWeight``'s layout."""
+    kern = _kernel("linear_bf16")
+    k = in_features
+    need = -(-out_features // 64) * 64 * -(-k // 2) * 2
+    if packed.dtype != BF16 or not packed.is_contiguous() or packed.numel() != need:
+        raise KernelInputError(f"linear_bf16 weight must be {need} contiguous bf16 values "
+                               f"for [{out_features}, {k}], got {packed.numel()}")
+    x, stride, out = _gemm_io("linear_bf16", x, k, out_features, bias)
+    if out.shape[0]:
+        kern.linear_bf16(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         out.data_ptr(), out.shape[0], k, out_features, stride, out_features,
+                         kernel_threads())
+    return out
+
+
+def linear_quant(
+    x: torch.Tensor,  # [T, in] bf16
+    table_address: int,  # int64 [segments, 4] (type, data, first column, columns)
+    segments: int,
+    in_features: int,
+    out_features: int,
+    bias: torch.Tensor | None = None,  # [out] bf16
+    out_f32: bool = False,
+    scalar: bool = False,
+) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
+    """``x @ W^T + b`` on a GGUF-quantized weight packed in tiles (``models.quant``): the
+    table is the weight's own (checked when it was packed), ``x`` and ``bias`` here."""
+    kern = _kernel("linear_quant")
+    x, stride, out = _gemm_io("quantized linear", x, in_features, out_features, bias, out_f32)
+    if out.shape[0]:
+        kern.linear_quant(x.data_ptr(), table_address, 0 if bias is None else bias.data_ptr(),
+                          out.data_ptr(), segments, out.shape[0], in_features, out_features,
+                          stride, out_features, int(out_f32), kernel_threads(), int(scalar))
+    return out
+
+
+def quant_pack(qtype: int, row_addresses: torch.Tensor | int, rows: int, k: int,
+               out: torch.Tensor, nbytes: int, threads: int) -> None:
+    """Stored GGUF rows (int64 addresses, 0 = zero padding) into tiles at ``out``."""
+    kern = _kernel("quant_pack")
+    if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != nbytes:
+        raise KernelInputError(f"quant_pack needs {nbytes} contiguous uint8 bytes, got "
+                               f"{out.dtype} {out.numel()}")
+    if rows < 1 or k < 1 or threads < 1:
+        raise KernelInputError(f"quant_pack: rows {rows}, k {k}, threads {threads} must be >= 1")
+    address = row_addresses if isinstance(row_addresses, int) else row_addresses.data_ptr()
+    kern.quant_pack(qtype, address, out.data_ptr(), rows, k, threads)
+
+
+def quant_dequant_rows(qtype: int, packed: torch.Tensor, ids: torch.Tensor, rows: int,
+                       k: int, out: torch.Tensor) -> None:
+    """Rows ``ids`` (int64, each < ``rows``) of a packed weight into ``out`` [len(ids), k]."""
+    kern = _kernel("quant_dequant_rows")
+    if ids.dtype != torch.int64 or ids.dim() != 1 or not ids.is_contiguous():
+        raise KernelInputError(f"row ids must be contiguous int64 [N], got {ids.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        raise KernelInputError(f"row id out of range [0, {rows})")
+    if out.dtype not in (BF16, torch.float32) or not out.is_contiguous() \
+            or tuple(out.shape) != (ids.numel(), k):
+        raise KernelInputError(f"dequantized rows go to contiguous bf16/fp32 [{ids.numel()}, {k}]")
+    if packed.dtype != torch.uint8 or not packed.is_contiguous():
+        raise KernelInputError("packed weight bytes must be contiguous uint8")
+    kern.quant_dequant_rows(qtype, packed.data_ptr(), ids.data_ptr(), out.data_ptr(),
+                            ids.numel(), k, int(out.dtype == torch.float32))
+
+
+# -- attention (paged_attention.c) ---------------------------------------------------------
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # [T, heads | kv_heads, d], rows strided
+    k_cache: torch.Tensor, v_cache: torch.Tensor,  # [blocks, block_size, kv_heads, d] bf16
+    slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+    block_tables: torch.Tensor, rows: int, window: int | None, scale: float,
+) -> torch.Tensor:  # [queries, heads * d]
+    """Write this step's K/V into the paged caches, then attend over them (in place).
+
+    ``q`` holds T queries, or one per row (``query_start_loc`` 0..rows) whose block of
+    queries rides as extra heads (the non-causal block layout, ``attention.py``).
+    """
+    kern = _kernel("paged_attention")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.shape == v_cache.shape and k_cache.dim() == 4
+            and k_cache.dtype == v_cache.dtype == BF16):
+        raise KernelInputError("native attention: K/V caches must be contiguous bf16 "
+                               "[blocks, block_size, kv_heads, head_dim] of one shape")
+    nq, h, d = q.shape  # nq: T, or one query per row whose queries ride as heads
+    t = k.shape[0]  # the K/V tokens this step writes
+    if (tuple(k_cache.shape[2:]) != (k.shape[1], d) or k.shape != v.shape
+            or nq not in (t, rows) or slot_mapping.numel() != t):
+        raise KernelInputError(f"native attention: q {list(q.shape)}, k {list(k.shape)}, "
+                               f"v {list(v.shape)} do not fit the cache {list(k_cache.shape)}")
+    for name, index in (("slot_mapping", slot_mapping), ("query_start_loc", query_start_loc),
+                        ("seq_lens", seq_lens), ("block_tables", block_tables)):
+        if index.dtype != torch.int64 or not index.is_contiguous():
+            raise KernelInputError(f"native attention: {name} must be contiguous int64")
+    if block_tables.dim() != 2 or query_start_loc.numel() != rows + 1 or seq_lens.numel() != rows:
+        raise KernelInputError(f"native attention: {rows} rows need query_start_loc [rows + 1], "
+                               "seq_lens [rows] and block_tables [rows, width]")
+    (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
+    out = torch.empty((nq, h * d), dtype=BF16, device=q.device)
+    kern.paged_attention(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
+        query_start_loc.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
+        qs, ks, vs, t, block_tables.shape[1], rows, h, k_cache.shape[2], d, k_cache.shape[1],
+        window or 0, f32_bits(scale), kernel_threads())
+    return out
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` [T, heads, d] with each token's heads contiguous, and its token stride."""
+    if x.dtype != BF16:
+        raise KernelInputError(f"the native attention takes bf16 q/k/v, got {x.dtype}")
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        x = x.contiguous()
+    return x, x.stride(0)

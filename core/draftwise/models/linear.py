@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.kernels import KERNELS, kernel_threads
 from draftwise.models.quant import QuantWeight, linear_quant
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
@@ -92,7 +92,7 @@ class BlockedWeight:
 
 def native_available() -> bool:
     """Whether the C kernels were built (``setup.py``); the GEMM then exists for any CPU."""
-    return KERNELS is not None and hasattr(KERNELS, "linear_bf16")
+    return kernels.available("linear_bf16")
 
 
 def _onednn_available(dtype: torch.dtype) -> bool:
@@ -154,11 +154,15 @@ def pack_weight(weight: torch.Tensor) -> Weight:  # [out, in] -> packed
     return _pack(weight, _backend_of(weight))
 
 
-def pack_weights(weights: Sequence[torch.Tensor]) -> list[Weight]:
+def pack_weights(weights: Sequence[torch.Tensor], layout: str | None = None) -> list[Weight]:
     """:func:`pack_weight` for a model's weights at once; the native ones share one arena
     in huge-page memory (``models.hugepages``: a 5-row GEMM then streams as fast as 1 row).
+
+    ``layout``: the model's decided layout for its dtype (``Backend.dense_gemm``); None
+    decides per weight (tests). fp32 or 1-D weights stay dense either way.
     """
-    backends = [_backend_of(w) for w in weights]
+    backends = [_backend_of(w) if layout is None or w.dim() != 2 or w.dtype == torch.float32
+                else layout for w in weights]
     sizes = [BlockedWeight.numel_for(*w.shape) if b == "native" else 0
              for w, b in zip(weights, backends)]
     arena = huge_page_tensor(sum(sizes), torch.bfloat16) if any(sizes) else None
@@ -197,19 +201,4 @@ def linear(
 
 
 def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weight.in_features:
-        raise ValueError(
-            f"native linear takes bf16 [T, {weight.in_features}], got {x.dtype} {list(x.shape)}")
-    if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
-        x = x.contiguous()
-    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()
-                             or bias.shape != (weight.out_features,)):
-        raise ValueError(f"native linear bias must be contiguous bf16 [{weight.out_features}]")
-    rows, n = x.shape[0], weight.out_features
-    out = torch.empty(rows, n, dtype=torch.bfloat16)
-    if rows:
-        assert KERNELS is not None  # a BlockedWeight is only made when the kernel exists
-        KERNELS.linear_bf16(
-            x.data_ptr(), weight.data.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            out.data_ptr(), rows, weight.in_features, n, x.stride(0), n, kernel_threads())
-    return out
+    return kernels.linear_bf16(x, weight.data, weight.in_features, weight.out_features, bias)

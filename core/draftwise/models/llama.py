@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftwise.models.attention import AttentionMetadata, choose_backend, paged_attention
+from draftwise.models.attention import AttentionMetadata, paged_attention
+from draftwise.models.backend import Backend, decide_backend, gemm_kind
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
@@ -134,10 +135,12 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         device: str | torch.device = "cpu",
         external: frozenset[str] = frozenset(),
+        backend: Backend | None = None,
     ) -> None:
         """``external``: weights the loader sets later with :meth:`set_quantized` (their
         dense parameters get no memory): ``embed_weight``, ``lm_head_weight`` and
-        ``layers.<i>.<projection>`` names."""
+        ``layers.<i>.<projection>`` names. ``backend``: the kernels to run, decided by the
+        loader (:func:`~draftwise.models.backend.decide_backend`; None decides here)."""
         super().__init__()
         self.config = config
         self._dtype, self._device = dtype, torch.device(device)
@@ -168,10 +171,12 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", empty, persistent=False)
         self.register_buffer("rope_sin", empty.clone(), persistent=False)
         self._windows = tuple({config.window_of(i) for i in range(config.num_hidden_layers)})
+        #: every kernel choice, made once (``models.backend``)
+        self.backend = backend or decide_backend(dtype, device, config.head_dim)
         #: ``native`` (the C kernel) or ``torch``; see ``models.attention``
-        self.attention_backend = choose_backend(dtype, config.head_dim, device)
+        self.attention_backend = self.backend.attention
         #: the small per-token ops run as C kernels too (``models.fused``)
-        self.native = self.attention_backend == "native"
+        self.native = self.backend.elementwise == "native"
         for layer in self.decoder_layers():
             layer.native = self.native
         #: the LM head packed by :meth:`pack_weights` (None: not packed, use ``lm_head_weight``)
@@ -254,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
         dense = [getattr(layer, name) for layer, name in slots]
         if isinstance(head, torch.Tensor):
             dense.append(head)
-        packed = pack_weights(dense)
+        packed = pack_weights(dense, self.backend.dense_gemm)
         for (layer, name), weight in zip(slots, packed):
             layer.set_packed(name, weight)
         if isinstance(head, QuantWeight):
@@ -281,6 +286,13 @@ class LlamaForCausalLM(nn.Module):
             if kind not in kinds:
                 kinds.append(kind)
         return "+".join(kinds)
+
+    def gemm_kinds(self) -> list[tuple[str, str]]:
+        """(stored type, kernel) of every projection and the LM head as placed now."""
+        layers = self.decoder_layers()
+        weights = [getattr(layer, n) for layer in layers for n in layer._LINEARS]
+        head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
+        return [gemm_kind(w) for w in [*weights, head]]
 
     @property
     def weight_bytes(self) -> int:

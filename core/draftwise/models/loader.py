@@ -38,6 +38,7 @@ from draftwise.formats.jsonfile import read_json
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
 from draftwise.formats.values import ConfigValues
+from draftwise.models.backend import decide_backend
 from draftwise.models.config import ModelConfig
 from draftwise.models.gguf_weights import load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
@@ -203,7 +204,8 @@ def _load_gguf(
     tensors, would wait up to 5 ms each time the tokenizer thread holds it.
     """
     ckpt, config, available, names = _plan_gguf_weights(path)
-    quant = plan_quantized(ckpt, config, available, dtype, device)
+    backend = decide_backend(dtype, device, config.head_dim)
+    quant = plan_quantized(ckpt, config, available, dtype, device, backend)
     for line in quant.notices:
         logger.warning("draftwise: %s", line)
     switch = sys.getswitchinterval()
@@ -211,7 +213,8 @@ def _load_gguf(
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="draftwise-tokenizer") as pool:
             text = pool.submit(_gguf_text, ckpt, config, path)
-            model = LlamaForCausalLM(config, dtype, device, external=frozenset(quant.groups))
+            model = LlamaForCausalLM(config, dtype, device, external=frozenset(quant.groups),
+                                     backend=backend)
             quantized = quant.hf_names
             dense = [n for n in names if n not in quantized]
             tick = _ticker(len(names), progress)

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.kernels import KERNELS, kernel_threads
+from draftwise.models.kernels import kernel_threads
 
 #: the GGUF types the native kernels run (the rest are dequantized, with a notice)
 NATIVE_TYPES = frozenset(
@@ -44,12 +45,12 @@ MAX_SEGMENTS = 8
 
 def quant_kernels_available() -> bool:
     """Whether this install built the quantized GEMM (any C compiler: it has a scalar path)."""
-    return KERNELS is not None and hasattr(KERNELS, "linear_quant")
+    return kernels.available("linear_quant")
 
 
 def quant_simd() -> str:
     """``avx2`` or ``scalar``: the kernel this build runs (``none`` without the C kernels)."""
-    return str(KERNELS.quant_simd()) if quant_kernels_available() else "none"  # type: ignore[union-attr]
+    return kernels.quant_simd()
 
 
 def activation_block(qtype: GGMLQuantizationType) -> int:
@@ -57,7 +58,7 @@ def activation_block(qtype: GGMLQuantizationType) -> int:
     256 for Q4_K and Q6_K (integer sums to the end of a super-block), else 32."""
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
-    return int(KERNELS.quant_act_block(int(qtype)))  # type: ignore[union-attr]
+    return kernels.quant_act_block(int(qtype))
 
 
 def packed_bytes(qtype: GGMLQuantizationType, rows: int, k: int) -> int:
@@ -170,9 +171,8 @@ def pack_quant(
         rows = np.concatenate(pointers).astype(np.int64)
         nbytes = packed_bytes(qtype, len(rows), k)
         data = out[offset : offset + nbytes]
-        KERNELS.quant_pack(  # type: ignore[union-attr]
-            int(qtype), rows.ctypes.data, data.data_ptr(), len(rows), k,
-            threads or kernel_threads())
+        kernels.quant_pack(int(qtype), rows.ctypes.data, len(rows), k, data, nbytes,
+                           threads or kernel_threads())
         segments.append(QuantSegment(qtype, start, len(rows), data))
         offset += nbytes
         start += len(rows)
@@ -194,24 +194,8 @@ def linear_quant(
     Called ~120 times per decode step of a small model, so the checks read each tensor
     property once (a few microseconds per call is a few percent of the step).
     """
-    k, n = weight.in_features, weight.out_features
-    shape, strides = x.shape, x.stride()
-    if x.dtype != torch.bfloat16 or len(shape) != 2 or shape[1] != k:
-        raise ValueError(f"quantized linear takes bf16 [T, {k}], got {x.dtype} {list(shape)}")
-    if strides[1] != 1 or strides[0] < k:
-        x = x.contiguous()
-        strides = x.stride()
-    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()
-                             or bias.shape != (n,)):
-        raise ValueError(f"quantized linear bias must be contiguous bf16 [{n}]")
-    rows = shape[0]
-    out = torch.empty(rows, n, dtype=torch.float32 if out_f32 else torch.bfloat16)
-    if rows:
-        KERNELS.linear_quant(  # type: ignore[union-attr]
-            x.data_ptr(), weight.table_address, 0 if bias is None else bias.data_ptr(),
-            out.data_ptr(), len(weight.segments), rows, k, n, strides[0], n, int(out_f32),
-            kernel_threads(), int(scalar))
-    return out
+    return kernels.linear_quant(x, weight.table_address, len(weight.segments),
+                                weight.in_features, weight.out_features, bias, out_f32, scalar)
 
 
 def dequant_rows(
@@ -224,11 +208,10 @@ def dequant_rows(
         ids = ids.reshape(-1)
     ids = ids.to(torch.int64).contiguous()
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.out_features):
-        raise IndexError(f"row id out of range [0, {weight.out_features})")
+        raise IndexError(f"row id out of range [0, {weight.out_features})")  # an embedding's
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"dequant_rows gives bf16 or fp32, not {dtype}")
     out = torch.empty(ids.numel(), weight.in_features, dtype=dtype)
-    f32 = int(dtype == torch.float32)
     for seg in weight.segments:
         inside = (ids >= seg.start) & (ids < seg.start + seg.rows)
         if not bool(inside.any()):
@@ -237,9 +220,8 @@ def dequant_rows(
         local = (ids[which] - seg.start).contiguous()
         part = out if len(weight.segments) == 1 else torch.empty(
             local.numel(), weight.in_features, dtype=dtype)
-        KERNELS.quant_dequant_rows(  # type: ignore[union-attr]
-            int(seg.qtype), seg.data.data_ptr(), local.data_ptr(), part.data_ptr(),
-            local.numel(), weight.in_features, f32)
+        kernels.quant_dequant_rows(int(seg.qtype), seg.data, local, seg.rows,
+                                   weight.in_features, part)
         if part is not out:
             out[which] = part
     return out

@@ -14,6 +14,7 @@ is unpacked at load into the Qwen3.5 split order, so there is one forward.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from draftwise.formats.errors import (
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.values import ConfigValues
 from draftwise.models.attention import AttentionMetadata, paged_attention
+from draftwise.models.backend import decide_backend, gemm_kind
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
 from draftwise.models.gdn import GatedDeltaNet
@@ -357,6 +359,10 @@ class Qwen3NextForCausalLM(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
         self.ensure_positions(min(4096, c.max_position_embeddings))
+        #: the kernels it runs: the decided GEMM layout; attention, the GDN mixer and its
+        #: small ops are torch (the C attention and elementwise kernels are not wired here)
+        self.backend = dataclasses.replace(
+            decide_backend(dtype, device, c.head_dim), attention="torch", elementwise="torch")
 
     # -- what the engine and drafters read (same surface as LlamaForCausalLM) -------------
     @property
@@ -424,11 +430,18 @@ class Qwen3NextForCausalLM(nn.Module):
             names = ("in_proj", "out_weight") if layer.linear else ("qkv_weight", "o_weight")
             slots += [(mixer, n) for n in names]
             slots += [(layer, "gate_up_weight"), (layer, "down_weight")]
-        packed = pack_weights([getattr(m, n) for m, n in slots] + [self.lm_head_weight])
+        packed = pack_weights([getattr(m, n) for m, n in slots] + [self.lm_head_weight],
+                              self.backend.dense_gemm)
         for (module, name), weight in zip(slots, packed):
             _set_packed(module, name, weight)
         head = packed[-1]
         self._lm_head_packed = head if is_packed(head) else None
+        self._gemm_weights = [getattr(m, n) for m, n in slots] + [head]
+
+    def gemm_kinds(self) -> list[tuple[str, str]]:
+        """(stored type, kernel) of every projection and the LM head (after packing)."""
+        weights = getattr(self, "_gemm_weights", None) or [self.lm_head_weight]
+        return [gemm_kind(w) for w in weights]
 
     def ensure_positions(self, n: int) -> None:
         """Grow the RoPE tables to cover positions ``< n``."""

@@ -104,7 +104,8 @@ class DFlashLoader:
         dc = cfg.decoder
         version = "DFlash2" if cfg.v2 is not None else "DFlash1"
         return LoadedDraft(
-            weights=LoadedDFlash(DFlashModel(cfg, weights, model.dtype, model.device), mask),
+            weights=LoadedDFlash(
+                DFlashModel(cfg, weights, model.dtype, model.device, model.backend), mask),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=cfg.target_layer_ids,

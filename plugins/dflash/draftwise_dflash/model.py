@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftwise.models.attention import AttentionMetadata, choose_backend, write_kv
+from draftwise.models.attention import AttentionMetadata, write_kv
+from draftwise.models.backend import Backend, decide_backend
 from draftwise.models.batch import ForwardBatch, KVCache
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import linear
@@ -51,7 +52,9 @@ class DFlashModel:
     """Context K/V writes and the block forward (module doc), on the target's device."""
 
     def __init__(self, cfg: DFlashConfig, weights: DFlashWeights, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, backend: Backend | None = None) -> None:
+        """``backend``: the target's (``LlamaForCausalLM.backend``): the drafter runs the
+        kernels the target runs, at its own head size; None decides for this dtype."""
         self.cfg, self.w = cfg, weights
         self.dtype, self.device = dtype, device
         c = cfg.decoder
@@ -59,7 +62,8 @@ class DFlashModel:
         self.num_layers = c.num_hidden_layers
         self.num_heads, self.num_kv_heads, self.head_dim = (
             c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        self.backend = choose_backend(dtype, c.head_dim, device)
+        decided = backend or decide_backend(dtype, device, c.head_dim)
+        self.backend = decided.attention_for(c.head_dim)
         #: the small per-token ops as C kernels too, with the native attention
         self.native = self.backend == "native"
         inv, self._scaling = inv_frequencies(

@@ -165,8 +165,9 @@ class DSparkLoader:
         borrow_target_tables(extra, target, checkpoint.path)
         dc = cfg.backbone.decoder
         return LoadedDraft(
-            weights=LoadedDSpark(cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device),
-                                 mask, extra, checkpoint.path),
+            weights=LoadedDSpark(
+                cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device, model.backend),
+                mask, extra, checkpoint.path),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,

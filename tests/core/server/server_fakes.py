@@ -16,10 +16,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+import torch
 from draftwise.errors import RequestError
 from draftwise.metrics import SpecDecodingStats
+from draftwise.models.backend import decide_backend
 from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.sampling import SamplingMetadata, SamplingParams
 from draftwise.server import ServerConfig, create_app
@@ -109,10 +112,12 @@ class FakeEngine:
         self.kv = FakeKV(self)
         self.spec = FakeSpec() if speculative else None
         self.spec_config = FakeSpecConfig() if speculative else None
+        #: what the CLI prints at start-up (``models.backend``): the torch paths
+        self.loaded = SimpleNamespace(model=SimpleNamespace(backend=decide_backend(
+            torch.float32, "cpu", 64)))
         self.fail_next_step = False
         self.aborted: list[str] = []
         self.owner: threading.Thread | None = None
-        self.loaded = None
         self.grammars = FakeGrammars()
         #: names of the threads that tokenized (never the engine thread)
         self.tokenize_threads: set[str] = set()

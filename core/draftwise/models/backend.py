@@ -1,0 +1,139 @@
+"""Which kernels run, decided once per load: one frozen :class:`Backend` value.
+
+A decode step runs four kinds of kernel: attention, the GEMMs (one per weight type),
+the small elementwise ops and the greedy argmax, on some number of threads. Each used
+to be chosen where it ran (the model, the packer, the GGUF planner, the sampler and
+the thread setup each asked the environment and the build again). Now
+:func:`decide_backend` applies every rule once, from the model's dtype, device and head
+size, the build and the ``DRAFTWISE_*`` overrides, and the model, the loader and the
+plugins read the value it returns (``LlamaForCausalLM.backend``). The rules themselves
+stay beside their kernels (``attention.choose_backend``, ``linear.weight_backend``,
+``gguf_weights.keep_quantized``); nothing else calls them.
+
+What runs per weight type is known once the weights are placed, so bootstrap completes
+the value with :meth:`Backend.finish` (the GEMM table from the loaded weights, and the
+thread split) and prints :meth:`Backend.line` at start-up; ``bench`` and ``generate
+--json`` carry :meth:`Backend.as_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwise.models import kernels
+
+#: the greedy argmax: a build fact (the C pass gives torch's answer, ties and NaN included)
+ARGMAX = "native" if kernels.available("argmax_f32") else "torch"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """What a model runs; see the module doc. Strings, so it prints and serialises as is."""
+
+    #: ``native`` (core/csrc/paged_attention.c) or ``torch``
+    attention: str
+    #: RMSNorm, RoPE, SiLU-and-multiply: ``native`` (elementwise.c) or ``torch``
+    elementwise: str
+    #: ``native`` (argmax_f32) or ``torch``
+    argmax: str
+    #: how float weights in the model dtype are packed: ``native``, ``onednn`` or ``dense``
+    dense_gemm: str
+    #: GGUF-quantized weights stay quantized (``models.quant``); else why not (for a notice)
+    quantized: bool
+    quantized_why_not: str
+    #: stored weight type -> the GEMM that runs it, e.g. ``("Q4_K", "quant-avx2")``
+    gemm: tuple[tuple[str, str], ...] = ()
+    #: the C kernels' worker threads, and torch's intra-op threads beside them
+    threads: int | None = None
+    torch_threads: int | None = None
+    #: whether the native attention runs here at all (any head size it takes)
+    native_attention: bool = False
+
+    def attention_for(self, head_dim: int) -> str:
+        """The attention another decoder of ``head_dim`` (a drafter) on this target runs:
+        native where it can run at that head size, as the target's own rule says."""
+        from draftwise.models.attention import native_head_dim
+
+        return "native" if self.native_attention and native_head_dim(head_dim) else "torch"
+
+    @property
+    def native_gemm(self) -> bool:
+        """Whether any GEMM runs on draftwise's worker pool (then torch gets one thread)."""
+        return any(kind.startswith(("native", "quant")) for _, kind in self.gemm)
+
+    def finish(self, gemm: Iterable[tuple[str, str]], threads: int) -> Backend:
+        """The value with the GEMM table of the placed weights and the thread split: the
+        pool's threads for the native GEMMs and torch at one (its OpenMP workers would spin
+        on the same cores), or all threads to torch when no native GEMM runs."""
+        kinds: dict[str, list[str]] = {}
+        for stored, kind in gemm:
+            if kind not in kinds.setdefault(stored, []):
+                kinds[stored].append(kind)
+        table = tuple(sorted((stored, "+".join(k)) for stored, k in kinds.items()))
+        done = dataclasses.replace(self, gemm=table)
+        if done.native_gemm:
+            return dataclasses.replace(done, threads=threads, torch_threads=1)
+        return dataclasses.replace(done, threads=None, torch_threads=threads)
+
+    def line(self) -> str:
+        """One start-up line naming every kernel that runs."""
+        gemm = ", ".join(f"{t}={k}" for t, k in self.gemm) or "none"
+        pool = "torch's" if self.threads is None else str(self.threads)
+        return (f"backend: attention={self.attention} gemm[{gemm}] "
+                f"elementwise={self.elementwise} argmax={self.argmax} "
+                f"threads={pool} (torch {self.torch_threads})")
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON reports (bench, ``generate --json``)."""
+        return {
+            "attention": self.attention,
+            "gemm": dict(self.gemm),
+            "elementwise": self.elementwise,
+            "argmax": self.argmax,
+            "threads": self.threads,
+            "torch_threads": self.torch_threads,
+        }
+
+
+def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> Backend:
+    """Every kernel choice for a model of ``dtype`` on ``device`` with ``head_dim``.
+
+    Raises (``ValueError``/``RuntimeError`` naming the variable) when a ``DRAFTWISE_*``
+    override asks for a kernel that cannot run here: refused, never downgraded.
+    """
+    from draftwise.models.attention import choose_backend
+    from draftwise.models.gguf_weights import keep_quantized
+    from draftwise.models.linear import weight_backend
+
+    attention = choose_backend(dtype, head_dim, device)
+    keep, why = keep_quantized(dtype, device)
+    return Backend(
+        attention=attention,
+        # validated together with the native attention (same dtype/device conditions)
+        elementwise="native" if attention == "native" else "torch",
+        argmax=ARGMAX if torch.device(device).type == "cpu" else "torch",
+        dense_gemm=weight_backend(dtype, device),
+        quantized=keep,
+        quantized_why_not=why,
+        # 16: a head size the kernel always takes, so this asks about dtype/device/build
+        native_attention=choose_backend(dtype, 16, device) == "native",
+    )
+
+
+def gemm_kind(weight: Any) -> tuple[str, str]:
+    """(stored type, kernel) of one placed weight: ``models.quant.QuantWeight``,
+    ``models.linear.BlockedWeight``, a oneDNN-packed or a dense tensor."""
+    from draftwise.models.linear import BlockedWeight
+    from draftwise.models.quant import QuantWeight
+
+    if isinstance(weight, QuantWeight):
+        return "+".join(dict.fromkeys(weight.qtypes)), f"quant-{kernels.quant_simd()}"
+    if isinstance(weight, BlockedWeight):
+        return "bf16", f"native-{kernels.bf16_isa()}"
+    dtype = str(weight.dtype).removeprefix("torch.")
+    return dtype, "onednn" if weight.is_mkldnn else "torch"
