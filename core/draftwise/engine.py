@@ -290,14 +290,10 @@ class LLMEngine:
         # a step where no row may draft (adaptive depth chose k = 0 everywhere, prefill,
         # requests with speculation off) is the plain step: no proposer runs, no feedback
         drafting = self.spec is not None and any(row.max_draft for row in rows)
-        if drafting:
-            drafts = self.spec.propose(rows, tables)
-            # structured output: drafts past a refused token are dead
+        drafts = (self.spec.propose(rows, tables) if self.spec is not None
+                  else StepDrafts.none(len(rows)))  # propose returns at once when none may
+        if drafting:  # structured output: drafts past a refused token are dead
             drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
-        else:
-            drafts = StepDrafts.none(len(rows))
-            if self.spec is not None:
-                self.spec.track(rows)
         t1 = time.perf_counter()
         starts = [row.request.num_computed_tokens for row in rows]
         prompt_rows = [prompt_lp.logit_rows(row.request, s, row.num_new_tokens)
@@ -489,25 +485,25 @@ class LLMEngine:
                 req.logprobs = (req.logprobs or []) + kept_lps
                 req.cumulative_logprob = (req.cumulative_logprob or 0.0) + sum(
                     lp[t].logprob for lp, t in zip(kept_lps, toks))
+        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
+        computed = start + row.num_new_tokens + n_acc
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
-            cacheable = None
-            if toks is not None:  # its full blocks of verified K/V stay reusable; the
-                # draft owners' frontier is the one before this step (smaller: safe)
-                computed = min(start + row.num_new_tokens + outcome.num_accepted[i],
-                               len(req.all_token_ids))
-                cacheable = (self.spec.cacheable(req.req_id, computed)
-                             if self.spec is not None else computed)
+            # its full blocks of verified K/V stay reusable (the draft owners' frontier is
+            # the one before this step: smaller, so safe)
+            cacheable = None if toks is None else self._cacheable(
+                req.req_id, min(computed, len(req.all_token_ids)))
             self.scheduler.finish(req, req.status, num_cacheable=cacheable)
             self._release_state(req.req_id)
             return
-        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
-        computed = start + row.num_new_tokens + n_acc
         if self.spec is not None:
             self.spec.commit_row(req.req_id, i, drafts, start, computed, hidden_states, offset)
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
-        cacheable = self.spec.cacheable(req.req_id, computed) if self.spec is not None else computed
-        self.scheduler.commit(req, computed, cacheable)
+        self.scheduler.commit(req, computed, self._cacheable(req.req_id, computed))
+
+    def _cacheable(self, req_id: str, computed: int) -> int:
+        """Tokens the prefix cache may register: every KV owner has written them."""
+        return self.spec.cacheable(req_id, computed) if self.spec is not None else computed
 
     def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
         """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then

@@ -109,7 +109,8 @@ class Speculation:
         probs: list[torch.Tensor | None] = [None] * n
         owner: list[int | None] = [None] * n
         kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
-        self.track(rows)
+        for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
+            self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
         if not pending:
             return StepDrafts.none(n)
@@ -150,12 +151,6 @@ class Speculation:
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
         return StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs), kv_valid)
-
-    def track(self, rows: list[ScheduledRow]) -> None:
-        """Start the core's state of requests seen for the first time since admission
-        (every step calls this, drafting or not: a frontier starts at the prefix hit)."""
-        for row in rows:
-            self._state(row)
 
     def _state(self, row: ScheduledRow) -> _RequestState:
         """The request's state, made on its first row since admission (or preemption)."""
