@@ -55,6 +55,22 @@ def test_sampling_distribution_matches_spec_off(
     assert stat < CHI2_9999[dof], (stat, dof, reference, on)
 
 
+def test_gguf_q8_0_dflash2_sampling_matches_spec_off(
+    target_dir: Path, trained2_dir: Path, reference: Counter, tmp_path: Path
+) -> None:
+    """The GGUF path (llama.cpp's DFlash2 layout, Q8_0 conv projections, selector and
+    layers on the quantized kernels) keeps the walk's q honest: the q it reports is the one
+    its drafts were drawn from, so the distribution is speculation off's."""
+    from gguf import GGMLQuantizationType as Q
+
+    from .test_containers import write_dflash_gguf
+
+    drafter = write_dflash_gguf(trained2_dir, tmp_path / "d-q8.gguf", Q.Q8_0)
+    on = sample(target_dir, config(drafter, draft_sample_method="probabilistic"), seed=3)
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat < CHI2_9999[dof], (stat, dof, reference, on)
+
+
 def test_wrong_accept_rule_is_detected(
     target_dir: Path, trained_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -93,11 +109,22 @@ def test_a_wrong_q_is_detected(
     assert stat > CHI2_9999[dof], "a q that is not the drafter's must be caught"
 
 
+@pytest.mark.parametrize("container", ["safetensors", "gguf-q8_0"])
 def test_a_wrong_walk_q_is_detected(
-    target_dir: Path, trained2_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+    target_dir: Path, trained2_dir: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch,
+    container: str, tmp_path: Path,
 ) -> None:
-    """DFlash2: claiming uniform q over the candidates instead of softmax(S / T)."""
+    """DFlash2: claiming uniform q over the candidates instead of softmax(S / T); the GGUF
+    drafter runs the same walk, so the same mutation must be caught through it too."""
     import draftwise_dflash.proposer as proposer_mod
+
+    drafter = trained2_dir
+    if container == "gguf-q8_0":
+        from gguf import GGMLQuantizationType as Q
+
+        from .test_containers import write_dflash_gguf
+
+        drafter = write_dflash_gguf(trained2_dir, tmp_path / "d-q8.gguf", Q.Q8_0)
 
     real = proposer_mod.selector_walk
 
@@ -113,6 +140,6 @@ def test_a_wrong_walk_q_is_detected(
         return tokens, out
 
     monkeypatch.setattr(proposer_mod, "selector_walk", uniform_q)
-    on = sample(target_dir, config(trained2_dir, draft_sample_method="probabilistic"), seed=2)
+    on = sample(target_dir, config(drafter, draft_sample_method="probabilistic"), seed=2)
     stat, dof = chi2_two_sample(*pool_rare(reference, on))
     assert stat > CHI2_9999[dof], "a q that is not the walk's must be caught"
