@@ -67,6 +67,9 @@ class AcceptanceEstimate:
     probe_fails: int = 0
     #: the depth chosen for the last step was a probe (its outcome sets the backoff)
     probing: bool = False
+    #: per value of the drafter's evidence (``Drafts.evidence``: n-gram's match length),
+    #: this request's acceptance of the drafts made on that evidence
+    by_evidence: dict[int, AcceptanceEstimate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.draft_rates:
@@ -108,13 +111,18 @@ class AcceptanceEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         """For per-request metrics."""
-        return {
+        out: dict[str, Any] = {
             "acceptance_rate_per_pos": [round(p, 4) for p in self.rates],
             "draft_rate_per_pos": [round(d, 4) for d in self.draft_rates],
             "last_k": self.last_k,
             "num_probes": self.num_probes,
             "probe_fails": self.probe_fails,
         }
+        if self.by_evidence:
+            out["acceptance_rate_per_pos_by_evidence"] = {
+                str(v): [round(p, 4) for p in e.rates] for v, e in sorted(self.by_evidence.items())
+            }
+        return out
 
 
 def choose_depths(
@@ -123,13 +131,17 @@ def choose_depths(
     caps: Sequence[int],
     step_seconds: Callable[[float], float],
     draft_seconds_per_token: float = 0.0,
+    floors: Sequence[int] | None = None,
 ) -> list[int]:
-    """Each row's k in ``0..caps[i]`` maximising expected tokens per second of the step.
+    """Each row's k in ``floors[i]..caps[i]`` maximising expected tokens per second of the
+    step.
 
     :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
     :param draft_rates: per row and position, the chance a draft comes back there.
     :param step_seconds: forward seconds of this batch given its total (expected) tokens.
     :param draft_seconds_per_token: proposing cost per draft token.
+    :param floors: per row, drafts it keeps whatever the rule says (rows another rule
+        decided: their tokens still weigh on the step time); None: 0 for every row.
 
     Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
     j) for one token of forward, so the best allocation of any n draft tokens takes the n
@@ -138,18 +150,24 @@ def choose_depths(
     the order and prices in the drafts the drafter does not make.
     """
     num_rows = len(caps)
+    floor = list(floors) if floors is not None else [0] * num_rows
     if not any(caps):
         return [0] * num_rows
     cands: list[tuple[float, int, float]] = []
+    gain = tokens = float(num_rows)
+    drafted = 0.0
     for i, cap in enumerate(caps):
         cum = 1.0
         for j in range(cap):
             cum *= min(1.0, max(0.0, rates[i][j]))
-            cands.append((cum, i, max(0.0, min(1.0, draft_rates[i][j]))))
+            d = max(0.0, min(1.0, draft_rates[i][j]))
+            if j < floor[i]:  # kept whatever: part of the step, not a choice
+                gain, tokens, drafted = gain + d * cum, tokens + d, drafted + d
+            else:
+                cands.append((cum, i, d))
     cands.sort(key=lambda c: -c[0])  # stable: a row's positions stay in order
-    gain = tokens = float(num_rows)
-    drafted = 0.0
-    best, best_n = gain / max(step_seconds(tokens), 1e-12), 0
+    start = step_seconds(tokens) + draft_seconds_per_token * drafted
+    best, best_n = gain / max(start, 1e-12), 0
     for n, (cum, _i, d) in enumerate(cands, 1):
         gain += d * cum
         tokens += d
@@ -158,7 +176,7 @@ def choose_depths(
         tput = gain / max(seconds, 1e-12)
         if tput > best * (1.0 + MIN_GAIN):
             best, best_n = tput, n
-    ks = [0] * num_rows
+    ks = [min(f, c) for f, c in zip(floor, caps)]
     for _, i, _d in cands[:best_n]:
         ks[i] += 1
     return ks
@@ -173,6 +191,11 @@ class DepthPolicy:
     cost: CostModel
     #: engine-wide running rates: where a new request's estimate starts
     population: AcceptanceEstimate = field(init=False)
+    #: engine-wide running rates per value of the drafters' evidence: where a request's
+    #: estimate for that value starts (a 4-token n-gram match is accepted about as often
+    #: in open text as in an edit, a 1-token match about as rarely, so pooling them is
+    #: fair where pooling whole requests is not)
+    pooled: dict[int, AcceptanceEstimate] = field(init=False, default_factory=dict)
     #: per batch size R, the step time at R + t tokens for t = 0..R*max_k (the grid is
     #: fixed once measured, so each is interpolated once, not on every step)
     _step_tables: dict[int, list[float]] = field(init=False, default_factory=dict)
@@ -186,13 +209,77 @@ class DepthPolicy:
         return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
 
     def observe(
-        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int
+        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int,
+        evidence: int | None = None,
     ) -> None:
-        """A step that let the row draft: update its estimate and the population's."""
+        """A step that let the row draft: update its estimate and the population's, and
+        when its verified draft came with ``evidence``, both estimates for that value."""
         w, strength = self.config.ew_weight, self.config.prior_strength
         est.observe(w, num_asked, num_drafted, num_accepted, strength)
         # the population moves slower: it summarises many requests
         self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength)
+        if evidence is not None and num_drafted:
+            own = self.evidence_estimate(est, evidence)
+            own.observe(w, num_drafted, num_drafted, num_accepted, strength)
+            self._pool(evidence).observe(w / 4, num_drafted, num_drafted, num_accepted,
+                                         strength)
+
+    def _pool(self, value: int) -> AcceptanceEstimate:
+        """The engine-wide estimate for one evidence value (the prior until observed)."""
+        pool = self.pooled.get(value)
+        if pool is None:
+            pool = self.pooled[value] = AcceptanceEstimate([self.config.prior] * self.max_k)
+        return pool
+
+    def evidence_estimate(self, est: AcceptanceEstimate, value: int) -> AcceptanceEstimate:
+        """The request's estimate for drafts on ``value``: it starts from the engine's
+        rates for that value as a weak prior (``prior_strength`` observations), exactly
+        as the request's overall estimate starts from the population's."""
+        own = est.by_evidence.get(value)
+        if own is None:
+            pool = self._pool(value)
+            own = est.by_evidence[value] = AcceptanceEstimate(list(pool.rates))
+        return own
+
+    def evidence_rates(self, est: AcceptanceEstimate, value: int) -> list[float]:
+        """What the rule reads for a draft on ``value``: the request's estimate, a
+        position that neither it nor the engine reached on that value reading at least
+        the position before it (see :meth:`rates`)."""
+        own, pool = self.evidence_estimate(est, value), self._pool(value)
+        out = list(own.rates)
+        for j in range(1, len(out)):
+            if not own.seen[j] and not pool.seen[j]:
+                out[j] = max(out[j], out[j - 1])
+        return out
+
+    def cut(
+        self,
+        estimates: Sequence[AcceptanceEstimate | None],
+        counts: Sequence[int],
+        evidence: Sequence[int | None],
+    ) -> list[int]:
+        """After proposing: how many of each row's drafts to verify.
+
+        A row whose drafter gave evidence is decided again on its acceptance for that
+        evidence, the drafts known (so every position is there: its draft rate is 1),
+        and cut to the best length; the others (no evidence, or fixed depth) keep their
+        drafts, which still count in the step time. The drafts are already made, so
+        their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
+        """
+        decided = [e is not None and v is not None and n > 0
+                   for e, v, n in zip(estimates, evidence, counts)]
+        if not any(decided):
+            return list(counts)
+        rates: list[list[float]] = []
+        for e, v, ok in zip(estimates, evidence, decided):
+            if ok and e is not None and v is not None:
+                rates.append(self.evidence_rates(e, v))
+            else:
+                rates.append(self.rates(e) if e is not None else list(self.population.rates))
+        ones = [[1.0] * self.max_k for _ in counts]
+        floors = [0 if ok else n for ok, n in zip(decided, counts)]
+        return choose_depths(rates, ones, list(counts), self.step_seconds(len(counts)),
+                             floors=floors)
 
     def probe_interval(self, est: AcceptanceEstimate) -> int:
         """Steps at k = 0 before this request's next probe: backed off per failed probe."""
@@ -237,11 +324,23 @@ class DepthPolicy:
                 out[j] = max(out[j], out[j - 1])
         return out
 
+    def reserve_rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The rates a row's depth is reserved on before its drafter runs: per position
+        the best of its overall rates and of its rates for each evidence value it has
+        seen. A drafter that gives evidence is cut to what its evidence earns once the
+        draft is made (:meth:`cut`), so the reservation is what the best evidence would
+        earn, not the average: a request whose 1-token matches fail but whose 4-token
+        matches hold still gets its 4-token matches verified to the full depth."""
+        out = self.rates(est)
+        for value in est.by_evidence:
+            out = [max(a, b) for a, b in zip(out, self.evidence_rates(est, value))]
+        return out
+
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
         ks = choose_depths(
-            [self.rates(e) for e in estimates], [e.draft_rates for e in estimates], caps,
-            self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
+            [self.reserve_rates(e) for e in estimates], [e.draft_rates for e in estimates],
+            caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False

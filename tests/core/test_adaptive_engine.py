@@ -59,6 +59,8 @@ def test_adaptive_alone_equals_spec_off(adaptive: LLM, plain: list[list[int]]) -
         assert out.outputs[0].token_ids == want
         assert "adaptive" in out.metrics["speculative_decoding"]
     assert adaptive.engine.spec.metrics.num_accepted_tokens > 0  # speculation happened
+    # the n-gram's match lengths reached adaptive depth, which keeps acceptance by them
+    assert adaptive.engine.spec.policy.pooled
 
 
 def test_adaptive_batched_equals_spec_off(adaptive: LLM, plain: list[list[int]]) -> None:
