@@ -2,7 +2,9 @@
 
 The proposer is stateless: every step looks the draft up again in the row's accepted
 tokens, so ``on_verified`` and ``release`` have nothing to do. Drafts carry no
-probabilities (verification treats q as one-hot at the draft token).
+probabilities (verification treats q as one-hot at the draft token); each row's
+``evidence`` is the length of the match its draft followed (adaptive depth keeps
+acceptance by it).
 
 The lookup follows vLLM (``_find_longest_matched_ngram_and_propose_tokens``, a KMP scan
 under numba):
