@@ -245,7 +245,8 @@ class DepthPolicy:
         """What the rule reads for a draft on ``value``: the request's estimate, a
         position that neither it nor the engine reached on that value reading at least
         the position before it (see :meth:`rates`)."""
-        own, pool = self.evidence_estimate(est, value), self._pool(value)
+        pool = self._pool(value)
+        own = est.by_evidence.get(value, pool)  # not seen by the request: the pool's
         out = list(own.rates)
         for j in range(1, len(out)):
             if not own.seen[j] and not pool.seen[j]:
@@ -327,19 +328,33 @@ class DepthPolicy:
     def reserve_rates(self, est: AcceptanceEstimate) -> list[float]:
         """The rates a row's depth is reserved on before its drafter runs: per position
         the best of its overall rates and of its rates for each evidence value it has
-        seen. A drafter that gives evidence is cut to what its evidence earns once the
-        draft is made (:meth:`cut`), so the reservation is what the best evidence would
-        earn, not the average: a request whose 1-token matches fail but whose 4-token
-        matches hold still gets its 4-token matches verified to the full depth."""
+        seen, or the engine has seen for a request that has not. A drafter that gives
+        evidence is cut to what its evidence earns once the draft is made (:meth:`cut`),
+        so the reservation is what the best evidence would earn, not the average: a
+        request whose 1-token matches fail still looks its drafts up, and its 4-token
+        matches are verified to the full depth (an edit prompt whose first short matches
+        failed was otherwise off for 30 steps while its 4-token matches all held)."""
         out = self.rates(est)
-        for value in est.by_evidence:
+        if not est.by_evidence:  # its drafter gave no evidence (yet): its own rates
+            return out
+        for value in set(est.by_evidence) | set(self.pooled):
             out = [max(a, b) for a, b in zip(out, self.evidence_rates(est, value))]
         return out
+
+    def reserve_draft_rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The chance per position that a reserved slot gets a draft, as the reservation
+        reads it: for a drafter that gives evidence, 1 (the cut decides on the drafts
+        made, so the question here is only whether a draft there would pay; the measured
+        rate also counts the cut's own drops, and a position last asked for long ago
+        keeps a stale low rate that kept a request whose 4-token matches all held at
+        depth 3), else the measured rate."""
+        return [1.0] * len(est.draft_rates) if est.by_evidence else est.draft_rates
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
         ks = choose_depths(
-            [self.reserve_rates(e) for e in estimates], [e.draft_rates for e in estimates],
+            [self.reserve_rates(e) for e in estimates],
+            [self.reserve_draft_rates(e) for e in estimates],
             caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):
