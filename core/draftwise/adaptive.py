@@ -29,6 +29,16 @@ before it (open text after grounded edits) then wastes one draft token on its fi
 step, not four, and stops drafting after a rejection or two instead of paying for the
 population's optimism for several steps.
 
+A drafter may also say how strong its reason for each draft is (``Drafts.evidence``:
+n-gram gives the length of the suffix match it followed). Acceptance depends on it far
+more than on the request (teacher-forced on the mixed and smoke workloads: 15% after a
+1-token match, about 50% after 2-3, 91% after 4, in edits and open text alike), so each
+request also keeps rates per evidence value, started from an engine-wide estimate for
+that value, and once the drafts are made :meth:`DepthPolicy.cut` decides again on the
+rates of each row's evidence and cuts the draft to what pays. Such a request's depth is
+reserved on the best evidence seen (:meth:`DepthPolicy.reserve_rates`), so it keeps
+looking up and its strong matches are verified in full while its weak ones are cut.
+
 Lossless by construction: only how many drafts are verified changes, never how.
 """
 
