@@ -29,6 +29,16 @@ before it (open text after grounded edits) then wastes one draft token on its fi
 step, not four, and stops drafting after a rejection or two instead of paying for the
 population's optimism for several steps.
 
+A drafter may also say how strong its reason for each draft is (``Drafts.evidence``:
+n-gram gives the length of the suffix match it followed). Acceptance depends on it far
+more than on the request (teacher-forced on the mixed and smoke workloads: 15% after a
+1-token match, about 50% after 2-3, 91% after 4, in edits and open text alike), so each
+request also keeps rates per evidence value, started from an engine-wide estimate for
+that value, and once the drafts are made :meth:`DepthPolicy.cut` decides again on the
+rates of each row's evidence and cuts the draft to what pays. Such a request's depth is
+reserved on the best evidence seen (:meth:`DepthPolicy.reserve_rates`), so it keeps
+looking up and its strong matches are verified in full while its weak ones are cut.
+
 Lossless by construction: only how many drafts are verified changes, never how.
 """
 
@@ -67,6 +77,9 @@ class AcceptanceEstimate:
     probe_fails: int = 0
     #: the depth chosen for the last step was a probe (its outcome sets the backoff)
     probing: bool = False
+    #: per value of the drafter's evidence (``Drafts.evidence``: n-gram's match length),
+    #: this request's acceptance of the drafts made on that evidence
+    by_evidence: dict[int, AcceptanceEstimate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.draft_rates:
@@ -108,13 +121,18 @@ class AcceptanceEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         """For per-request metrics."""
-        return {
+        out: dict[str, Any] = {
             "acceptance_rate_per_pos": [round(p, 4) for p in self.rates],
             "draft_rate_per_pos": [round(d, 4) for d in self.draft_rates],
             "last_k": self.last_k,
             "num_probes": self.num_probes,
             "probe_fails": self.probe_fails,
         }
+        if self.by_evidence:
+            out["acceptance_rate_per_pos_by_evidence"] = {
+                str(v): [round(p, 4) for p in e.rates] for v, e in sorted(self.by_evidence.items())
+            }
+        return out
 
 
 def choose_depths(
@@ -123,13 +141,17 @@ def choose_depths(
     caps: Sequence[int],
     step_seconds: Callable[[float], float],
     draft_seconds_per_token: float = 0.0,
+    floors: Sequence[int] | None = None,
 ) -> list[int]:
-    """Each row's k in ``0..caps[i]`` maximising expected tokens per second of the step.
+    """Each row's k in ``floors[i]..caps[i]`` maximising expected tokens per second of the
+    step.
 
     :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
     :param draft_rates: per row and position, the chance a draft comes back there.
     :param step_seconds: forward seconds of this batch given its total (expected) tokens.
     :param draft_seconds_per_token: proposing cost per draft token.
+    :param floors: per row, drafts it keeps whatever the rule says (rows another rule
+        decided: their tokens still weigh on the step time); None: 0 for every row.
 
     Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
     j) for one token of forward, so the best allocation of any n draft tokens takes the n
@@ -138,18 +160,24 @@ def choose_depths(
     the order and prices in the drafts the drafter does not make.
     """
     num_rows = len(caps)
+    floor = list(floors) if floors is not None else [0] * num_rows
     if not any(caps):
         return [0] * num_rows
     cands: list[tuple[float, int, float]] = []
+    gain = tokens = float(num_rows)
+    drafted = 0.0
     for i, cap in enumerate(caps):
         cum = 1.0
         for j in range(cap):
             cum *= min(1.0, max(0.0, rates[i][j]))
-            cands.append((cum, i, max(0.0, min(1.0, draft_rates[i][j]))))
+            d = max(0.0, min(1.0, draft_rates[i][j]))
+            if j < floor[i]:  # kept whatever: part of the step, not a choice
+                gain, tokens, drafted = gain + d * cum, tokens + d, drafted + d
+            else:
+                cands.append((cum, i, d))
     cands.sort(key=lambda c: -c[0])  # stable: a row's positions stay in order
-    gain = tokens = float(num_rows)
-    drafted = 0.0
-    best, best_n = gain / max(step_seconds(tokens), 1e-12), 0
+    start = step_seconds(tokens) + draft_seconds_per_token * drafted
+    best, best_n = gain / max(start, 1e-12), 0
     for n, (cum, _i, d) in enumerate(cands, 1):
         gain += d * cum
         tokens += d
@@ -158,7 +186,7 @@ def choose_depths(
         tput = gain / max(seconds, 1e-12)
         if tput > best * (1.0 + MIN_GAIN):
             best, best_n = tput, n
-    ks = [0] * num_rows
+    ks = [min(f, c) for f, c in zip(floor, caps)]
     for _, i, _d in cands[:best_n]:
         ks[i] += 1
     return ks
@@ -173,6 +201,11 @@ class DepthPolicy:
     cost: CostModel
     #: engine-wide running rates: where a new request's estimate starts
     population: AcceptanceEstimate = field(init=False)
+    #: engine-wide running rates per value of the drafters' evidence: where a request's
+    #: estimate for that value starts (a 4-token n-gram match is accepted about as often
+    #: in open text as in an edit, a 1-token match about as rarely, so pooling them is
+    #: fair where pooling whole requests is not)
+    pooled: dict[int, AcceptanceEstimate] = field(init=False, default_factory=dict)
     #: per batch size R, the step time at R + t tokens for t = 0..R*max_k (the grid is
     #: fixed once measured, so each is interpolated once, not on every step)
     _step_tables: dict[int, list[float]] = field(init=False, default_factory=dict)
@@ -186,13 +219,78 @@ class DepthPolicy:
         return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
 
     def observe(
-        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int
+        self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int,
+        evidence: int | None = None,
     ) -> None:
-        """A step that let the row draft: update its estimate and the population's."""
+        """A step that let the row draft: update its estimate and the population's, and
+        when its verified draft came with ``evidence``, both estimates for that value."""
         w, strength = self.config.ew_weight, self.config.prior_strength
         est.observe(w, num_asked, num_drafted, num_accepted, strength)
         # the population moves slower: it summarises many requests
         self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength)
+        if evidence is not None and num_drafted:
+            own = self.evidence_estimate(est, evidence)
+            own.observe(w, num_drafted, num_drafted, num_accepted, strength)
+            self._pool(evidence).observe(w / 4, num_drafted, num_drafted, num_accepted,
+                                         strength)
+
+    def _pool(self, value: int) -> AcceptanceEstimate:
+        """The engine-wide estimate for one evidence value (the prior until observed)."""
+        pool = self.pooled.get(value)
+        if pool is None:
+            pool = self.pooled[value] = AcceptanceEstimate([self.config.prior] * self.max_k)
+        return pool
+
+    def evidence_estimate(self, est: AcceptanceEstimate, value: int) -> AcceptanceEstimate:
+        """The request's estimate for drafts on ``value``: it starts from the engine's
+        rates for that value as a weak prior (``prior_strength`` observations), exactly
+        as the request's overall estimate starts from the population's."""
+        own = est.by_evidence.get(value)
+        if own is None:
+            pool = self._pool(value)
+            own = est.by_evidence[value] = AcceptanceEstimate(list(pool.rates))
+        return own
+
+    def evidence_rates(self, est: AcceptanceEstimate, value: int) -> list[float]:
+        """What the rule reads for a draft on ``value``: the request's estimate, a
+        position that neither it nor the engine reached on that value reading at least
+        the position before it (see :meth:`rates`)."""
+        pool = self._pool(value)
+        own = est.by_evidence.get(value, pool)  # not seen by the request: the pool's
+        out = list(own.rates)
+        for j in range(1, len(out)):
+            if not own.seen[j] and not pool.seen[j]:
+                out[j] = max(out[j], out[j - 1])
+        return out
+
+    def cut(
+        self,
+        estimates: Sequence[AcceptanceEstimate | None],
+        counts: Sequence[int],
+        evidence: Sequence[int | None],
+    ) -> list[int]:
+        """After proposing: how many of each row's drafts to verify.
+
+        A row whose drafter gave evidence is decided again on its acceptance for that
+        evidence, the drafts known (so every position is there: its draft rate is 1),
+        and cut to the best length; the others (no evidence, or fixed depth) keep their
+        drafts, which still count in the step time. The drafts are already made, so
+        their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
+        """
+        decided = [e is not None and v is not None and n > 0
+                   for e, v, n in zip(estimates, evidence, counts)]
+        if not any(decided):
+            return list(counts)
+        rates: list[list[float]] = []
+        for e, v, ok in zip(estimates, evidence, decided):
+            if ok and e is not None and v is not None:
+                rates.append(self.evidence_rates(e, v))
+            else:
+                rates.append(self.rates(e) if e is not None else list(self.population.rates))
+        ones = [[1.0] * self.max_k for _ in counts]
+        floors = [0 if ok else n for ok, n in zip(decided, counts)]
+        return choose_depths(rates, ones, list(counts), self.step_seconds(len(counts)),
+                             floors=floors)
 
     def probe_interval(self, est: AcceptanceEstimate) -> int:
         """Steps at k = 0 before this request's next probe: backed off per failed probe."""
@@ -237,11 +335,37 @@ class DepthPolicy:
                 out[j] = max(out[j], out[j - 1])
         return out
 
+    def reserve_rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The rates a row's depth is reserved on before its drafter runs: per position
+        the best of its overall rates and of its rates for each evidence value it has
+        seen, or the engine has seen for a request that has not. A drafter that gives
+        evidence is cut to what its evidence earns once the draft is made (:meth:`cut`),
+        so the reservation is what the best evidence would earn, not the average: a
+        request whose 1-token matches fail still looks its drafts up, and its 4-token
+        matches are verified to the full depth (an edit prompt whose first short matches
+        failed was otherwise off for 30 steps while its 4-token matches all held)."""
+        out = self.rates(est)
+        if not est.by_evidence:  # its drafter gave no evidence (yet): its own rates
+            return out
+        for value in set(est.by_evidence) | set(self.pooled):
+            out = [max(a, b) for a, b in zip(out, self.evidence_rates(est, value))]
+        return out
+
+    def reserve_draft_rates(self, est: AcceptanceEstimate) -> list[float]:
+        """The chance per position that a reserved slot gets a draft, as the reservation
+        reads it: for a drafter that gives evidence, 1 (the cut decides on the drafts
+        made, so the question here is only whether a draft there would pay; the measured
+        rate also counts the cut's own drops, and a position last asked for long ago
+        keeps a stale low rate that kept a request whose 4-token matches all held at
+        depth 3), else the measured rate."""
+        return [1.0] * len(est.draft_rates) if est.by_evidence else est.draft_rates
+
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
         ks = choose_depths(
-            [self.rates(e) for e in estimates], [e.draft_rates for e in estimates], caps,
-            self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
+            [self.reserve_rates(e) for e in estimates],
+            [self.reserve_draft_rates(e) for e in estimates],
+            caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False

@@ -204,7 +204,7 @@ def build_depth_policy(
             "block_size": args.block_size,
         }
     rows = min(args.max_num_seqs, settings.max_measured_rows)
-    cost = measure_costs(runner, kv, k, rows, cache_key=key)
+    cost = measure_costs(runner, kv, k, rows, cache_key=key, threads=threads)
     return DepthPolicy(settings, k, cost)
 
 

@@ -9,6 +9,13 @@ dropped when it is handed out, so nothing the prefix cache holds is overwritten)
 is timed once per model file, dtype, compute threads and grid, and kept in a small JSON
 file cache so the next start-up with the same settings skips it.
 
+With one compute thread the forward is timed on the thread's own CPU clock
+(``time.thread_time``): it is the forward's cost on a quiet machine whatever other
+processes do (on a 2-core machine at load 9, wall-clock minima over four passes read a
+1-token forward at 34 ms against 10 ms quiet, and 1 + 3 drafts at 2.03x against 1.5x,
+which steered adaptive depth shallow). With several threads the CPU clock sums them, so
+wall time is the measure there.
+
 Between grid points :meth:`CostModel.step_seconds` interpolates linearly in tokens, then
 in rows; beyond the largest measured batch it extrapolates per row. The drafters' cost per
 draft token is measured online (:meth:`CostModel.observe_draft`), as an exponentially
@@ -23,6 +30,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,12 +146,18 @@ def measure_costs(
     max_rows: int,
     *,
     cache_key: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> CostModel:
-    """Time the forward grid (or read it from the file cache when ``cache_key`` is given)."""
+    """Time the forward grid (or read it from the file cache when ``cache_key`` is given).
+
+    ``threads``: the compute threads the forward runs on; 1 times it on this thread's CPU
+    clock (see the module docstring), anything else (or None) on the wall clock.
+    """
     rows = rows_grid(max_rows)
     tokens = list(range(1, max_k + 2))
-    full_key = {**cache_key, "rows": rows, "tokens": tokens, "format": CACHE_FORMAT} \
-        if cache_key else None
+    clock_name = "thread" if threads == 1 else "wall"
+    full_key = {**cache_key, "rows": rows, "tokens": tokens, "format": CACHE_FORMAT,
+                "clock": clock_name} if cache_key else None
     path = _cache_path(full_key) if full_key else None
     if path is not None and path.is_file():
         try:
@@ -152,7 +166,8 @@ def measure_costs(
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("cost model cache %s unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    grid = monotone(_time_grid(runner, kv, rows, tokens))
+    clock = time.thread_time if clock_name == "thread" else time.perf_counter
+    grid = monotone(_time_grid(runner, kv, rows, tokens, clock))
     model = CostModel(rows, tokens, grid, source="measured",
                       measure_seconds=time.perf_counter() - start)
     logger.info("cost model: timed %d forwards in %.2f s", len(rows) * len(tokens),
@@ -180,7 +195,8 @@ def monotone(grid: list[list[float]]) -> list[list[float]]:
 
 
 def _time_grid(
-    runner: ModelRunner, kv: KVCacheManager, rows: list[int], tokens: list[int]
+    runner: ModelRunner, kv: KVCacheManager, rows: list[int], tokens: list[int],
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[list[float]]:
     """Min seconds per grid point over ``REPEATS`` passes of the whole grid.
 
@@ -211,10 +227,10 @@ def _time_grid(
                         [[1] * t for _ in range(r)], [start] * r, tables[:r],
                         [list(range(t)) for _ in range(r)], (), ids[:r],
                     )
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     runner.forward(batch)
                     if rep:
-                        best[i][j] = min(best[i][j], time.perf_counter() - t0)
+                        best[i][j] = min(best[i][j], clock() - t0)
                     for req_id in ids[:r]:  # a recurrent row restarts from zero state
                         runner.release(req_id)
         return best

@@ -108,6 +108,7 @@ class Speculation:
         pieces: list[np.ndarray | None] = [None] * n
         probs: list[torch.Tensor | None] = [None] * n
         owner: list[int | None] = [None] * n
+        evidence: list[int | None] = [None] * n
         kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
         for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
             self._state(row)
@@ -142,6 +143,8 @@ class Speculation:
                     continue
                 pieces[i] = out.token_ids[cu[j] : cu[j + 1]]
                 owner[i] = pid
+                if out.evidence is not None:
+                    evidence[i] = out.evidence[j]
                 if out.draft_probs is not None:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
@@ -150,7 +153,13 @@ class Speculation:
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
-        return StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs), kv_valid)
+        drafts = StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs),
+                            kv_valid, evidence)
+        if self.policy is not None and any(v is not None for v in evidence):
+            # adaptive depth, the drafts and their evidence known: verify what pays
+            drafts = drafts.cut(self.policy.cut(
+                [r.request.acceptance for r in rows], counts, evidence))
+        return drafts
 
     def _state(self, row: ScheduledRow) -> _RequestState:
         """The request's state, made on its first row since admission (or preemption)."""
@@ -206,6 +215,8 @@ class Speculation:
             bad = f"a draft token id is outside the target vocabulary [0, {vocab})"
         elif out.draft_probs is not None and tuple(out.draft_probs.shape) != (total, vocab):
             bad = f"draft_probs has shape {tuple(out.draft_probs.shape)}, not ({total}, {vocab})"
+        elif out.evidence is not None and len(out.evidence) != rows:
+            bad = f"{len(out.evidence)} evidence values for {rows} rows"
         elif out.kv_valid is not None and len(out.kv_valid) != rows:
             bad = f"{len(out.kv_valid)} kv_valid entries for {rows} rows"
         elif out.kv_valid is not None and any(
@@ -303,7 +314,8 @@ class Speculation:
             toks = outcome.output_token_ids[i]
             est = row.request.acceptance
             if self.policy is not None and est is not None and row.max_draft and toks is not None:
-                self.policy.observe(est, row.max_draft, nd, outcome.num_accepted[i])
+                ev = drafts.evidence[i] if drafts.evidence else None
+                self.policy.observe(est, row.max_draft, nd, outcome.num_accepted[i], ev)
             if pid is None or nd == 0 or toks is None:
                 continue
             acc = outcome.num_accepted[i]

@@ -279,6 +279,11 @@ class Drafts:
     #: ``own_kv_cache``: per row, how many leading positions of your KV are right if every
     #: draft of the row is accepted (None: nothing written, ``num_kv_computed`` stands)
     kv_valid: list[int] | None = None
+    #: per row, how strong the drafter's reason for the draft is, as a small integer
+    #: (n-gram: the length of the suffix match it followed), or None: no such signal.
+    #: Adaptive depth keeps acceptance per value, so a draft on strong evidence is
+    #: verified deeper than one on weak evidence (rows without a draft: any value)
+    evidence: list[int] | None = None
 
     @property
     def cu_num_draft_tokens(self) -> list[int]:

@@ -37,13 +37,16 @@ class StepDrafts:
     #: ``[num_rows]`` per own-KV chain member: its KV positions right if every draft of
     #: the row is accepted (``Drafts.kv_valid``); absent members wrote nothing
     kv_valid: list[dict[int, int]] = field(default_factory=list)
+    #: ``[num_rows]`` the drafter's evidence for the row's draft (``Drafts.evidence``:
+    #: n-gram's match length), what adaptive depth keeps acceptance by; None: none given
+    evidence: list[int | None] = field(default_factory=list)
 
     @classmethod
     def none(cls, num_rows: int) -> StepDrafts:
         """No row speculates (no speculative config, or nothing to draft)."""
         return cls(
             np.zeros(0, dtype=np.int64), [0] * num_rows, [None] * num_rows, None,
-            [{} for _ in range(num_rows)],
+            [{} for _ in range(num_rows)], [None] * num_rows,
         )
 
     @property
@@ -55,6 +58,36 @@ class StepDrafts:
         """Every row's draft tokens (views), the prefix sums taken once."""
         cu = self.cu_num_draft_tokens
         return [self.token_ids[cu[i] : cu[i + 1]] for i in range(len(self.num_draft_tokens))]
+
+    def cut(self, keep: list[int]) -> StepDrafts:
+        """Each row cut to its first ``keep[i]`` drafts (the same object when nothing is
+        cut): a draft that will not pay, or cannot be accepted, is never fed to the target.
+
+        A shorter draft only changes how many tokens a step emits, never their
+        distribution, so cutting is lossless.
+        """
+        if keep == list(self.num_draft_tokens):
+            return self
+        if any(not 0 <= n <= c for n, c in zip(keep, self.num_draft_tokens)):
+            raise ValueError(f"cannot cut drafts of {self.num_draft_tokens} to {keep}")
+        cu = self.cu_num_draft_tokens
+        kept = np.concatenate(
+            [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        probs = self.draft_probs
+        if probs is not None:
+            import torch
+
+            probs = probs[torch.from_numpy(kept)]
+        return StepDrafts(
+            token_ids=self.token_ids[kept],
+            num_draft_tokens=list(keep),
+            owner=list(self.owner),
+            draft_probs=probs,
+            kv_valid=self.kv_valid,
+            evidence=list(self.evidence),
+        )
 
 
 @dataclass(slots=True)

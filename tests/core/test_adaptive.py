@@ -254,3 +254,97 @@ def test_draft_cost_is_per_token_processed() -> None:
     cost = CostModel([1], [1, 2], [[1.0, 2.0]])
     cost.observe_draft(1.0, 100)
     assert cost.draft_seconds_per_token == pytest.approx(0.01)
+
+
+# -- evidence: acceptance per value of the drafter's evidence (n-gram's match length) -----
+
+
+def learn(pol: DepthPolicy, value: int, accepted: int, times: int, drafted: int = 4) -> None:
+    """Another request's drafts on ``value``, each verified with ``accepted`` held."""
+    other = pol.new_estimate()
+    for _ in range(times):
+        pol.observe(other, drafted, drafted, accepted, evidence=value)
+
+
+def test_floors_are_kept_and_weigh_on_the_step() -> None:
+    """A row another rule decided keeps its drafts, and its tokens count in the step the
+    other rows are decided for: the choice is the optimum with that row fixed."""
+    step = linear(1.0, 0.25)
+    assert choose_depths([[0.0] * 4], [[1.0] * 4], [4], step, floors=[3]) == [3]
+    assert choose_depths([[0.0] * 4], [[1.0] * 4], [2], step, floors=[3]) == [2]  # cap rules
+    rates = [[0.5] * 4, [0.7, 0.6, 0.5, 0.4]]
+
+    def tput(k1: int, k2: int) -> float:
+        gain = tokens = 2.0
+        for r, k in zip(rates, (k1, k2)):
+            cum = 1.0
+            for j in range(k):
+                cum *= r[j]
+                gain, tokens = gain + cum, tokens + 1
+        return gain / step(tokens)
+
+    for fixed in range(5):
+        best = max(range(5), key=lambda k: tput(fixed, k))
+        got = choose_depths(rates, [[1.0] * 4] * 2, [fixed, 4], step, floors=[fixed, 0])
+        assert got[0] == fixed and tput(fixed, got[1]) == pytest.approx(tput(fixed, best),
+                                                                        rel=2e-3)
+
+
+def test_cut_follows_the_evidence() -> None:
+    """Drafts on 1-token matches fail, on 4-token matches hold: a fresh request's draft is
+    cut on weak evidence and verified in full on strong, whatever its overall rates say."""
+    pol = policy()
+    learn(pol, 1, 0, 12)
+    learn(pol, 4, 4, 12)
+    est = pol.new_estimate()
+    assert pol.cut([est, est], [4, 4], [1, 4]) == [0, 4]
+
+
+def test_cut_leaves_rows_without_evidence_or_adaptive_depth() -> None:
+    pol = policy()
+    learn(pol, 1, 0, 12)
+    est = pol.new_estimate()
+    # no evidence, a row at fixed depth (no estimate), and an empty draft: untouched
+    assert pol.cut([est, None, est], [3, 2, 0], [None, 1, 1]) == [3, 2, 0]
+    assert pol.cut([est, None], [4, 2], [1, None]) == [0, 2]
+
+
+def test_a_requests_own_outcomes_outweigh_the_pool_for_its_evidence() -> None:
+    """The pool learned 2-token matches hold (grounded prompts first); this request's
+    2-token matches fail: after a rejection or two its drafts on them are cut, while a
+    fresh request still starts from the pool."""
+    pol = policy()
+    learn(pol, 2, 4, 12)
+    est = pol.new_estimate()
+    assert pol.cut([est], [4], [2]) == [4]
+    pol.observe(est, 4, 4, 0, evidence=2)
+    pol.observe(est, 4, 4, 0, evidence=2)
+    assert pol.cut([est], [4], [2]) == [0]
+    assert pol.cut([pol.new_estimate()], [4], [2]) == [4]
+
+
+def test_observe_with_evidence_updates_that_value_only() -> None:
+    pol = policy(prior=0.5)
+    est = pol.new_estimate()
+    pol.observe(est, 4, 3, 1, evidence=3)
+    assert set(est.by_evidence) == {3} and set(pol.pooled) == {3}
+    assert est.by_evidence[3].seen == [1, 1, 0, 0]
+    assert est.by_evidence[3].rates[0] > 0.5 > est.by_evidence[3].rates[1]
+    pol.observe(est, 4, 0, 0, evidence=2)  # nothing drafted: nothing to learn about 2
+    assert set(est.by_evidence) == {3}
+    assert "acceptance_rate_per_pos_by_evidence" in est.as_dict()
+
+
+def test_depth_is_reserved_for_the_best_evidence() -> None:
+    """Overall rates average weak and strong matches (too low for the full depth); the
+    reservation reads the strong matches' rates, and the cut then trims weak ones."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    pol = DepthPolicy(AdaptiveConfig(prior=0.5), 4,  # each draft token as dear as a step
+                      CostModel(rows, toks, [[1.0 + 1.0 * t for t in toks]]))
+    est = pol.new_estimate()
+    for _ in range(8):
+        pol.observe(est, 4, 4, 4, evidence=4)
+        pol.observe(est, 4, 4, 0, evidence=1)
+    assert choose_depths([pol.rates(est)], [est.draft_rates], [4], pol.step_seconds(1)) == [0]
+    assert pol.choose([est], [4]) == [4]
+    assert pol.cut([est, est], [4, 4], [4, 1]) == [4, 0]

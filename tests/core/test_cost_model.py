@@ -79,3 +79,24 @@ def test_pool_too_small_for_the_timing_batch_is_refused_by_name(tmp_path: Path) 
     with pytest.raises(EngineConfigError, match="max_measured_rows"):
         LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=4,
             max_model_len=64, block_size=16, num_kv_blocks=8)
+
+
+def test_one_thread_is_timed_on_its_own_cpu_clock(tmp_path: Path, monkeypatch) -> None:
+    """With one compute thread the grid reads the thread's CPU clock (other processes'
+    load does not enter it); with several, the wall clock. A fake CPU clock that moves
+    0.5 s per reading makes every point 0.5 s exactly under the first and never under
+    the second."""
+    import time
+
+    from draftwise import LLM
+    from draftwise.cost_model import measure_costs
+
+    path = save_tiny("llama", tmp_path / "m", seed=1)
+    llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2)
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(time, "thread_time", lambda: 0.5 * next(ticks))
+    one = measure_costs(llm.engine.runner, llm.engine.kv, 2, 2, threads=1)
+    assert all(s == 0.5 for row in one.seconds for s in row)
+    wall = measure_costs(llm.engine.runner, llm.engine.kv, 2, 2, threads=2)
+    assert all(s < 0.5 for row in wall.seconds for s in row)
+    assert llm.engine.kv.num_used_blocks == 0

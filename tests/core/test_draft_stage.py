@@ -30,7 +30,7 @@ from draftwise.speculator import (
 
 SEEN = []
 OUTCOMES = []
-MODE = {"kv_layout": True, "valid": "last", "too_many": False}
+MODE = {"kv_layout": True, "valid": "last", "too_many": False, "evidence": None}
 
 
 class Options(BaseModel):
@@ -63,7 +63,9 @@ class Probe:
             ids += [int(row.token_ids[-1])] * m
             counts.append(m)
             valid.append(n - 1 if MODE["valid"] == "last" else n + m - 1)
-        return Drafts(np.asarray(ids, dtype=np.int64), counts, kv_valid=valid)
+        evidence = None if MODE["evidence"] is None else [1] * (len(counts) + MODE["evidence"])
+        return Drafts(np.asarray(ids, dtype=np.int64), counts, kv_valid=valid,
+                      evidence=evidence)
 
     def on_verified(self, outcome):
         OUTCOMES.append(outcome)
@@ -95,7 +97,7 @@ def probe(make_dist: Any) -> Any:
 
     acme_probe.SEEN.clear()
     acme_probe.OUTCOMES.clear()
-    acme_probe.MODE.update(kv_layout=True, valid="last", too_many=False)
+    acme_probe.MODE.update(kv_layout=True, valid="last", too_many=False, evidence=None)
     return acme_probe
 
 
@@ -166,3 +168,11 @@ def test_drafts_that_do_not_fit_the_batch_name_the_method(tiny: Path, probe: Any
     assert out.outputs[0].finish_reason == "error"
     assert out.error is not None and ProposerOutputError.__name__ in out.error
     assert "method 'kvprobe' returned a row got more" in out.error
+
+
+def test_evidence_that_does_not_fit_the_batch_names_the_method(tiny: Path, probe: Any) -> None:
+    probe.MODE["evidence"] = 1  # one value more than rows
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config={"method": "kvprobe"})
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy(6))[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert "method 'kvprobe' returned 2 evidence values for 1 rows" in (out.error or "")

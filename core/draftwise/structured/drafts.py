@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-import torch
-
 from draftwise.step import StepDrafts
 from draftwise.structured.matcher import GrammarMatcher
 
@@ -35,20 +32,7 @@ def trim_to_grammar(
         len(r) if m is None or not len(r) else m.valid_prefix(r.tolist())
         for m, r in zip(matchers, rows)
     ]
-    if keep == list(drafts.num_draft_tokens):
-        return drafts
-    cu = drafts.cu_num_draft_tokens
-    kept = np.concatenate(
-        [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)]
-    )
-    probs = drafts.draft_probs
-    return StepDrafts(
-        token_ids=drafts.token_ids[kept],
-        num_draft_tokens=keep,
-        owner=list(drafts.owner),
-        draft_probs=None if probs is None else probs[torch.from_numpy(kept)],
-        kv_valid=drafts.kv_valid,
-    )
+    return drafts.cut(keep)
 
 
 __all__ = ["trim_to_grammar"]

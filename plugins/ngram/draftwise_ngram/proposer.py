@@ -2,7 +2,9 @@
 
 The proposer is stateless: every step looks the draft up again in the row's accepted
 tokens, so ``on_verified`` and ``release`` have nothing to do. Drafts carry no
-probabilities (verification treats q as one-hot at the draft token).
+probabilities (verification treats q as one-hot at the draft token); each row's
+``evidence`` is the length of the match its draft followed (adaptive depth keeps
+acceptance by it).
 
 The lookup follows vLLM (``_find_longest_matched_ngram_and_propose_tokens``, a KMP scan
 under numba):
@@ -68,17 +70,31 @@ def propose_ngram(
     max_model_len: int,
 ) -> np.ndarray:  # [<= k] int64
     """Up to ``k`` draft tokens for one context, exactly as vLLM's n-gram proposer."""
+    return propose_ngram_with_length(tokens, min_n, max_n, k, max_model_len)[0]
+
+
+def propose_ngram_with_length(
+    tokens: np.ndarray,  # [num_tokens] int
+    min_n: int,
+    max_n: int,
+    k: int,
+    max_model_len: int,
+) -> tuple[np.ndarray, int]:  # [<= k] int64, match length (0: no draft)
+    """:func:`propose_ngram`'s draft and the length of the match it followed: the
+    evidence adaptive depth conditions acceptance on (measured on the mixed and smoke
+    workloads, teacher-forced: a draft after a 1-token match is accepted 15% of the
+    time, after 2-3 tokens about 50%, after 4 about 90%)."""
     n = tokens.shape[0]
     if n < min_n:
-        return _no_draft()
+        return _no_draft(), 0
     k = min(k, max_model_len - n)
     if k <= 0:
-        return _no_draft()
+        return _no_draft(), 0
     match = longest_earlier_match(tokens, max_n)
     if match is None or match[0] < min_n:
-        return _no_draft()
-    end = match[1]
-    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64)  # a copy, not a view
+        return _no_draft(), 0
+    length, end = match
+    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
 
 
 class NgramProposer:
@@ -96,18 +112,19 @@ class NgramProposer:
         self.max_model_len = ctx.max_model_len
 
     def propose(self, batch: DraftInput) -> Drafts:
-        """Up to min(k, row.max_draft, max_model_len - len) tokens per row; [] when no match."""
+        """Up to min(k, row.max_draft, max_model_len - len) tokens per row; [] when no
+        match. Each row's evidence is the length of the match its draft followed."""
         drafts: list[np.ndarray] = []
+        lengths: list[int] = []
         for row in batch.rows:
             k = min(self.k, row.max_draft)
-            if k <= 0:
-                drafts.append(_no_draft())
-                continue
-            drafts.append(
-                propose_ngram(row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
-            )
+            draft, length = (_no_draft(), 0) if k <= 0 else propose_ngram_with_length(
+                row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
+            drafts.append(draft)
+            lengths.append(length)
         flat = np.concatenate(drafts) if drafts else _no_draft()
-        return Drafts(flat.astype(np.int64, copy=False), [len(d) for d in drafts])
+        return Drafts(flat.astype(np.int64, copy=False), [len(d) for d in drafts],
+                      evidence=lengths)
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         """Nothing to update: the next lookup reads the committed tokens."""

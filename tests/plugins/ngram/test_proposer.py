@@ -36,6 +36,8 @@ def test_batch_of_rows_with_and_without_matches():
     assert drafts.num_draft_tokens == [2, 0, 2]
     assert [drafts.row(i).tolist() for i in range(3)] == [[10, 1], [], [3, 4]]
     assert drafts.token_ids.dtype == np.int64 and drafts.draft_probs is None
+    # the evidence adaptive depth keeps acceptance by: the length of the match followed
+    assert drafts.evidence == [3, 0, 2]
 
 
 def test_k_is_the_smallest_of_config_row_budget_and_room():
