@@ -25,7 +25,6 @@ from draftwise.models.quant import QuantWeight, dequant_rows, linear_quant
 from draftwise.models.rope import INITIAL_ROPE_POSITIONS, apply_rope, inv_frequencies, rope_tables
 
 
-
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
