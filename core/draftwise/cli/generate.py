@@ -77,7 +77,8 @@ def generate(
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
-        announce_backend, build_engine, check_text_option, fail, peak_rss_bytes, sampling_params,
+        announce_backend, build_engine, check_text_option, fail, peak_rss_bytes,
+        process_started, sampling_params,
     )
 
     if (prompt is None) == (prompt_token_ids is None):
@@ -110,6 +111,7 @@ def generate(
 
     # --json reports where each token came from (accepted draft / recovered / bonus / plain)
     spec_params = SpeculativeParams(return_provenance=True) if as_json else None
+    building = time.monotonic()  # start-up before this: interpreter, imports, options
     try:
         engine = build_engine(
             model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
@@ -147,16 +149,17 @@ def generate(
     speed = n / seconds if seconds else 0.0
     speculation = engine.spec.metrics.summary() if engine.spec is not None else None
     if as_json:
-        from draftwise.cli import STARTED
-
+        started = process_started()
         metrics = dict(final.metrics)
         metrics["seconds"] = seconds
         metrics["tok_per_s"] = speed
         # time_to_first_token counts from the request's arrival; a user also waits for
-        # the load, so both are reported, and the wall time from the command's start
+        # the start-up (interpreter and imports) and the load, so each is reported, and
+        # the wall time from the process's start to the first token
+        metrics["startup_seconds"] = building - started
         metrics["load_seconds"] = engine.load_seconds
         if final.metrics.get("first_token_time") is not None:
-            metrics["first_token_after_start_seconds"] = final.metrics["first_token_time"] - STARTED
+            metrics["first_token_after_start_seconds"] = final.metrics["first_token_time"] - started
         metrics["peak_rss_bytes"] = peak_rss_bytes()
         click.echo(json.dumps({
             "text": completion.text,

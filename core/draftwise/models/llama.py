@@ -22,10 +22,7 @@ from draftwise.models.config import ModelConfig
 from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import BlockedWeight, Weight, is_packed, linear, pack_weights
 from draftwise.models.quant import QuantWeight, dequant_rows, linear_quant
-from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
-
-#: RoPE table rows built up front; more are built when a batch reaches past them
-_INITIAL_ROPE_POSITIONS = 4096
+from draftwise.models.rope import INITIAL_ROPE_POSITIONS, apply_rope, inv_frequencies, rope_tables
 
 
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
@@ -181,7 +178,7 @@ class LlamaForCausalLM(nn.Module):
             layer.native = self.native
         #: the LM head packed by :meth:`pack_weights` (None: not packed, use ``lm_head_weight``)
         self._lm_head_packed: Weight | None = None
-        self.ensure_positions(min(_INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
+        self.ensure_positions(min(INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
 
     # -- what the engine and drafters read ------------------------------------------------
     @property

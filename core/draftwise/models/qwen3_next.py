@@ -40,7 +40,7 @@ from draftwise.models.config import ModelConfig
 from draftwise.models.gdn import GatedDeltaNet
 from draftwise.models.linear import Weight, is_packed, linear, pack_weights
 from draftwise.models.pointwise import lanewise
-from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
+from draftwise.models.rope import INITIAL_ROPE_POSITIONS, apply_rope, inv_frequencies, rope_tables
 
 if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool
@@ -358,7 +358,7 @@ class Qwen3NextForCausalLM(nn.Module):
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
         self.register_buffer("rope_cos", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
-        self.ensure_positions(min(4096, c.max_position_embeddings))
+        self.ensure_positions(min(INITIAL_ROPE_POSITIONS, c.max_position_embeddings))
         #: the kernels it runs: the decided GEMM layout; attention, the GDN mixer and its
         #: small ops are torch (the C attention and elementwise kernels are not wired here)
         self.backend = dataclasses.replace(

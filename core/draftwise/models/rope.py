@@ -1,4 +1,5 @@
-"""Rotary position embeddings: tables computed once at load, applied with four ops.
+"""Rotary position embeddings: tables computed at load and grown on demand, applied with
+four ops.
 
 The tables reproduce transformers' numerics exactly (fp32 ``pos * inv_freq``, cos/sin
 in fp32, then cast to the model dtype), so RoPE is never a source of drift against the
@@ -15,6 +16,12 @@ import torch
 from draftwise.formats.errors import ConfigError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+#: RoPE table rows a model builds when it is made; a batch reaching past them grows the
+#: tables (at least doubling). 4096 rows cost 50-300 ms of start-up on a 2-core machine
+#: (torch's cos/sin over 262k values, on the critical path before the weights pack) for a
+#: first prompt of a few dozen tokens; a row's values do not depend on the table's size
+#: (element-wise fp32 ops: tests/core/models/test_rope_tables.py)
+INITIAL_ROPE_POSITIONS = 256
 
 
 def inv_frequencies(

@@ -79,3 +79,32 @@ def test_json_carries_token_provenance_that_sums_to_the_metrics(tiny: Path) -> N
     assert prov.count("accepted:draft_model") == sd["num_accepted_draft_tokens"] == 8
     assert prov.count("bonus") + prov.count("recovered") == sd["num_spec_steps"]
     assert prov[0] == "plain"  # the prefill's sample verifies no drafts
+
+
+def test_json_reports_startup_load_and_first_token_apart(tiny: Path) -> None:
+    """The wait a user sees is start-up + load + the request's time to first token."""
+    result = run(tiny, "--json")
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout)["metrics"]
+    parts = m["startup_seconds"], m["load_seconds"], m["time_to_first_token"]
+    assert all(p >= 0 for p in parts) and m["load_seconds"] > 0
+    # three disjoint intervals in this order (the chat template and admission between)
+    assert m["first_token_after_start_seconds"] >= sum(parts) - 1e-6
+
+
+def test_process_started_counts_from_the_process_not_the_import() -> None:
+    """Time spent before ``draftwise.cli`` is imported is part of the wait."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(0.3); from draftwise.cli import STARTED; "
+            "from draftwise.cli.common import process_started; "
+            "print(STARTED - process_started())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=120, check=True)
+    before_import = float(out.stdout.split()[-1])
+    if not sys.platform.startswith("linux"):
+        assert before_import == 0.0
+        return
+    assert 0.3 - 0.02 <= before_import < 30  # the sleep, within a clock tick

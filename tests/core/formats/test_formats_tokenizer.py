@@ -113,6 +113,24 @@ def test_sentencepiece_gguf_is_refused() -> None:
         Tokenizer.from_gguf_metadata(meta, "x.gguf")
 
 
+_MERGE_META = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
+               "tokenizer.ggml.tokens": ["a", "b", "c", "ab", "abc"]}
+
+
+@pytest.mark.parametrize("bad", ["a x", "x b", "a c", "ab", "a ", " b", ""])
+def test_a_merge_tokenizers_would_refuse_is_named_by_index(bad: str) -> None:
+    """Merges are checked by tokenizers' BPE build; a refusal names the merge at fault."""
+    meta = {**_MERGE_META, "tokenizer.ggml.merges": ["a b", bad, "ab c"]}
+    with pytest.raises(TokenizerError, match=r"tokenizer\.ggml\.merges\[1\]"):
+        Tokenizer.from_gguf_metadata(meta, "x.gguf")
+
+
+def test_good_merges_apply() -> None:
+    meta = {**_MERGE_META, "tokenizer.ggml.merges": ["a b", "ab c"]}
+    tok = Tokenizer.from_gguf_metadata(meta, "x.gguf")
+    assert tok.encode("abc") == [4] and tok.encode("ab") == [3] and tok.encode("ba") == [1, 0]
+
+
 def test_tokenizer_json_with_bos_from_config(tiny_gguf, tmp_path: Path) -> None:
     t = tiny_gguf()
     built = Tokenizer.from_gguf_metadata(GGUFCheckpoint(t.path).metadata)
