@@ -57,7 +57,7 @@ static void pack_tiles(void *ctx, int64_t begin, int64_t end) {
                 for (int v = 0; v < 4; v++) {
                     for (int i = 0; i < 4; i++) {
                         const int64_t k0 = DW_CHUNK * b + 8 * v + i;
-                        blk[32 * v + 8 * i + n] =
+                        blk[32 * v + dw_nvfp4_pos(i, n)] =
                             c[n] ? (uint8_t)(stored_code(c[n], k0) | stored_code(c[n], k0 + 4) << 4) : 0;
                     }
                 }
@@ -76,7 +76,7 @@ void dw_nvfp4_pack(const uint8_t *const *codes, const uint8_t *const *scales, co
 /* Code of weight k = 16 g + 4 q + i (q: quarter, i < 4) of row n in a tile block. */
 static inline int tile_code(const uint8_t *blk, int g, int q, int i, int n) {
     const int v = 2 * g + q / 2;
-    return blk[32 * v + 8 * i + n] >> (4 * (q % 2)) & 0xF;
+    return blk[32 * v + dw_nvfp4_pos(i, n)] >> (4 * (q % 2)) & 0xF;
 }
 
 void dw_nvfp4_dequant_row(const uint8_t *packed, int64_t k, int64_t n, float *out) {

@@ -15,6 +15,9 @@
  * of 256 (llama.cpp's Q8_K), once per call, each scheme only if a segment takes it,
  * shared by every weight segment of the call (a fused q|k|v may mix types).
  *
+ * NVFP4 segments (type DW_NVFP4, gemm_nvfp4*.c) take the row widened to fp32 instead
+ * (W4A16), computed once per call beside the int8 schemes a call's other parts need.
+ *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
  * grouped up to five at a time only to share the weight decode, never the arithmetic; threads

@@ -136,8 +136,8 @@ const char *dw_quant_simd_name(void);
  * A tile is a 32-byte header (eight fp32 row multipliers: ModelOpt's weight_scale_2, or
  * 1 / compressed-tensors' weight_global_scale, per output row, so fused shards keep their
  * own) and then one 144-byte block per 32 k:
- *   bytes 32 v + 8 j + n (v, j < 4, n < 8): row n's codes of k = 8 v + j (low nibble) and
- *     k = 8 v + 4 + j (high nibble), the stored nibbles moved, never decoded;
+ *   bytes 32 v + dw_nvfp4_pos(j, n) (v, j < 4, n < 8): row n's codes of k = 8 v + j (low
+ *     nibble) and k = 8 v + 4 + j (high nibble), the stored nibbles moved, never decoded;
  *   bytes 128 + 8 g + n (g < 2): row n's fp8-e4m3 scale of the 16 k of group g, as stored.
  * 4.5 bits per weight, like the file. Nothing is widened at load.
  *
@@ -152,6 +152,11 @@ const char *dw_quant_simd_name(void);
  * depends on the batch, the row's position or the thread count. */
 #define DW_NVFP4_HEADER 32     /* bytes of row multipliers at a tile's start */
 #define DW_NVFP4_BLOCK 144     /* bytes per 32 k of a tile */
+
+/* Where row n's byte j sits in 32 code bytes: 16 (n / 4) + 4 j + n % 4, the order in
+ * which the AVX2 kernel's byte and word unpacks leave eight rows of one k in one vector's
+ * lanes (gemm_nvfp4_avx2.c). */
+static inline int dw_nvfp4_pos(int j, int n) { return 16 * (n / 4) + 4 * j + n % 4; }
 
 /* Bytes of a packed NVFP4 weight: ceil(rows / 8) tiles of header + k / 32 blocks. */
 int64_t dw_nvfp4_bytes(int64_t rows, int64_t k);

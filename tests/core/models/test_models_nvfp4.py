@@ -148,7 +148,7 @@ def test_fused_parts_keep_their_own_global_scale() -> None:
 
 @pytest.mark.parametrize("bad", ["k", "codes", "scales"])
 def test_bad_parts_are_refused(bad: str) -> None:
-    codes, scales, glob = random_nvfp4(8, 64, seed=1)
+    codes, scales, _ = random_nvfp4(8, 64, seed=1)
     if bad == "k":
         with pytest.raises(ValueError, match="multiple of 32"):
             q.pack_nvfp4([q.NvFp4Part(codes[:, :8], scales[:, :1], 1.0)], 16)

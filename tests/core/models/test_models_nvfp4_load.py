@@ -136,9 +136,8 @@ def test_a_truncated_tensor_is_refused_by_name(nvfp4_dirs, tmp_path, convention)
     dst, _ = _copy(nvfp4_dirs, tmp_path, convention)
     f = dst / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(ModelFormatError, match="truncated|missing|bytes") as err:
+    with pytest.raises(ModelFormatError, match="file is truncated: tensor 'model[.]layers"):
         load_model(str(dst))
-    assert "lm_head" in str(err.value) or "model." in str(err.value)
 
 
 @pytest.mark.parametrize("convention", CONVENTIONS)
