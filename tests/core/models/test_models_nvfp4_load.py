@@ -224,3 +224,22 @@ def test_an_algorithm_without_quant_method_is_refused(nvfp4_dirs, tmp_path) -> N
     (dst / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match="no quant_method"):
         load_model(str(dst))
+
+
+def test_a_partly_excluded_fused_weight_is_dequantized_with_a_notice(
+        nvfp4_dirs, tiny_checkpoint, tmp_path) -> None:
+    """q excluded, k and v packed: q|k|v runs fused, so k and v are dequantized (said)."""
+    path = export_nvfp4(tiny_checkpoint("llama"), tmp_path / "q-out", "compressed-tensors",
+                        (*EXCLUDE, "model.layers.0.self_attn.q_proj"))
+    loaded = load_model(str(path))
+    layers = loaded.model.decoder_layers()
+    assert not isinstance(layers[0].qkv_weight, QuantWeight)
+    assert isinstance(layers[0].o_weight, QuantWeight)
+    (notice,) = loaded.notices
+    assert "2 modules" in notice and "part of the fused weight is excluded" in notice
+    # the dequantized k|v are exactly the exported weights (the twin holds the same)
+    qkv = layers[0].qkv_weight
+    dense = qkv.unpack() if isinstance(qkv, BlockedWeight) else qkv
+    twin = load_file(str(nvfp4_dirs["twin"] / "model.safetensors"))
+    kv = torch.cat([twin[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "kv"])
+    assert torch.equal(dense[-kv.shape[0]:], kv)
