@@ -1,5 +1,7 @@
 """Micro-benchmark of the quantized GEMM: one weight per type, 1..8 activation rows.
 
+``--types`` takes GGUF type names and ``NVFP4`` (the safetensors NVFP4 kernel, W4A16).
+
 ``python benchmarks/quant_gemm.py --threads 1`` prints JSON: per type and row count the
 median CPU time of one call (steadier than the wall clock on a shared machine; the wall
 median is beside it), GMAC per CPU second, and the CPU cost relative to one row (what a
@@ -30,8 +32,18 @@ _FP16 = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,
          Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
-def _weight(qtype: Q, n: int, k: int, copies: int) -> list[q.QuantWeight]:
+def _nvfp4(n: int, k: int, copies: int) -> list[q.QuantWeight]:
+    """Random NVFP4 codes with finite fp8 scales (``models.quant.pack_nvfp4``)."""
+    codes = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (n, k // 2), dtype=np.uint8))
+    scales = torch.full((n, k // 16), 0.5).to(torch.float8_e4m3fn)
+    return [q.pack_nvfp4([q.NvFp4Part(codes, scales, 1e-3)], k) for _ in range(copies)]
+
+
+def _weight(name: str, n: int, k: int, copies: int) -> list[q.QuantWeight]:
     """Random blocks (the kernel's speed does not depend on the values) with finite scales."""
+    if name == "NVFP4":
+        return _nvfp4(n, k, copies)
+    qtype = Q[name]
     block, size = GGML_QUANT_SIZES[qtype]
     raw = np.random.default_rng(0).integers(0, 256, (n, k // block, size), dtype=np.uint8)
     for o in _FP16[qtype]:
@@ -56,7 +68,7 @@ def main() -> None:
     report: dict = {"n": args.n, "k": args.k, "threads": args.threads,
                     "simd": q.quant_simd(), "loadavg_before": os.getloadavg(), "types": {}}
     for name in args.types.split(","):
-        ws = _weight(Q[name], args.n, args.k, args.copies)
+        ws = _weight(name, args.n, args.k, args.copies)
         xs = {m: torch.randn(m, args.k).bfloat16() for m in rows}
         times: dict[int, list[float]] = {m: [] for m in rows}
         cpu: dict[int, list[float]] = {m: [] for m in rows}

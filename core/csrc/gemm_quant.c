@@ -15,6 +15,9 @@
  * of 256 (llama.cpp's Q8_K), once per call, each scheme only if a segment takes it,
  * shared by every weight segment of the call (a fused q|k|v may mix types).
  *
+ * NVFP4 segments (type DW_NVFP4, gemm_nvfp4*.c) take the row widened to fp32 instead
+ * (W4A16), computed once per call beside the int8 schemes a call's other parts need.
+ *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
  * grouped up to five at a time only to share the weight decode, never the arithmetic; threads
@@ -136,8 +139,10 @@ typedef struct {
     dw_tile_fn fn;
     const uint8_t *data;
     int64_t start, rows, tiles, tile_bytes, first_tile; /* first_tile: global tile index */
-    int super; /* takes dw_act256 super-block activations */
+    int act; /* the activations it takes: ACT32 (dw_act), ACT256 (dw_act256), ACT_F32 */
 } segment;
+
+enum { ACT32, ACT256, ACT_F32 };
 
 #define MAX_SEGMENTS 8
 /* Rows per pass over the tiles: their int8 blocks (K / 32 x 48 bytes each) stay in L2 */
@@ -148,6 +153,7 @@ typedef struct {
     int nseg;
     const dw_act *act;       /* [m][chunks], when a segment takes them */
     const dw_act256 *act256; /* [m][chunks / 8], when a segment takes them */
+    const float *actf;       /* [m][k] widened bf16 (NVFP4), when a segment takes them */
     const uint16_t *bias;
     void *y;
     int64_t m, chunks, y_stride, y_f32;
@@ -173,8 +179,9 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
                 const int rows = (int)((r1 - r0) / passes + (pi < (r1 - r0) % passes));
                 const void *x[DW_MAX_ROWS];
                 for (int i = 0; i < rows; i++)
-                    x[i] = g->super ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
-                                    : (const void *)(j->act + (r + i) * j->chunks);
+                    x[i] = g->act == ACT256 ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
+                           : g->act == ACT_F32 ? (const void *)(j->actf + (r + i) * j->chunks * DW_CHUNK)
+                                               : (const void *)(j->act + (r + i) * j->chunks);
                 float out[DW_MAX_ROWS][DW_TILE];
                 g->fn(g->data + lt * g->tile_bytes, j->chunks, x, rows, out);
                 for (int i = 0; i < rows; i++) {
@@ -196,6 +203,7 @@ typedef struct {
     const uint16_t *x;
     dw_act *act;       /* NULL: no segment takes them */
     dw_act256 *act256; /* NULL: no segment takes them */
+    float *actf;       /* NULL: no segment takes them */
     dw_act_fn fn;
     dw_act256_fn fn256;
     int64_t k, x_stride;
@@ -206,14 +214,15 @@ static void run_act(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {
         if (a->act) a->fn(a->x + r * a->x_stride, a->k, a->act + r * (a->k / DW_CHUNK));
         if (a->act256) a->fn256(a->x + r * a->x_stride, a->k, a->act256 + r * (a->k / DW_SUPER));
+        if (a->actf) dw_widen_row(a->x + r * a->x_stride, a->k, a->actf + r * a->k);
     }
 }
 
-/* A per-thread buffer for the int8 activations (two: one per scheme), grown as needed
- * and kept. */
+/* A per-thread buffer for the activations (three: one per scheme), grown as needed and
+ * kept. */
 static void *act_buffer(int which, size_t bytes) {
-    static _Thread_local void *buf[2] = {NULL, NULL};
-    static _Thread_local size_t cap[2] = {0, 0};
+    static _Thread_local void *buf[3] = {NULL, NULL, NULL};
+    static _Thread_local size_t cap[3] = {0, 0, 0};
     if (bytes > cap[which]) {
         free(buf[which]);
         buf[which] = malloc(bytes);
@@ -245,13 +254,24 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         const int64_t *e = table + 4 * i;
         dw_qtype_info info;
         segment *g = &j.seg[i];
+        if (e[0] == DW_NVFP4 && e[2] == col && e[3] > 0 && e[1]) {
+            g->act = ACT_F32;
+            g->fn = scalar ? NULL : dw_nvfp4_kernel_simd();
+            if (!g->fn) g->fn = dw_nvfp4_kernel_scalar();
+            g->data = (const uint8_t *)(intptr_t)e[1];
+            g->start = e[2], g->rows = e[3], g->first_tile = tiles;
+            g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;
+            g->tile_bytes = DW_NVFP4_HEADER + k / DW_CHUNK * DW_NVFP4_BLOCK;
+            col += e[3], tiles += g->tiles;
+            continue;
+        }
         if (!dw_qtype_info_of((int)e[0], &info) || k % info.block_k || e[2] != col || e[3] <= 0 ||
             !e[1]) {
             PyErr_Format(PyExc_ValueError, "linear_quant: bad segment %d (type %lld)", i,
                          (long long)e[0]);
             return NULL;
         }
-        g->super = dw_qtype_act_block((int)e[0]) == DW_SUPER;
+        g->act = dw_qtype_act_block((int)e[0]) == DW_SUPER ? ACT256 : ACT32;
         g->fn = scalar ? dw_tile_kernel_scalar((int)e[0]) : dw_tile_kernel_simd((int)e[0]);
         if (!g->fn) g->fn = dw_tile_kernel_scalar((int)e[0]);
         g->data = (const uint8_t *)(intptr_t)e[1];
@@ -265,13 +285,16 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (m == 0) Py_RETURN_NONE;
-    int need32 = 0, need256 = 0;
-    for (int i = 0; i < nseg; i++) need256 |= j.seg[i].super, need32 |= !j.seg[i].super;
+    int need32 = 0, need256 = 0, needf = 0;
+    for (int i = 0; i < nseg; i++)
+        need32 |= j.seg[i].act == ACT32, need256 |= j.seg[i].act == ACT256, needf |= j.seg[i].act == ACT_F32;
     if (need32 && !(j.act = act_buffer(0, (size_t)(m * j.chunks) * sizeof(dw_act))))
         return PyErr_NoMemory();
     if (need256 && !(j.act256 = act_buffer(1, (size_t)(m * (k / DW_SUPER)) * sizeof(dw_act256))))
         return PyErr_NoMemory();
+    if (needf && !(j.actf = act_buffer(2, (size_t)(m * k) * sizeof(float)))) return PyErr_NoMemory();
     act_job a = {.x = p[0], .act = (dw_act *)j.act, .act256 = (dw_act256 *)j.act256,
+                 .actf = (float *)j.actf,
                  .fn = scalar ? NULL : dw_act_row_simd(), .fn256 = scalar ? NULL : dw_act256_row_simd(),
                  .k = k, .x_stride = x_stride};
     if (!a.fn) a.fn = dw_quant_act_row;
@@ -331,7 +354,9 @@ PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_
     if (dw_parse(args + 1, 6, 6, 3, p, v, "quant_dequant_rows") < 0) return NULL;
     dw_qtype_info info;
     const int64_t count = v[0], k = v[1];
-    if (!dw_qtype_info_of((int)qtype, &info) || count < 0 || k <= 0 || k % info.block_k) {
+    const int nvfp4 = qtype == DW_NVFP4;
+    if (nvfp4 ? count < 0 || k <= 0 || k % DW_CHUNK
+              : !dw_qtype_info_of((int)qtype, &info) || count < 0 || k <= 0 || k % info.block_k) {
         PyErr_SetString(PyExc_ValueError, "quant_dequant_rows: unsupported type or bad sizes");
         return NULL;
     }
@@ -339,7 +364,8 @@ PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_
     if (!row) return PyErr_NoMemory();
     const int64_t *ids = p[1];
     for (int64_t i = 0; i < count; i++) {
-        dw_quant_dequant_row((int)qtype, p[0], k, ids[i], row);
+        if (nvfp4) dw_nvfp4_dequant_row(p[0], k, ids[i], row);
+        else dw_quant_dequant_row((int)qtype, p[0], k, ids[i], row);
         if (v[2]) {
             memcpy((float *)p[2] + i * k, row, (size_t)k * sizeof(float));
         } else {
@@ -372,4 +398,23 @@ PyObject *dw_quant_act_block_py(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     return PyLong_FromLong(dw_qtype_act_block((int)qtype));
+}
+
+/* nvfp4_pack(code_rows, scale_rows, multipliers, dst, rows, k, threads): NVFP4 rows (int64
+ * addresses of k / 2 code bytes and k / 16 fp8 scale bytes each, 0 for a zero row; fp32
+ * multipliers per row) into tiles at dst (dw_nvfp4_bytes bytes: the caller sizes it). */
+PyObject *dw_nvfp4_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[4];
+    int64_t v[3];
+    if (dw_parse(args, nargs, 7, 4, p, v, "nvfp4_pack") < 0) return NULL;
+    if (v[0] <= 0 || v[1] <= 0 || v[1] % DW_CHUNK) {
+        PyErr_SetString(PyExc_ValueError, "nvfp4_pack: rows >= 1 and k a multiple of 32");
+        return NULL;
+    }
+    const int threads = v[2] > 0 && v[2] < 64 ? (int)v[2] : 1;
+    Py_BEGIN_ALLOW_THREADS
+    dw_nvfp4_pack(p[0], p[1], p[2], v[0], v[1], p[3], threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }

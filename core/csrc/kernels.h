@@ -22,6 +22,7 @@ PyObject *dw_quant_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_quant_act_block_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dw_nvfp4_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* gemm_bf16.c: vdpbf16ps on AVX512-BF16 builds, AVX2 FMAs or the portable vec.h path elsewhere */
 #define DW_HAVE_LINEAR_BF16 1
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

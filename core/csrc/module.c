@@ -34,6 +34,10 @@ static PyMethodDef methods[] = {
     {"quant_act_block", (PyCFunction)(void (*)(void))dw_quant_act_block_py, METH_FASTCALL,
      "quant_act_block(ggml_type): values per int8 activation block (and scale) the type's "
      "kernel multiplies with: 32, or 256 for the super-block types"},
+    {"nvfp4_pack", (PyCFunction)(void (*)(void))dw_nvfp4_pack_py, METH_FASTCALL,
+     "nvfp4_pack(code_rows, scale_rows, multipliers, dst, rows, k, threads): NVFP4 rows "
+     "(int64 addresses, 0 for zero padding; fp32 multipliers) into tiles at dst (quant.h); "
+     "linear_quant runs them as type 256"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "

@@ -59,6 +59,9 @@ enum {
     DW_Q4_K = 12,
     DW_Q5_K = 13,
     DW_Q6_K = 14,
+    /* not a GGML type: NVFP4 from safetensors (ModelOpt / compressed-tensors), repacked by
+     * dw_nvfp4_pack into the layout below (GGML's own NVFP4, 40, is another block format) */
+    DW_NVFP4 = 256,
 };
 
 #define DW_TILE 8    /* outputs per tile: one 8-lane fp32 vector */
@@ -127,6 +130,64 @@ dw_tile_fn dw_tile_kernel_scalar(int qtype);
 dw_tile_fn dw_tile_kernel_simd(int qtype);
 /* "avx2" or "scalar": what dw_tile_kernel_simd runs in this build */
 const char *dw_quant_simd_name(void);
+
+/* ---- NVFP4 (W4A16): 4-bit e2m1 weights, bf16 activations, fp32 arithmetic ----
+ *
+ * A tile is a 32-byte header (eight fp32 row multipliers: ModelOpt's weight_scale_2, or
+ * 1 / compressed-tensors' weight_global_scale, per output row, so fused shards keep their
+ * own) and then one 144-byte block per 32 k:
+ *   bytes 32 v + dw_nvfp4_pos(j, n) (v, j < 4, n < 8): row n's codes of k = 8 v + j (low
+ *     nibble) and k = 8 v + 4 + j (high nibble), the stored nibbles moved, never decoded;
+ *   bytes 128 + 8 g + n (g < 2): row n's fp8-e4m3 scale of the 16 k of group g, as stored.
+ * 4.5 bits per weight, like the file. Nothing is widened at load.
+ *
+ * Activations stay bf16 (W4A16), widened exactly to fp32. Weight codes decode to
+ * c = 2 e2m1 (an integer in [-12, 12], so c * x is exact in fp32) and a scale byte to
+ * s = fp8 / 2 (exact). Per output row n and activation row x, for each 16-k group, four
+ * chains over its quarters (k = 16 g + 4 q + i, i = 0..3):
+ *   p_q = c_0 x_0;  p_q = fma(c_i, x_i, p_q) for i = 1, 2, 3
+ *   dot = (p_0 + p_1) + (p_2 + p_3);   acc = fma(dot, s_g, acc)
+ * groups in k order, and the output is acc * multiplier (before the bias). The scalar and
+ * AVX2 kernels do exactly these IEEE operations, so they agree bitwise, and nothing
+ * depends on the batch, the row's position or the thread count. */
+#define DW_NVFP4_HEADER 32     /* bytes of row multipliers at a tile's start */
+#define DW_NVFP4_BLOCK 144     /* bytes per 32 k of a tile */
+
+/* Where row n's byte j sits in 32 code bytes: 16 (n / 4) + 4 j + n % 4, the order in
+ * which the AVX2 kernel's byte and word unpacks leave eight rows of one k in one vector's
+ * lanes (gemm_nvfp4_avx2.c). */
+static inline int dw_nvfp4_pos(int j, int n) { return 16 * (n / 4) + 4 * j + n % 4; }
+
+/* Bytes of a packed NVFP4 weight: ceil(rows / 8) tiles of header + k / 32 blocks. */
+int64_t dw_nvfp4_bytes(int64_t rows, int64_t k);
+/* Repack ``rows`` rows: codes[r] -> k / 2 stored bytes, scales[r] -> k / 16 fp8 bytes,
+ * mult[r] the row's fp32 multiplier (NULL code pointer: a zero row). Tiles split between
+ * threads. */
+void dw_nvfp4_pack(const uint8_t *const *codes, const uint8_t *const *scales, const float *mult,
+                   int64_t rows, int64_t k, uint8_t *dst, int threads);
+/* Output row n of a packed NVFP4 weight as fp32: c * s * multiplier per weight. */
+void dw_nvfp4_dequant_row(const uint8_t *packed, int64_t k, int64_t n, float *out);
+/* Widen one bf16 activation row to fp32 (the NVFP4 kernels' input). */
+void dw_widen_row(const uint16_t *x, int64_t k, float *out);
+/* The NVFP4 tile kernels: x[r] points at row r's k fp32 values; out as dw_tile_fn. */
+dw_tile_fn dw_nvfp4_kernel_scalar(void);
+dw_tile_fn dw_nvfp4_kernel_simd(void);
+
+/* fp8 e4m3 (fn: no inf; 0x7f / 0xff are NaN, refused at load) / 2, exact and without a
+ * subnormal float on the way (so DAZ/FTZ cannot change it): a normal byte's exponent is
+ * rebased by 119 = 127 - 7 - 1 in the bits, a subnormal one (exponent 0) is its mantissa
+ * M times 2^-10. */
+static inline float dw_e4m3_half(uint8_t b) {
+    const uint32_t m = b & 0x7fu;
+    float f;
+    if (m > 7) {
+        const uint32_t bits = (m << 20) + (119u << 23);
+        memcpy(&f, &bits, sizeof f);
+    } else {
+        f = (float)m * 0x1p-10f;
+    }
+    return b & 0x80u ? -f : f;
+}
 
 /* fp16 bits -> fp32, exact (subnormals, inf and NaN included), like vcvtph2ps. */
 static inline float dw_half_to_float(uint16_t h) {

@@ -97,6 +97,11 @@ class SafetensorsCheckpoint:
         """The named tensors, opening each shard once (dtypes checked before any is read)."""
         names = list(names)
         self.check_dtypes(names)
+        return self.iter_raw(names)
+
+    def iter_raw(self, names: Iterable[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The named tensors in their stored dtypes (quantized ones: ``formats.nvfp4``
+        checked them), opening each shard once."""
         by_file: dict[str, list[str]] = {}
         for name in names:
             by_file.setdefault(self.tensors[name].file, []).append(name)

@@ -81,8 +81,9 @@ def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool
     return not why, why
 
 
-def _groups(config: ModelConfig) -> dict[str, tuple[str, ...]]:
-    """Model weight name -> the HF tensors fused into it, for every quantizable weight."""
+def quantizable_groups(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Model weight name -> the HF tensors fused into it, for every quantizable weight
+    (GGUF here, NVFP4 in ``models.nvfp4_weights``)."""
     out: dict[str, tuple[str, ...]] = {"embed_weight": ("model.embed_tokens.weight",)}
     if not config.tie_word_embeddings:
         out["lm_head_weight"] = ("lm_head.weight",)
@@ -112,7 +113,7 @@ def plan_quantized(
     groups: dict[str, tuple[str, ...]] = {}
     dense_bytes: dict[str, int] = {}
     total = sum(ckpt.nbytes(g) for g, _ in available.values())
-    for target, hf in _groups(config).items():
+    for target, hf in quantizable_groups(config).items():
         types = [ckpt.qtype(available[n][0]) for n in hf]
         if keep and all(t in NATIVE_TYPES for t in types):
             groups[target] = hf

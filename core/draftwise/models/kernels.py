@@ -277,6 +277,26 @@ def quant_dequant_rows(qtype: int, packed: torch.Tensor, ids: torch.Tensor, rows
                             ids.numel(), k, int(out.dtype == torch.float32))
 
 
+def nvfp4_pack(code_rows: torch.Tensor, scale_rows: torch.Tensor, multipliers: torch.Tensor,
+               out: torch.Tensor, rows: int, k: int, threads: int) -> None:
+    """NVFP4 rows (int64 addresses of their code and scale bytes, fp32 multipliers) into
+    tiles at ``out`` (``models.quant.packed_bytes(NVFP4, rows, k)`` bytes)."""
+    kern = _kernel("nvfp4_pack")
+    need = -(-rows // 8) * (32 + k // 32 * 144)
+    if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != need:
+        raise KernelInputError(f"nvfp4_pack needs {need} contiguous uint8 bytes, got "
+                               f"{out.dtype} {out.numel()}")
+    if rows < 1 or k < 1 or k % 32 or threads < 1:
+        raise KernelInputError(f"nvfp4_pack: rows {rows}, k {k} (a multiple of 32), threads "
+                               f"{threads} must be >= 1")
+    for name, t, dtype in (("code rows", code_rows, torch.int64), ("scale rows", scale_rows,
+                           torch.int64), ("multipliers", multipliers, torch.float32)):
+        if t.dtype != dtype or not t.is_contiguous() or t.numel() != rows:
+            raise KernelInputError(f"nvfp4_pack: {name} must be contiguous {dtype} [{rows}]")
+    kern.nvfp4_pack(code_rows.data_ptr(), scale_rows.data_ptr(), multipliers.data_ptr(),
+                    out.data_ptr(), rows, k, threads)
+
+
 # -- attention (paged_attention.c) ---------------------------------------------------------
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # [T, heads | kv_heads, d], rows strided

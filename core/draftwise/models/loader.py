@@ -14,6 +14,7 @@ same, they arrive a second or two later.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -42,6 +43,13 @@ from draftwise.models.backend import decide_backend
 from draftwise.models.config import ModelConfig
 from draftwise.models.gguf_weights import load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
+from draftwise.models.nvfp4_weights import (
+    NvFp4Plan,
+    dequantized,
+    group_nvfp4,
+    load_packed,
+    plan_nvfp4,
+)
 from draftwise.models.registry import (
     HYBRID_ARCHITECTURES,
     check_gguf_metadata,
@@ -252,6 +260,8 @@ class HFPlan:
     chat_template: ChatTemplate | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    #: the checked NVFP4 declaration (``models.nvfp4_weights``); None: not quantized
+    nvfp4: NvFp4Plan | None = None
 
 
 def plan_hf_dir(path: str) -> HFPlan:
@@ -266,16 +276,24 @@ def plan_hf_dir(path: str) -> HFPlan:
     arch = check_hf_config(raw, config_path)  # before any shard is opened
     ckpt: SafetensorsCheckpoint | None = None
     names: list[str] = []
+    nv: NvFp4Plan | None = None
     if arch in HYBRID_ARCHITECTURES:  # the GDN hybrid: models/qwen3_next.py
+        from draftwise.formats.nvfp4 import NvFp4Error, declaration
         from draftwise.models.qwen3_next import HybridConfig
 
+        if declaration(path, raw, "a bf16 export", what="GDN hybrid checkpoints") is not None:
+            raise NvFp4Error(path, f"an NVFP4 {arch} checkpoint: the GDN hybrid loads bf16/"
+                             "fp16/fp32 weights only (NVFP4 runs for the llama family). "
+                             "Instead: a bf16 export.", key="quantization_config")
         config = HybridConfig.from_hf_dict(raw, config_path).base
     else:
         config = ModelConfig.from_hf_dict(raw, config_path)
         model_class(config, config_path)
         ckpt = SafetensorsCheckpoint(path)
-        names = _check_tensors(path, config, ckpt.hf_shapes())
-        ckpt.check_dtypes(names)
+        nv = plan_nvfp4(ckpt, config, raw, expected_shapes(config))
+        names = _check_tensors(path, config, ckpt.hf_shapes() if nv is None else nv.available(ckpt))
+        packed = frozenset() if nv is None else nv.weight_names()
+        ckpt.check_dtypes([n for n in names if n not in packed])
 
     eos = list(config.eos_token_ids)
     gen_path = os.path.join(path, "generation_config.json")
@@ -299,7 +317,7 @@ def plan_hf_dir(path: str) -> HFPlan:
         else (tokenizer.bos_token_id if tokenizer else None)
     )
     chat = ChatTemplate(template, specials) if template else None
-    return HFPlan(config, ckpt, names, tokenizer, chat, eos_ids, bos)
+    return HFPlan(config, ckpt, names, tokenizer, chat, eos_ids, bos, nv)
 
 
 def _load_hf_dir(
@@ -308,15 +326,19 @@ def _load_hf_dir(
     plan = plan_hf_dir(path)
     model: LlamaForCausalLM
     config: ModelConfig
+    notices: tuple[str, ...] = ()
     if plan.ckpt is None:
         from draftwise.models.qwen3_next import load_hybrid
 
         hybrid, _ = load_hybrid(path, dtype, device)
         model, config = hybrid, hybrid.config  # type: ignore[assignment]
-    else:
+    elif plan.nvfp4 is None:
         config = plan.config
         model = LlamaForCausalLM(config, dtype, device)
         _copy_weights(model, plan.ckpt.iter_tensors(plan.names), _ticker(len(plan.names), progress))
+    else:
+        config = plan.config
+        model, notices = _load_nvfp4(plan, plan.ckpt, plan.nvfp4, dtype, device, progress)
     return LoadedModel(
         model=model,
         config=config,
@@ -326,7 +348,30 @@ def _load_hf_dir(
         bos_token_id=plan.bos_token_id,
         path=path,
         format="safetensors",
+        notices=notices,
     )
+
+
+def _load_nvfp4(plan: HFPlan, ckpt: SafetensorsCheckpoint, nv: NvFp4Plan, dtype: torch.dtype,
+                device: str | torch.device, progress: ProgressFn | None,
+                ) -> tuple[LlamaForCausalLM, tuple[str, ...]]:
+    """An NVFP4 target: packed groups installed as they are, the rest copied densely
+    (``models.nvfp4_weights`` decides which)."""
+    config = plan.config
+    backend = decide_backend(dtype, device, config.head_dim)
+    grouping = group_nvfp4(ckpt, config, nv, dtype, backend)
+    for line in grouping.notices:
+        logger.warning("draftwise: %s", line)
+    model = LlamaForCausalLM(config, dtype, device, external=frozenset(grouping.groups),
+                             backend=backend)
+    covered = {n for hf in grouping.groups.values() for n in hf}
+    tick = _ticker(len(plan.names), progress)
+    load_packed(ckpt, nv, grouping, model.set_quantized, tick)
+    plain = [n for n in plan.names if n not in covered and n not in grouping.dequantized]
+    tensors = itertools.chain(ckpt.iter_tensors(plain),
+                              dequantized(ckpt, nv, grouping.dequantized))
+    _copy_weights(model, tensors, tick)
+    return model, grouping.notices
 
 
 def _check_tensors(

@@ -17,12 +17,19 @@ not depend on the batch, its position or the thread count (bitwise batch invaria
 
 A fused projection (q|k|v, gate|up) may mix types (Q4_K_M stores ``attn_v`` in Q6_K):
 each part is a *segment* of output columns with its own type, all in one call.
+
+NVFP4 (safetensors, ``formats.nvfp4``) is one more type of the family, :data:`NVFP4`
+(not a GGML type): :func:`pack_nvfp4` repacks the e2m1 codes and fp8 block scales
+(``core/csrc/quant.h``, "NVFP4 (W4A16)"), each row carrying its global multiplier, and
+the same :func:`linear_quant` runs it with bf16 activations widened to fp32 (W4A16: no
+activation quantization), one fixed-order fp32 accumulation per output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 import torch
@@ -37,8 +44,22 @@ NATIVE_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 )
+
+
+class WeightType(IntEnum):
+    """Packed types of the family that are not GGML types (values the C side knows)."""
+
+    NVFP4 = 256
+
+
+#: NVFP4 from safetensors: e2m1 codes, fp8-e4m3 scale per 16, a global multiplier per row
+NVFP4 = WeightType.NVFP4
+#: a packed segment's type
+QType = GGMLQuantizationType | WeightType
 #: outputs per tile of the packed layout
 TILE = 8
+#: NVFP4 tile: 32 bytes of row multipliers, then 144 bytes per 32 inputs
+_NVFP4_HEADER, _NVFP4_BLOCK = 32, 144
 #: fused parts per call the kernel accepts
 MAX_SEGMENTS = 8
 
@@ -55,14 +76,17 @@ def quant_simd() -> str:
 
 def activation_block(qtype: GGMLQuantizationType) -> int:
     """Values per int8 activation block (one fp32 scale) the kernel of ``qtype`` takes:
-    256 for Q4_K and Q6_K (integer sums to the end of a super-block), else 32."""
+    256 for Q4_K and Q6_K (integer sums to the end of a super-block), else 32. (NVFP4 has
+    none: its activations stay bf16.)"""
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
     return kernels.quant_act_block(int(qtype))
 
 
-def packed_bytes(qtype: GGMLQuantizationType, rows: int, k: int) -> int:
+def packed_bytes(qtype: QType, rows: int, k: int) -> int:
     """Bytes of ``rows`` x ``k`` weights in tiles: the stored bytes, rows padded to 8."""
+    if qtype == NVFP4:
+        return -(-rows // TILE) * (_NVFP4_HEADER + k // 32 * _NVFP4_BLOCK)
     block, size = GGML_QUANT_SIZES[qtype]
     return -(-rows // TILE) * TILE * (k // block) * size
 
@@ -81,7 +105,7 @@ class QuantPart:
 class QuantSegment:
     """Output columns ``[start, start + rows)`` of a :class:`QuantWeight`, in one type."""
 
-    qtype: GGMLQuantizationType
+    qtype: QType
     start: int
     rows: int
     data: torch.Tensor  # uint8, packed_bytes(qtype, rows, in_features)
@@ -180,6 +204,72 @@ def pack_quant(
         [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
     )
     return QuantWeight(tuple(segments), start, k, table, table.data_ptr())
+
+
+@dataclass(frozen=True)
+class NvFp4Part:
+    """One stored NVFP4 tensor set to pack: ``codes`` ``[rows, k / 2]`` uint8 (two e2m1
+    codes a byte, low nibble first), ``scales`` ``[rows, k / 16]`` fp8-e4m3 (or its bytes),
+    and ``multiplier``: ModelOpt's ``weight_scale_2``, or 1 / compressed-tensors'
+    ``weight_global_scale`` (a divisor), as fp32."""
+
+    codes: torch.Tensor  # [rows, k / 2] uint8
+    scales: torch.Tensor  # [rows, k / 16] float8_e4m3fn or uint8
+    multiplier: float
+
+
+def nvfp4_bytes(parts: Sequence[NvFp4Part], k: int) -> int:
+    """Bytes :func:`pack_nvfp4` will need for ``parts`` (one segment, rows padded to 8)."""
+    return packed_bytes(NVFP4, sum(p.codes.shape[0] for p in parts), k)
+
+
+def pack_nvfp4(
+    parts: Sequence[NvFp4Part],
+    k: int,
+    out: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> QuantWeight:
+    """Repack NVFP4 tensors (fused parts in output order: one segment, each row with its
+    part's multiplier) into the kernel's tiles; the stored bits, nothing widened.
+
+    :param parts: the tensors, checked against ``k`` here.
+    :param k: inputs per row, a multiple of 32 (the kernel's block).
+    :param out: uint8 memory of :func:`nvfp4_bytes` bytes (an arena slice), or None.
+    :param threads: for the copy (default: the kernels' thread count).
+    """
+    if not quant_kernels_available():
+        raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
+    if k % 32:
+        raise ValueError(f"NVFP4 with {k} inputs cannot be packed natively (a multiple of 32)")
+    codes, scales, mults = [], [], []
+    alive = []  # the contiguous copies the row addresses point into, until the copy is done
+    for part in parts:
+        c = part.codes
+        sc = part.scales.view(torch.uint8) if part.scales.dtype != torch.uint8 else part.scales
+        rows = c.shape[0]
+        if (c.dtype != torch.uint8 or tuple(c.shape) != (rows, k // 2)
+                or tuple(sc.shape) != (rows, k // 16)):
+            raise ValueError(f"NVFP4 parts must be uint8 [rows, {k // 2}] codes and "
+                             f"[rows, {k // 16}] fp8 scales, got {list(c.shape)} {c.dtype} "
+                             f"and {list(sc.shape)}")
+        c, sc = c.contiguous(), sc.contiguous()
+        alive += [c, sc]
+        codes.append(c.data_ptr() + torch.arange(rows, dtype=torch.int64) * (k // 2))
+        scales.append(sc.data_ptr() + torch.arange(rows, dtype=torch.int64) * (k // 16))
+        mults.append(torch.full((rows,), part.multiplier, dtype=torch.float32))
+    code_rows, scale_rows = torch.cat(codes), torch.cat(scales)
+    mult = torch.cat(mults)
+    total = packed_bytes(NVFP4, code_rows.numel(), k)
+    if out is None:
+        out = huge_page_tensor(total, torch.uint8)
+    if out.numel() != total or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"pack_nvfp4 needs {total} contiguous uint8 bytes, got {out.numel()}")
+    kernels.nvfp4_pack(code_rows, scale_rows, mult, out, code_rows.numel(), k,
+                       threads or kernel_threads())
+    del alive
+    seg = QuantSegment(NVFP4, 0, code_rows.numel(), out)
+    table = torch.tensor([[int(NVFP4), out.data_ptr(), 0, seg.rows]], dtype=torch.int64)
+    return QuantWeight((seg,), seg.rows, k, table, table.data_ptr())
 
 
 def linear_quant(

@@ -3,7 +3,7 @@
 ``detect`` reads only the draft's own files, in this order (the cheapest refusal first):
 
 1. the container: a safetensors directory runs (plain, or NVFP4 in ModelOpt's or
-   compressed-tensors' convention: ``draftwise_dflash.nvfp4``), and a llama.cpp
+   compressed-tensors' convention: ``draftwise.formats.nvfp4``), and a llama.cpp
    ``dflash`` GGUF of a DFlash1 or DFlash2 drafter (``draftwise_dflash.gguf_drafter``); an EXL3
    directory (``quantization_config.quant_method == "exl3"``) and any other quantized
    declaration are refused by name with what would work;
@@ -156,7 +156,7 @@ def read_container(path: str, runs: str = RUNS) -> tuple[dict[str, Any], Any]:
             f"exllamav3's CUDA kernels. Instead: {runs}, or an NVFP4 export.",
             key="quantization_config",
         )
-    from draftwise_dflash.nvfp4 import declaration
+    from draftwise.formats.nvfp4 import declaration
 
     return d, declaration(path, d, runs)
 
@@ -217,7 +217,7 @@ def _check_tensors(ckpt: Any, cfg: DFlashConfig, decl: Any = None) -> dict[str, 
     want = expected_shapes(cfg)
     packed: dict[str, str] = {}
     if decl is not None:
-        from draftwise_dflash.nvfp4 import plan, side_tensors
+        from draftwise.formats.nvfp4 import plan, side_tensors
 
         linears = {n.removesuffix(".weight"): shape for n, shape in want.items()
                    if len(shape) == 2 and _is_linear(n)}
@@ -325,12 +325,12 @@ def read_weights(
 ) -> DFlashWeights:
     """Every tensor into its slot (q/k/v and gate/up fused as the core's layers keep them),
     then the projections packed for this machine. ``nvfp4``: (declaration, packed
-    modules) from detect; those modules are dequantized (``draftwise_dflash.nvfp4``)."""
+    modules) from detect; those modules are dequantized (``draftwise.formats.nvfp4``)."""
     c = cfg.decoder
     side: set[str] = set()
     t: dict[str, torch.Tensor] = {}
     if nvfp4 is not None:
-        from draftwise_dflash.nvfp4 import side_tensors
+        from draftwise.formats.nvfp4 import side_tensors
 
         decl, packed = nvfp4
         side = side_tensors(decl, packed)
@@ -384,7 +384,7 @@ def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtyp
     """Each NVFP4 module's weight, dequantized from its stored bytes."""
     from safetensors import safe_open
 
-    from draftwise_dflash.nvfp4 import SUFFIXES, dequantize
+    from draftwise.formats.nvfp4 import SUFFIXES, dequantize
 
     w, s, g, _ = SUFFIXES[decl.convention]
     out = {}

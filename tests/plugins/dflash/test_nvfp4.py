@@ -18,7 +18,7 @@ import torch
 
 from draftwise import LLM
 from draftwise.formats.errors import ModelFormatError
-from draftwise_dflash.nvfp4 import E2M1
+from draftwise.formats.nvfp4 import E2M1
 
 from .conftest import TRAIN_PROMPTS
 from .test_containers import agreement, drafts_of, spec

@@ -1,4 +1,4 @@
-"""NVFP4 DFlash drafters (safetensors): the two published conventions, read exactly.
+"""NVFP4 safetensors checkpoints (targets and drafters): the two published conventions.
 
 ``shared/reference/drafter-formats.md`` §6a. Declarations:
 
@@ -20,12 +20,15 @@ fp8(scale[n, k // 16]) * weight_scale_2`` (ModelOpt) or ``/ weight_global_scale`
 
 The declaration is cross-checked against the tensors both ways: every Linear not
 excluded (``exclude_modules`` / ``ignore``: module or parent-module names, ``*`` globs,
-``re:`` regexes) must
-carry the quantized set, and every excluded one a plain weight. A ``quant_algo`` without
+``re:`` regexes) must carry the quantized set, in its stored dtypes (``U8``, ``F8_E4M3``,
+``F32``) and shapes, and every excluded one a plain weight. A ``quant_algo`` without
 ``quant_method``, another algorithm (FP8, MIXED_PRECISION) or another compressed-tensors
-format is refused by name with the modules it covers. There is no packed NVFP4 kernel
-here, so quantized modules are dequantized once at load to the model dtype (exact up to
-the bf16 rounding of ``e2m1 * scale * global``), and the load summary says so.
+format is refused by name with the modules it covers.
+
+This module holds the format's facts only. The target loader keeps packed modules packed
+for the native kernel (``models.nvfp4_weights``, ``core/csrc/gemm_nvfp4.c``); the DFlash
+drafter loader dequantizes them once with :func:`dequantize` (exact up to the model
+dtype's rounding of ``e2m1 * scale * global``).
 """
 
 from __future__ import annotations
@@ -54,8 +57,12 @@ SUFFIXES = {
 }
 
 
+#: stored dtype of each tensor role (safetensors names): codes, block scale, global scale
+DTYPES = ("U8", "F8_E4M3", "F32")
+
+
 class NvFp4Error(ModelFormatError):
-    """An NVFP4 drafter this loader cannot read; says which module or key and what works."""
+    """An NVFP4 checkpoint this loader cannot read; says which module or key and what works."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +86,10 @@ class NvFp4Declaration:
         return False
 
 
-def declaration(path: str, config: dict[str, Any], runs: str) -> NvFp4Declaration | None:
-    """The drafter's NVFP4 declaration (None: not quantized), or a named refusal."""
+def declaration(path: str, config: dict[str, Any], runs: str,
+                what: str = "quantized DFlash safetensors") -> NvFp4Declaration | None:
+    """The checkpoint's NVFP4 declaration (None: not quantized), or a named refusal;
+    ``runs`` says what works instead, ``what`` names the checkpoint kind in messages."""
     side = os.path.join(path, "hf_quant_config.json")
     quant = config.get("quantization_config")
     if os.path.isfile(side):
@@ -88,7 +97,7 @@ def declaration(path: str, config: dict[str, Any], runs: str) -> NvFp4Declaratio
         algo = q.get("quant_algo")
         if algo != "NVFP4":
             raise NvFp4Error(path, f"hf_quant_config.json quant_algo={algo!r}: only ModelOpt "
-                             f"NVFP4 drafters are read here. Instead: {runs}.", key="quant_algo")
+                             f"NVFP4 is read here. Instead: {runs}.", key="quant_algo")
         _group(path, q.get("group_size", GROUP))
         return NvFp4Declaration(MODELOPT, tuple(q.get("exclude_modules") or ()))
     if not isinstance(quant, dict):
@@ -114,9 +123,9 @@ def declaration(path: str, config: dict[str, Any], runs: str) -> NvFp4Declaratio
                              key="format")
         _group(path, _ct_group(quant))
         return NvFp4Declaration(CT, tuple(quant.get("ignore") or ()))
-    raise NvFp4Error(path, f"quantization_config.quant_method={method!r}: quantized DFlash "
-                     f"safetensors are read only as NVFP4 (modelopt, compressed-tensors). "
-                     f"Instead: {runs}.", key="quantization_config")
+    raise NvFp4Error(path, f"quantization_config.quant_method={method!r}: {what} are read "
+                     f"only as NVFP4 (modelopt, compressed-tensors). Instead: {runs}.",
+                     key="quantization_config")
 
 
 def _ct_group(quant: dict[str, Any]) -> Any:
@@ -155,14 +164,20 @@ def plan(decl: NvFp4Declaration, stored: dict[str, Any], linears: dict[str, tupl
         if not packed:
             out[module] = "plain"
             continue
+        if k % GROUP:
+            raise NvFp4Error(path, f"{module} has {k} inputs, not a multiple of the NVFP4 "
+                             f"group of {GROUP}", key=module)
         want = {f"{module}.{w}": (n, k // 2), f"{module}.{s}": (n, k // GROUP),
                 f"{module}.{g}": ()}
-        for name, shape in want.items():
+        for (name, shape), dtype in zip(want.items(), DTYPES):
             if name not in stored:
                 raise NvFp4Error(path, f"{name} is missing (NVFP4 {decl.convention})", key=name)
             if tuple(stored[name].shape) not in (shape, (1,) if shape == () else shape):
                 raise NvFp4Error(path, f"{name} has shape {list(stored[name].shape)}, expected "
                                  f"{list(shape)}", key=name)
+            if stored[name].dtype != dtype:
+                raise NvFp4Error(path, f"{name} is stored as {stored[name].dtype}, expected "
+                                 f"{dtype} (NVFP4 {decl.convention})", key=name)
         out[module] = "packed"
     return out
 
@@ -170,6 +185,14 @@ def plan(decl: NvFp4Declaration, stored: dict[str, Any], linears: dict[str, tupl
 def side_tensors(decl: NvFp4Declaration, modules: Iterable[str]) -> set[str]:
     """Every tensor name an NVFP4 module may carry (to tell extra tensors from these)."""
     return {f"{m}.{sfx}" for m in modules for sfx in SUFFIXES[decl.convention]}
+
+
+def check_scales(name: str, scale: torch.Tensor, path: str) -> None:
+    """Refuse NaN block scales (e4m3fn 0x7f / 0xff) by name: no weight they scale is a number."""
+    raw = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
+    if bool(((raw & 0x7F) == 0x7F).any()):
+        raise NvFp4Error(path, f"{name} holds NaN fp8 scales (0x7f/0xff); re-export the "
+                         "checkpoint", key=name)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
@@ -185,5 +208,5 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
     return w * g if convention == MODELOPT else w / g
 
 
-__all__ = ["CT", "MODELOPT", "NvFp4Declaration", "NvFp4Error", "declaration", "dequantize",
-           "plan", "side_tensors"]
+__all__ = ["CT", "DTYPES", "E2M1", "GROUP", "MODELOPT", "SUFFIXES", "NvFp4Declaration",
+           "NvFp4Error", "check_scales", "declaration", "dequantize", "plan", "side_tensors"]
