@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -46,9 +47,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared helpers beside this script
 
-from llamacpp import DEFAULT_BUILD, LlamaServer, binary_version, run_llama_bench  # noqa: E402
-from llamacpp_report import add_comparisons, print_markdown  # noqa: E402
-from side_by_side import build_ours, loadavg, log, measure_ours, peer_results  # noqa: E402
+from llamacpp import DEFAULT_BUILD, LlamaServer, binary_version, run_llama_bench
+from llamacpp_report import add_comparisons, print_markdown
+from side_by_side import build_ours, loadavg, log, measure_ours, peer_results
 
 DEFAULT_WORKLOAD = HERE / "workloads" / "llamacpp-6.jsonl"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
@@ -93,10 +94,9 @@ def run_ours(
     prompts: list[dict[str, Any]], bench: bool,
 ) -> dict[str, Any]:
     """One draftwise mode at one thread count (and the pure forward bench on plain)."""
+    from decode_bench import measure as decode_measure
     from draftwise.bench import prompt_ids
     from draftwise.models.kernels import kernel_threads
-
-    from decode_bench import measure as decode_measure
 
     engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype, threads)
     ids = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(engine, i)} for i in items]
@@ -185,44 +185,96 @@ def run_llama(
 
 
 def concurrency_runs(
-    args: argparse.Namespace, threads: int, prompts: list[dict[str, Any]],
+    args: argparse.Namespace, threads: int, items: list[Any], prompts: list[dict[str, Any]],
     ours_specs: list[tuple[str, dict[str, Any]]], out_base: Path,
 ) -> dict[str, Any]:
-    """N streaming requests in flight against ``llama-server -np N`` and draftwise's server."""
-    from draftwise.bench import WorkloadItem
-    from draftwise.bench.run import warm_up
+    """N requests in flight at once, every figure total output tok/s over the run's wall time.
+
+    * ``llama.cpp plain``: ``llama-server -np N -c N x --ctx-per-slot`` (each slot gets the
+      per-request context), N streaming clients through ``load_gen.py``;
+    * ``draftwise plain``: draftwise's own server (``max_num_seqs=N``, ``max_model_len``
+      the same per-request context), the same clients, the same prompt ids;
+    * ``draftwise plain in-process``: the same engine driven by the ``draftwise bench``
+      loop at concurrency N (no HTTP), so the server's share of any gap is visible;
+    * ``draftwise <mode>``: each speculative mode, served, once.
+
+    Both plain servers stay up side by side and are loaded in turn ``--concurrency-rounds``
+    times (llama.cpp, draftwise served, draftwise in-process, again), so load from other
+    work on the machine falls on both alike; each keeps its best round and every round is
+    in ``rounds``. ``prompts`` may be empty (``--only-concurrency``): the first draftwise
+    engine then makes the ids, so both engines still see the same tokens.
+    """
+    import load_gen
+    from draftwise.bench import WorkloadItem, prompt_ids, summarize
+    from draftwise.bench.run import run_engine, warm_up
     from draftwise.server import ServerConfig, create_app
     from draftwise.server.runner import ServerThread
 
-    import load_gen
-
     n = args.concurrency
-    items = [WorkloadItem(id=p["id"], kind=p["kind"], prompt_token_ids=p["ids"]) for p in prompts]
-    num = max(2 * n, len(items))
+    num = args.concurrency_requests or max(2 * n, len(items))
+    ctx = args.ctx_per_slot
 
-    def load(url: str, model: str | None) -> dict[str, Any]:
-        samples, wall = asyncio.run(load_gen.run_load(url, items, model, args.max_tokens, n, num,
+    def load(url: str, model: str | None, work: list[Any]) -> dict[str, Any]:
+        samples, wall = asyncio.run(load_gen.run_load(url, work, model, args.max_tokens, n, num,
                                                       None, args.request_timeout))  # fmt: skip
-        return load_gen.summarize_load(samples, wall)
+        rec = load_gen.summarize_load(samples, wall)
+        rec["loadavg"] = loadavg()
+        return rec
 
-    out: dict[str, Any] = {"concurrency": n, "num_requests": num}
-    log(f"  c={n}: llama.cpp plain (-np {n})")
-    flags = ["--no-cache-prompt"]
-    with LlamaServer(args.llama_bin / "llama-server", args.model_path, threads, flags,
-                     out_base.with_suffix(f".t{threads}.c{n}.llama.log"), parallel=n,
-                     startup_timeout=args.startup_timeout) as server:  # fmt: skip
+    def in_process(engine: Any, work: list[Any]) -> dict[str, Any]:
+        batch = [dataclasses.replace(work[i % len(work)], id=f"{work[i % len(work)].id}#{i}")
+                 for i in range(num)]  # fmt: skip
+        results, wall = run_engine(engine, batch, args.max_tokens, n)
+        tokens = sum(r.num_output_tokens for r in results)
+        return {"output_tok_per_s": tokens / wall, "wall_seconds": wall, "output_tokens": tokens,
+                "summary": summarize(results, wall)["all"], "loadavg": loadavg()}  # fmt: skip
+
+    def ours(spec: dict[str, Any] | None) -> Any:
+        engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype,
+                            threads, max_num_seqs=n, max_model_len=ctx)  # fmt: skip
+        if not prompts:
+            prompts[:] = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(engine, i)} for i in items]
+        return engine
+
+    out: dict[str, Any] = {"concurrency": n, "num_requests": num, "ctx_per_slot": ctx,
+                           "max_tokens": args.max_tokens, "rounds": []}  # fmt: skip
+    plain = ours(None)
+    work = [WorkloadItem(id=p["id"], kind=p["kind"], prompt_token_ids=p["ids"]) for p in prompts]
+    warm_up(plain, work)
+    app = create_app(plain, ServerConfig(served_model_names=("bench",)))
+    with LlamaServer(args.llama_bin / "llama-server", args.model_path, threads,
+                     ["--no-cache-prompt"], out_base.with_suffix(f".t{threads}.c{n}.llama.log"),
+                     parallel=n, ctx_per_slot=ctx,
+                     startup_timeout=args.startup_timeout) as server, \
+            ServerThread(app, shutdown_timeout=5) as url:  # fmt: skip
         server.complete(prompts[0]["ids"], 16)
-        out["llama.cpp plain"] = load(server.url, None)
-        out["llama.cpp plain"]["peak_rss_mib"] = server.peak_rss_mib()
-    for label, spec in [("plain", None), *ours_specs]:
+        for r in range(args.concurrency_rounds):
+            rnd: dict[str, Any] = {}
+            for label, fn in (("llama.cpp plain", lambda: load(server.url, None, work)),
+                              ("draftwise plain", lambda: load(url, "bench", work)),
+                              ("draftwise plain in-process", lambda: in_process(plain, work))):
+                rnd[label] = fn()
+                log(f"  c={n} round {r + 1}: {label} {rnd[label]['output_tok_per_s']:.1f} tok/s "
+                    f"(load {rnd[label]['loadavg'][0]:.1f})")  # fmt: skip
+            out["rounds"].append(rnd)
+        peak = server.peak_rss_mib()
+        command = shlex.join(server.cmd)
+    del plain, app
+    gc.collect()
+    for label in ("llama.cpp plain", "draftwise plain", "draftwise plain in-process"):
+        out[label] = max((rnd[label] for rnd in out["rounds"]), key=lambda x: x["output_tok_per_s"])
+    out["llama.cpp plain"].update(peak_rss_mib=peak, command=command)
+    out["ratio_per_round"] = [rnd["draftwise plain"]["output_tok_per_s"]
+                              / rnd["llama.cpp plain"]["output_tok_per_s"]
+                              for rnd in out["rounds"]]  # fmt: skip
+    for label, spec in ours_specs:
         log(f"  c={n}: draftwise {label}")
         try:
-            engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype,
-                                threads, max_num_seqs=n)  # fmt: skip
-            warm_up(engine, items)
+            engine = ours(spec)
+            warm_up(engine, work)
             app = create_app(engine, ServerConfig(served_model_names=("bench",)))
             with ServerThread(app, shutdown_timeout=5) as url:
-                out[f"draftwise {label}"] = load(url, "bench")
+                out[f"draftwise {label}"] = load(url, "bench", work)
             del engine, app
             gc.collect()
         except Exception as exc:  # noqa: BLE001 - record it by name, go on with the others
@@ -240,6 +292,11 @@ def one_thread_count(
     """Every mode at one thread count; failures are recorded by name and the rest goes on."""
     rec: dict[str, Any] = {"runs": {}, "loadavg": {"start": loadavg()}}
     runs = rec["runs"]
+    if args.only_concurrency:
+        rec["concurrency"] = concurrency_runs(args, threads, items, prompts, args.ours_specs,
+                                              out_path)  # fmt: skip
+        rec["loadavg"]["concurrency"] = loadavg()
+        return rec
 
     def attempt(label: str, fn: Any) -> None:
         log(f"t={threads}: {label}")
@@ -281,7 +338,8 @@ def one_thread_count(
         except Exception as exc:  # noqa: BLE001
             rec["draftwise_startup"] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.concurrency:
-        rec["concurrency"] = concurrency_runs(args, threads, prompts, args.ours_specs, out_path)
+        rec["concurrency"] = concurrency_runs(args, threads, items, prompts, args.ours_specs,
+                                              out_path)  # fmt: skip
         rec["loadavg"]["concurrency"] = loadavg()
     return rec
 
@@ -313,6 +371,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-startup", action="store_true", help="skip draftwise's start-up probe")
     ap.add_argument("--concurrency", type=int, default=0,
                     help="also serve N concurrent streaming requests (llama-server -np N)")
+    ap.add_argument("--only-concurrency", action="store_true",
+                    help="run only the --concurrency comparison (no one-at-a-time modes, "
+                         "no llama-bench, no start-up probe)")
+    ap.add_argument("--concurrency-rounds", type=int, default=2,
+                    help="alternating rounds of the plain concurrency runs (best kept)")
+    ap.add_argument("--concurrency-requests", type=int, default=None,
+                    help="requests per concurrency run (default: max(2N, prompts))")
+    ap.add_argument("--ctx-per-slot", type=int, default=4096,
+                    help="per-request context: llama-server -c is N times it, draftwise "
+                         "max_model_len is it")
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--request-timeout", type=float, default=1800.0)
     ap.add_argument("--out", required=True)
@@ -328,6 +396,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                    "num_speculative_tokens": args.draft_k})]  # fmt: skip
         llama = [*llama, f"-md {shlex.quote(args.draft_model)} --spec-type draft-simple "
                          f"--spec-draft-n-max {args.draft_k}"]  # fmt: skip
+    if args.only_concurrency and not args.concurrency:
+        raise SystemExit("--only-concurrency needs --concurrency N")
+    if args.only_concurrency and not args.speculative_config:
+        ours = []  # plain only unless modes are named
     args.ours_specs = [ours_mode(s) for s in ours]
     args.llama_specs = [llama_mode(s) for s in llama]
     for what, modes in (("draftwise", args.ours_specs), ("llama.cpp", args.llama_specs)):

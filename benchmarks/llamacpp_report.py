@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from side_by_side import identity, ratio  # noqa: E402
+from side_by_side import identity, ratio
 
 OURS, PEER = "draftwise plain", "llama.cpp plain"
 
@@ -93,10 +93,11 @@ def add_comparisons(rec: dict[str, Any], ours: list[str], peers: list[str]) -> N
     conc = rec.get("concurrency")
     if conc:
         peer_c = _get(conc, PEER, "output_tok_per_s")
-        for label in [OURS, *ours]:
-            figures[f"served c={conc['concurrency']} tok/s, {label}"] = _pair(
-                peer_c, _get(conc, label, "output_tok_per_s")
-            )
+        for label in [OURS, f"{OURS} in-process", *ours]:
+            if label in conc:
+                figures[f"served c={conc['concurrency']} tok/s, {label}"] = _pair(
+                    peer_c, _get(conc, label, "output_tok_per_s")
+                )
     rec["figures"] = figures
 
 
@@ -131,6 +132,9 @@ def print_markdown(report: dict[str, Any]) -> None:
         print(f"\n### {threads} thread{'s' if threads != '1' else ''}"
               + (f" (load {min(marks):.2f}..{max(marks):.2f})" if marks else ""))  # fmt: skip
         kinds = sorted({k for v in runs.values() if "summary" in v for k in v["summary"]} - {"all"})
+        if not runs:  # --only-concurrency: the figures below are the whole report
+            _print_figures(report, rec)
+            continue
         head = ["run", "tok/s", *kinds, f"x {PEER}", "x own plain", "identical to own plain",
                 "draft acceptance"]  # fmt: skip
         print("| " + " | ".join(head) + " |")
@@ -153,13 +157,7 @@ def print_markdown(report: dict[str, Any]) -> None:
                      f"{ident['identical']}/{ident['of']}" if ident else "-",
                      accept]  # fmt: skip
             print("| " + " | ".join(cells) + " |")
-        print()
-        print(f"| figure | llama.cpp | draftwise | draftwise/llama.cpp |")
-        print("|---|---:|---:|---:|")
-        for key, fig in rec["figures"].items():
-            fmt = ".2f" if "startup" in key else ".1f"
-            print(f"| {_bench_label(report, key)} | {_f(fig['llama.cpp'], fmt)} | "
-                  f"{_f(fig['draftwise'], fmt)} | {_f(fig['draftwise/llama.cpp'], '.2f', 'x')} |")
+        _print_figures(report, rec)
         best = rec["ratios"].get("best draftwise / best llama.cpp")
         if best:
             print(f"\nbest draftwise ({best['draftwise']}) / best llama.cpp ({best['llama.cpp']}): "
@@ -168,6 +166,25 @@ def print_markdown(report: dict[str, Any]) -> None:
             if name.endswith(f"vs {PEER}"):
                 div = f" (first divergence: {r['first_divergence']})" if r["first_divergence"] else ""
                 print(f"identical {name}: {r['identical']}/{r['of']}{div}")
+
+
+def _print_figures(report: dict[str, Any], rec: dict[str, Any]) -> None:
+    """The side-by-side figures measured (rows neither engine has are left out), and each
+    concurrency run's load average when it ended: other work on the machine moves them."""
+    print()
+    print("| figure | llama.cpp | draftwise | draftwise/llama.cpp |")
+    print("|---|---:|---:|---:|")
+    for key, fig in rec["figures"].items():
+        if fig["llama.cpp"] is None and fig["draftwise"] is None:
+            continue
+        fmt = ".2f" if "startup" in key else ".1f"
+        print(f"| {_bench_label(report, key)} | {_f(fig['llama.cpp'], fmt)} | "
+              f"{_f(fig['draftwise'], fmt)} | {_f(fig['draftwise/llama.cpp'], '.2f', 'x')} |")
+    conc = rec.get("concurrency") or {}
+    loads = {k: v["loadavg"] for k, v in conc.items() if isinstance(v, dict) and v.get("loadavg")}
+    if loads:
+        print("\nload average (1, 5, 15 min) at the end of each concurrency run: "
+              + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in loads.items()))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 
 PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dw_rms_norm_zc(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

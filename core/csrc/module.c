@@ -10,6 +10,8 @@ static PyMethodDef methods[] = {
      "head_dim, block_size, window, scale_bits, threads)"},
     {"rms_norm", (PyCFunction)(void (*)(void))dw_rms_norm, METH_FASTCALL,
      "rms_norm(x, weight, out, rows, dim, eps_bits): bf16, transformers' rounding"},
+    {"rms_norm_zc", (PyCFunction)(void (*)(void))dw_rms_norm_zc, METH_FASTCALL,
+     "rms_norm_zc(x, weight, out, rows, dim, eps_bits): zero-centred, x-hat * (1 + w) in fp32"},
     {"add_rms_norm", (PyCFunction)(void (*)(void))dw_add_rms_norm, METH_FASTCALL,
      "add_rms_norm(h, delta, weight, out, rows, dim, eps_bits): delta = h + delta in place, "
      "out = rms_norm(delta)"},

@@ -53,6 +53,9 @@ class Backend:
     torch_threads: int | None = None
     #: whether the native attention runs here at all (any head size it takes)
     native_attention: bool = False
+    #: a recurrent mixer's kernel where the model has one (the GDN hybrids: ``torch``, as
+    #: there is no C kernel for the delta rule and its causal conv); None: no such layers
+    recurrence: str | None = None
 
     def attention_for(self, head_dim: int) -> str:
         """The attention another decoder of ``head_dim`` (a drafter) on this target runs:
@@ -84,8 +87,9 @@ class Backend:
         """One start-up line naming every kernel that runs."""
         gemm = ", ".join(f"{t}={k}" for t, k in self.gemm) or "none"
         pool = "torch's" if self.threads is None else str(self.threads)
+        recurrence = "" if self.recurrence is None else f" recurrence={self.recurrence}"
         return (f"backend: attention={self.attention} gemm[{gemm}] "
-                f"elementwise={self.elementwise} argmax={self.argmax} "
+                f"elementwise={self.elementwise}{recurrence} argmax={self.argmax} "
                 f"threads={pool} (torch {self.torch_threads})")
 
     def as_dict(self) -> dict[str, Any]:
@@ -97,6 +101,7 @@ class Backend:
             "argmax": self.argmax,
             "threads": self.threads,
             "torch_threads": self.torch_threads,
+            **({} if self.recurrence is None else {"recurrence": self.recurrence}),
         }
 
 

@@ -206,6 +206,8 @@ class GatedDeltaNet(nn.Module):
         self.a_log, self.dt_bias = _param(c.num_v_heads, **kw), _param(c.num_v_heads, **kw)
         self.norm = _param(c.head_v_dim, **kw)
         self.out_weight = _param(c.base.hidden_size, c.value_dim, **kw)
+        #: the gated norm as a C kernel (set by the layer from the model's backend)
+        self.native = False
 
     def forward(
         self,
@@ -232,7 +234,8 @@ class GatedDeltaNet(nn.Module):
             )
             o = self._rows(u[idx], g[idx], beta[idx], [slots[i] for i in rows], states, recurrent)
             out[idx.flatten()] = o.flatten(0, 1).to(x.dtype)
-        y = (rms_norm(out, self.norm, self.eps) * lanewise(F.silu, z.float())).to(x.dtype)
+        y = (rms_norm(out, self.norm, self.eps, self.native) * lanewise(F.silu, z.float())
+             ).to(x.dtype)
         return linear(y.flatten(1), self.out_weight)
 
     def _rows(

@@ -127,6 +127,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def rms_norm_zc(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The GDN hybrids' zero-centred RMSNorm, ``x̂ · (1 + w)`` in fp32 rounded once
+    (``x``: [..., dim], ``weight``: [dim])."""
+    k = _kernel("rms_norm_zc")
+    dim = weight.shape[0] if weight.dim() == 1 else -1
+    _bf16_rows("rms_norm_zc weight", weight, dim)
+    _bf16_rows("rms_norm_zc input", x, dim)
+    out = torch.empty_like(x)
+    k.rms_norm_zc(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim,
+                  f32_bits(eps))
+    return out
+
+
 def add_rms_norm(
     h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,21 +170,33 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     return out
 
 
-def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          positions: torch.Tensor | None = None) -> torch.Tensor:
     """RoPE in place on ``x`` [T, heads, head_dim] (rows may be strided views), with each
-    token's ``cos`` and sign-folded ``sin`` rows [T, 1, head_dim]."""
+    token's ``cos`` and sign-folded ``sin`` rows [T, 1, head_dim]; or, with ``positions``
+    (int64 [T]), the whole tables [P, head_dim] and row t rotated by row ``positions[t]``."""
     k = _kernel("rope")
     if x.dim() != 3 or x.dtype != BF16:
         raise KernelInputError(f"rope takes bf16 [T, heads, head_dim], got {x.dtype} "
                                f"{list(x.shape)}")
     t, h, d = x.shape
-    if x.stride(2) != 1 or x.stride(1) != d:
+    if x.stride(2) != 1 or (h > 1 and x.stride(1) != d):
         raise KernelInputError("rope: each token's heads must be contiguous")
+    rows = t if positions is None else cos.shape[0]
     for name, table in (("cos", cos), ("sin", sin)):
-        if table.dtype != BF16 or not table.is_contiguous() or table.numel() != t * d:
-            raise KernelInputError(f"rope {name} must be contiguous bf16 [{t}, 1, {d}], got "
+        if (table.dtype != BF16 or not table.is_contiguous() or table.numel() != rows * d
+                or (positions is not None and table.shape[-1] != d)):
+            raise KernelInputError(f"rope {name} must be contiguous bf16 [{rows}, 1, {d}], got "
                                    f"{table.dtype} {list(table.shape)}")
-    k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0, t, h, d, x.stride(0))
+    pos = 0
+    if positions is not None:
+        if (positions.dtype != torch.int64 or not positions.is_contiguous()
+                or positions.numel() != t):
+            raise KernelInputError(f"rope positions must be contiguous int64 [{t}]")
+        if t and (int(positions.min()) < 0 or int(positions.max()) >= rows):
+            raise KernelInputError(f"rope position outside the {rows}-row tables")
+        pos = positions.data_ptr()
+    k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, t, h, d, x.stride(0))
     return x
 
 

@@ -9,7 +9,8 @@ state in a :class:`~draftwise.cache.recurrent.RecurrentStatePool` slot per row
 (``batch.state_slots``): short rows (decode, verify) take the recurrence and write the
 state after each token into the pool's spec positions; long rows (prefill) take the
 chunked form. Qwen3-Next's fused, per-key-head grouped ``in_proj_qkvz``/``in_proj_ba``
-is unpacked at load into the Qwen3.5 split order, so there is one forward.
+is unpacked at load into the Qwen3.5 split order, so there is one forward. The small ops
+particular to the hybrid (zero-centred norm, partial RoPE) are ``models.hybrid_ops``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ from draftwise.formats.errors import (
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.values import ConfigValues
 from draftwise.models.attention import AttentionMetadata, paged_attention
-from draftwise.models.backend import decide_backend, gemm_kind
+from draftwise.models.backend import Backend, decide_backend, gemm_kind
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
 from draftwise.models.config import ModelConfig
+from draftwise.models.fused import silu_mul
 from draftwise.models.gdn import GatedDeltaNet
+from draftwise.models.hybrid_ops import PartialRope, zc_rms_norm
 from draftwise.models.linear import Weight, is_packed, linear, pack_weights
 from draftwise.models.pointwise import lanewise
-from draftwise.models.rope import INITIAL_ROPE_POSITIONS, apply_rope, inv_frequencies, rope_tables
+from draftwise.models.rope import INITIAL_ROPE_POSITIONS, inv_frequencies, rope_tables
 
 if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool
@@ -185,13 +188,6 @@ def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Pa
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., d]
-    """Zero-centred RMSNorm, transformers' op order: ``(x̂_fp32 · (1 + w)).to(dtype)``."""
-    xf = x.float()
-    xf = xf * lanewise(torch.rsqrt, xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * (1.0 + weight.float())).type_as(x)
-
-
 class GatedAttention(nn.Module):
     """Full attention with a per-head sigmoid output gate, q/k norm and partial RoPE."""
 
@@ -209,27 +205,35 @@ class GatedAttention(nn.Module):
         self.qkv_weight = _param(self.q2 + 2 * b.kv_size, b.hidden_size, **kw)
         self.q_norm, self.k_norm = _param(b.head_dim, **kw), _param(b.head_dim, **kw)
         self.o_weight = _param(b.hidden_size, b.q_size, **kw)
+        #: q/k norms as C kernels (set by the model from its backend)
+        self.native = False
 
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden], normed
-        cos: torch.Tensor,  # [T, 1, rotary_dim]
-        sin: torch.Tensor,  # [T, 1, rotary_dim]
+        rope: PartialRope,
         k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         """Attend over the paged context, gate, project out."""
-        t, d, r = x.shape[0], self.head_dim, self.rotary_dim
+        t, d, h = x.shape[0], self.head_dim, self.heads
         qkv = linear(x, self.qkv_weight)
-        qg = qkv[:, : self.q2].view(t, self.heads, 2 * d)
+        qg = qkv[:, : self.q2].view(t, h, 2 * d)
         q, gate = qg[..., :d], qg[..., d:].reshape(t, -1)
         k = qkv[:, self.q2 : self.q2 + self.kv_heads * d].view(t, self.kv_heads, d)
         v = qkv[:, self.q2 + self.kv_heads * d :].view(t, self.kv_heads, d)
-        q, k = zc_rms_norm(q, self.q_norm, self.eps), zc_rms_norm(k, self.k_norm, self.eps)
-        q = torch.cat((apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]), dim=-1)
-        k = torch.cat((apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]), dim=-1)
-        attn = paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
+        native = self.native
+        if native:  # q and k normed, then side by side for one in-place rope call
+            qk = torch.cat((zc_rms_norm(q.contiguous(), self.q_norm, self.eps, True),
+                            zc_rms_norm(k.contiguous(), self.k_norm, self.eps, True)), dim=1)
+            qk = rope.apply(qk)
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = rope.apply(zc_rms_norm(q, self.q_norm, self.eps))
+            k = rope.apply(zc_rms_norm(k, self.k_norm, self.eps))
+            v = v.contiguous()
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
         return linear(attn * lanewise(torch.sigmoid, gate), self.o_weight)
 
 
@@ -252,6 +256,18 @@ class HybridLayer(nn.Module):
         self.input_norm, self.post_norm = _param(b.hidden_size, **kw), _param(b.hidden_size, **kw)
         self.gate_up_weight = _param(2 * b.intermediate_size, b.hidden_size, **kw)
         self.down_weight = _param(b.hidden_size, b.intermediate_size, **kw)
+        #: norms and SiLU-and-multiply as C kernels (``set_backend``)
+        self.native = False
+
+    def set_backend(self, backend: Backend) -> None:
+        """Run the small ops the way ``backend`` says (layer and mixer alike)."""
+        self.native = backend.elementwise == "native"
+        self.mixer.native = self.native
+
+    def linear_slots(self) -> list[tuple[nn.Module, str]]:
+        """(module, attribute) of every projection weight, for packing (:func:`set_packed`)."""
+        names = ("in_proj", "out_weight") if self.linear else ("qkv_weight", "o_weight")
+        return [(self.mixer, n) for n in names] + [(self, "gate_up_weight"), (self, "down_weight")]
 
     def weight_slots(
         self, p: str, h: HybridConfig
@@ -298,25 +314,28 @@ class HybridLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: PartialRope,
         kv: KVCache,
         meta: AttentionMetadata,
         batch: ForwardBatch,
-        states: RecurrentStatePool,
+        states: RecurrentStatePool | None,
     ) -> torch.Tensor:  # [T, hidden]
         """One layer over the flat batch; ``slot`` is its KV layer or GDN-state layer."""
-        x = zc_rms_norm(h, self.input_norm, self.eps)
+        native = self.native
+        x = zc_rms_norm(h, self.input_norm, self.eps, native)
         if self.linear:
+            if states is None:
+                raise ValueError("a GDN layer needs the RecurrentStatePool")
             h = h + self.mixer(x, batch, states)
         else:
-            h = h + self.mixer(x, cos, sin, kv.k[self.slot], kv.v[self.slot], meta)
-        x = zc_rms_norm(h, self.post_norm, self.eps)
+            h = h + self.mixer(x, rope, kv.k[self.slot], kv.v[self.slot], meta)
+        x = zc_rms_norm(h, self.post_norm, self.eps, native)
         gate_up = linear(x, self.gate_up_weight)
-        return h + linear(
-            lanewise(F.silu, gate_up[:, : self.inter]) * gate_up[:, self.inter :],
-            self.down_weight,
-        )
+        if native:
+            act = silu_mul(gate_up, True)
+        else:
+            act = lanewise(F.silu, gate_up[:, : self.inter]) * gate_up[:, self.inter :]
+        return h + linear(act, self.down_weight)
 
 
 class Qwen3NextForCausalLM(nn.Module):
@@ -359,10 +378,14 @@ class Qwen3NextForCausalLM(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0, hybrid.rotary_dim, **kw), persistent=False)
         self.ensure_positions(min(INITIAL_ROPE_POSITIONS, c.max_position_embeddings))
-        #: the kernels it runs: the decided GEMM layout; attention, the GDN mixer and its
-        #: small ops are torch (the C attention and elementwise kernels are not wired here)
+        #: the kernels it runs, decided as for the llama family; the GDN recurrence and
+        #: its causal conv have no C kernel and run in torch (said in the backend line)
         self.backend = dataclasses.replace(
-            decide_backend(dtype, device, c.head_dim), attention="torch", elementwise="torch")
+            decide_backend(dtype, device, c.head_dim), recurrence="torch")
+        for layer in self.hybrid_layers():
+            layer.set_backend(self.backend)
+        #: the q and k heads a full-attention layer rotates in one call
+        self._rope_heads = c.num_attention_heads + c.num_key_value_heads
 
     # -- what the engine and drafters read (same surface as LlamaForCausalLM) -------------
     @property
@@ -407,9 +430,29 @@ class Qwen3NextForCausalLM(nn.Module):
         """Token embeddings (shared with the MTP head)."""
         return F.embedding(ids, self.embed_weight)
 
+    @property
+    def native(self) -> bool:
+        """Whether the small ops run as C kernels (the MTP head follows it)."""
+        return self.backend.elementwise == "native"
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
         """The (zero-centred) norm before the LM head."""
-        return zc_rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+        return zc_rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps, self.native)
+
+    def partial_rope(self, positions: torch.Tensor) -> PartialRope:  # positions: [T] int64
+        """This forward's RoPE for the full-attention layers (shared with the MTP head); the
+        caller has grown the tables (:meth:`ensure_positions`)."""
+        r = self.hybrid.rotary_dim
+        if self.native:
+            rows = positions.repeat_interleave(self._rope_heads)
+            return PartialRope(self.rope_cos, self.rope_sin, r, rows.contiguous())
+        return PartialRope(self.rope_cos[positions].unsqueeze(1),
+                           self.rope_sin[positions].unsqueeze(1), r)
+
+    def attention_metadata(self, batch: ForwardBatch, kv: KVCache) -> AttentionMetadata:
+        """The paged attention's per-forward indices for the backend's kernel."""
+        return AttentionMetadata.build(batch, kv.block_size, backend=self.backend.attention,
+                                       num_blocks=kv.num_blocks)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] fp32
         """float32 logits of normed hidden states (shared with the MTP head)."""
@@ -424,16 +467,11 @@ class Qwen3NextForCausalLM(nn.Module):
         needs for greedy speculation to equal speculation off. The dense parameters go
         (``weight_slots`` is unusable afterwards); a tied head gets its own packed copy.
         """
-        slots: list[tuple[nn.Module, str]] = []
-        for layer in self.hybrid_layers():
-            mixer = layer.mixer
-            names = ("in_proj", "out_weight") if layer.linear else ("qkv_weight", "o_weight")
-            slots += [(mixer, n) for n in names]
-            slots += [(layer, "gate_up_weight"), (layer, "down_weight")]
+        slots = [slot for layer in self.hybrid_layers() for slot in layer.linear_slots()]
         packed = pack_weights([getattr(m, n) for m, n in slots] + [self.lm_head_weight],
                               self.backend.dense_gemm)
         for (module, name), weight in zip(slots, packed):
-            _set_packed(module, name, weight)
+            set_packed(module, name, weight)
         head = packed[-1]
         self._lm_head_packed = head if is_packed(head) else None
         self._gemm_weights = [getattr(m, n) for m, n in slots] + [head]
@@ -461,13 +499,12 @@ class Qwen3NextForCausalLM(nn.Module):
                 "a hybrid forward needs a RecurrentStatePool and one state slot per row"
             )
         self.ensure_positions(batch.max_seq_len)
-        meta = AttentionMetadata.build(batch, kv.block_size)
-        cos = self.rope_cos[batch.positions].unsqueeze(1)
-        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        meta = self.attention_metadata(batch, kv)
+        rope = self.partial_rope(batch.positions)
         h = self.embed(batch.input_ids)
         hidden: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv, meta, batch, states)
+            h = layer(h, rope, kv, meta, batch, states)
             if i in batch.hidden_layers:
                 hidden[i] = h
         rows = h.index_select(0, batch.logits_indices)
@@ -505,7 +542,7 @@ class Qwen3NextForCausalLM(nn.Module):
                 slots[name][1].copy_(tensor)
 
 
-def _set_packed(module: nn.Module, name: str, packed: Weight) -> None:
+def set_packed(module: nn.Module, name: str, packed: Weight) -> None:
     """Swap a dense parameter for its packed copy, dropping the dense one."""
     if packed is not getattr(module, name):
         del module._parameters[name]

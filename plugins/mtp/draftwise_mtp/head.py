@@ -12,6 +12,12 @@ Layouts (drafter-formats §3):
 
 The head shares the target's embedding (and LM head, unless ``shared_head.head`` is
 present) and gets its own one-layer attention per MTP layer. MoE MTP layers are refused.
+
+It runs the target's kernels (``target.backend``, decided once at load): its projections,
+``fc`` and an own LM head are packed like the target's (:func:`pack_weights`: the native
+GEMM on bf16), its norms, RoPE and SiLU-and-multiply are the C elementwise kernels where
+the target's are, and its attention is the native paged attention where the backend
+takes its head size (``Backend.attention_for``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import nn
 
 from draftwise.formats.errors import ModelFormatError
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+from draftwise.models.linear import Weight, pack_weights
 
 _DEEPSEEK_HEAD = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")
 
@@ -39,16 +46,20 @@ class MtpHead:
     """A loaded head: the input fusion, its decoder layers, the output norm."""
 
     layout: str  # "qwen3_next" or "deepseek_nextn"
-    fc: torch.Tensor  # [hidden, 2 * hidden]: [norm(E[x_{t+1}]) ; norm(h_t)] -> hidden
+    fc: Weight  # [hidden, 2 * hidden]: [norm(E[x_{t+1}]) ; norm(h_t)] -> hidden, packed
     norm_embedding: torch.Tensor  # [hidden]
     norm_hidden: torch.Tensor  # [hidden]
     final_norm: torch.Tensor  # [hidden]
     layers: list[nn.Module]
     zero_centred: bool  # x̂·(1+w) (Qwen) or w·x̂ (DeepSeek / llama)
     eps: float
-    lm_head: torch.Tensor | None = None  # shared_head.head; None: the target's LM head
+    lm_head: Weight | None = None  # shared_head.head (packed); None: the target's LM head
     mask_first_embedding: bool = False  # DeepSeek zeroes the embedding at position 0
     names: list[str] = field(default_factory=list)
+    #: the target's kernels: ``native`` or ``torch`` attention at the head's size, and
+    #: whether norms/RoPE/SiLU run as C kernels
+    attention: str = "torch"
+    native: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -185,19 +196,50 @@ def load_head(path: str, target: Any, device: str | torch.device = "cpu") -> Mtp
         raise MtpHeadError(
             path, f"fc/eh_proj has shape {tuple(get['fc'].shape)}, expected {(hidden, 2 * hidden)}"
         )
+    own_head = loaded[shared].to(dtype=dtype, device=device) if shared in loaded else None
+    backend = model.backend
+    fc, lm_head = _pack_like_target(layers, get["fc"], own_head, backend)
     return MtpHead(
         layout=layout,
-        fc=get["fc"],
+        fc=fc,
         norm_embedding=get["ne"],
         norm_hidden=get["nh"],
         final_norm=get["fn"],
         layers=layers,
         zero_centred=layout == "qwen3_next",
         eps=model.config.rms_norm_eps,
-        lm_head=loaded[shared].to(dtype=dtype, device=device) if shared in loaded else None,
+        lm_head=lm_head,
         mask_first_embedding=layout == "deepseek_nextn",
         names=sorted(want),
+        attention=backend.attention_for(model.config.head_dim),
+        native=backend.elementwise == "native",
     )
+
+
+def _pack_like_target(
+    layers: list[nn.Module], fc: torch.Tensor, lm_head: torch.Tensor | None, backend: Any
+) -> tuple[Weight, Weight | None]:
+    """Pack every projection, ``fc`` and an own LM head in the target's layout, and set the
+    layers' elementwise kernels from its backend; returns the packed ``fc`` and head."""
+    from draftwise.models.llama import DecoderLayer
+    from draftwise.models.qwen3_next import HybridLayer, set_packed
+
+    slots: list[tuple[nn.Module, str]] = []
+    for layer in layers:
+        if isinstance(layer, HybridLayer):
+            layer.set_backend(backend)
+            slots += layer.linear_slots()
+        elif isinstance(layer, DecoderLayer):
+            layer.native = backend.elementwise == "native"
+            slots += [(layer, n) for n in layer._LINEARS]
+    dense = [getattr(m, n) for m, n in slots] + [fc] + ([] if lm_head is None else [lm_head])
+    packed = pack_weights(dense, backend.dense_gemm)
+    for (module, name), weight in zip(slots, packed):
+        if isinstance(module, DecoderLayer):
+            module.set_packed(name, weight)
+        else:
+            set_packed(module, name, weight)
+    return packed[len(slots)], None if lm_head is None else packed[len(slots) + 1]
 
 
 def _llama_blocks(

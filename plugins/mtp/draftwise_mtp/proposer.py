@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from draftwise.drafting import pick_draft_tokens
 from draftwise.models.attention import AttentionMetadata
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.fused import rms_norm
+from draftwise.models.linear import linear
 from draftwise.speculator import DraftInput, DraftRow, Drafts, VerifyOutcome
 from draftwise_mtp.head import MtpHead
 
@@ -208,32 +208,36 @@ class MtpProposer:
         batch = build_forward_batch(
             ids, starts, tables, self.block_size, [[len(t) - 1] for t in ids], device=target.device
         )
+        native = head.native
         norm = _zc_norm if head.zero_centred else rms_norm
-        emb = norm(target.embed(batch.input_ids), head.norm_embedding, head.eps)
+        emb = norm(target.embed(batch.input_ids), head.norm_embedding, head.eps, native)
         if head.mask_first_embedding:
             emb = emb.masked_fill((batch.positions == 0).unsqueeze(-1), 0.0)
-        x = F.linear(torch.cat((emb, norm(hidden, head.norm_hidden, head.eps)), dim=-1), head.fc)
+        hid = norm(hidden.contiguous(), head.norm_hidden, head.eps, native)
+        x = linear(torch.cat((emb, hid), dim=-1), head.fc)
         target.ensure_positions(batch.max_seq_len)
-        cos = target.rope_cos[batch.positions].unsqueeze(1)
-        sin = target.rope_sin[batch.positions].unsqueeze(1)
         mod = head.layers[layer]
         kv = self.layer_kv[layer]
         window = getattr(mod, "window", None)
-        meta = AttentionMetadata.build(batch, self.block_size, {None, window})
+        meta = AttentionMetadata.build(batch, self.block_size, {None, window},
+                                       backend=head.attention, num_blocks=kv.num_blocks)
         if head.zero_centred:
-            out = mod(x, cos, sin, kv, meta, batch, None)
+            out = mod(x, target.partial_rope(batch.positions), kv, meta, batch, None)
         else:
+            cos = target.rope_cos[batch.positions].unsqueeze(1)
+            sin = target.rope_sin[batch.positions].unsqueeze(1)
             out = mod(x, cos, sin, kv.k[0], kv.v[0], meta)
-        normed = norm(out.index_select(0, batch.logits_indices), head.final_norm, head.eps)
+        normed = norm(out.index_select(0, batch.logits_indices), head.final_norm, head.eps,
+                      native)
         logits = (
-            F.linear(normed, head.lm_head).float()
+            linear(normed, head.lm_head).float()
             if head.lm_head is not None
             else target.lm_head(normed)
         )
         return logits, normed
 
 
-def _zc_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    from draftwise.models.qwen3_next import zc_rms_norm
+def _zc_norm(x: torch.Tensor, w: torch.Tensor, eps: float, native: bool) -> torch.Tensor:
+    from draftwise.models.hybrid_ops import zc_rms_norm
 
-    return zc_rms_norm(x, w, eps)
+    return zc_rms_norm(x, w, eps, native)

@@ -40,6 +40,25 @@ def test_silu_mul_matches_torch() -> None:
     assert torch.equal(silu_mul(gate_up[3:4].contiguous(), native=True), ours[3:4])
 
 
+def test_silu_mul_split_across_threads_is_each_row_alone() -> None:
+    """8 wide rows (a batched decode of a 1.5B model) run on the pool: same bits as each
+    row alone and as one thread."""
+    from draftwise.models import kernels
+
+    torch.manual_seed(1)
+    gate_up = (torch.randn(8, 2 * 8960) * 4).bfloat16()
+    saved = kernels._threads
+    try:
+        kernels.set_kernel_threads(2)
+        many = silu_mul(gate_up, native=True)
+        for i in range(8):
+            assert torch.equal(silu_mul(gate_up[i : i + 1].contiguous(), native=True), many[i : i + 1])
+        kernels.set_kernel_threads(1)
+        assert torch.equal(silu_mul(gate_up, native=True), many)
+    finally:
+        kernels.set_kernel_threads(saved)
+
+
 def test_rope_is_bitwise_the_torch_path() -> None:
     torch.manual_seed(0)
     d, heads = 64, 12

@@ -4,26 +4,40 @@ Oracle: the transformers classes themselves, on tiny random checkpoints they sav
 Tolerances (fp32): logits within 2e-4 absolute of transformers over prefill (our and
 their chunked form) and token-by-token decode (paged KV + recurrent slots vs their
 DynamicCache). Speculative commit is checked bitwise where the math allows (see the test).
+
+bf16 runs the native kernels (the backend line says which): the zero-centred norm kernel
+and the partial RoPE against their torch references, the kernels a step calls against the
+line, the native model against its own torch path (the same function to bf16 accuracy),
+and decode/verify rows batched against each alone, bitwise (what greedy speculation and
+continuous batching rely on).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from draftwise.cache.recurrent import RecurrentStatePool
 from draftwise.formats.errors import UnsupportedArchitectureError
+from draftwise.models import kernels
+from draftwise.models.attention import BACKEND_ENV
 from draftwise.models.batch import KVCache, build_forward_batch
+from draftwise.models.hybrid_ops import PartialRope, zc_rms_norm
+from draftwise.models.linear import BlockedWeight
 from draftwise.models.qwen3_next import (
     HybridConfig,
     Qwen3NextForCausalLM,
     load_hybrid,
     unpack_fused,
 )
+from draftwise.models.rope import inv_frequencies, rope_tables
 
 ROOT = Path(__file__).resolve().parents[3]
 ATOL = 2e-4
@@ -193,3 +207,128 @@ def test_partial_accept_commits_the_state_of_the_accepted_prefix(
     # the next write: position accepted+1 is overwritten)
     spec.lengths["r"] = plain.lengths["r"]
     torch.testing.assert_close(spec.step({"r": [5]})["r"], plain.step({"r": [5]})["r"], **tol)
+
+
+# -- bf16: the native kernels ------------------------------------------------------------
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def tiny35(tmp_path_factory) -> Path:
+    return _builder().build(tmp_path_factory.mktemp("native-hybrid"), "qwen3_5")
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+
+
+needs_kernels = pytest.mark.skipif(not kernels.available("rms_norm_zc"),
+                                   reason="C kernels not built")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dim", [64, 256, 100])
+def test_zero_centred_norm_kernel_matches_torch(dim: int) -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(23, dim) * 3).to(BF16)
+    w = (torch.randn(dim) * 0.3).to(BF16)  # zero-centred weights: around 0, some < -1
+    ours, ref = zc_rms_norm(x, w, 1e-6, native=True), zc_rms_norm(x, w, 1e-6)
+    # one rounding either way; only the fp32 sum of squares / rsqrt may differ
+    assert _ulps_apart(ours, ref).max() <= 1
+    assert (ours != ref).float().mean() < 0.02
+    assert torch.equal(zc_rms_norm(x[7:8], w, 1e-6, native=True), ours[7:8])  # rows alone
+    if dim % 16 == 0:  # per-head weights over [T, heads, d]: the q/k norm shape
+        heads, wd = x.view(23, -1, 16), w[:16].contiguous()
+        assert _ulps_apart(zc_rms_norm(heads, wd, 1e-6, True),
+                           zc_rms_norm(heads, wd, 1e-6)).max() <= 1
+
+
+@needs_kernels
+def test_partial_rope_native_is_bitwise_the_torch_path() -> None:
+    torch.manual_seed(0)
+    d, r, heads = 16, 4, 6
+    inv, scaling = inv_frequencies(r, 10000.0, None, 512)
+    cos_t, sin_t = rope_tables(inv, 512, scaling, BF16)
+    positions = torch.tensor([0, 3, 511, 40, 41])
+    x = torch.randn(5, heads, d).to(BF16)
+    ref = PartialRope(cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1), r).apply(x)
+    native = PartialRope(cos_t, sin_t, r, positions.repeat_interleave(heads))
+    out = native.apply(x.clone())
+    assert torch.equal(out, ref)
+    with pytest.raises(kernels.KernelInputError, match="position outside"):
+        PartialRope(cos_t, sin_t, r, torch.full((5 * heads,), 512)).apply(x.clone())
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    calls: Counter[str] = Counter()
+    for name in ("rms_norm", "rms_norm_zc", "silu_mul", "rope_", "paged_attention",
+                 "linear_bf16"):
+        real = getattr(kernels, name)
+
+        def wrapped(*a: Any, _real: Callable[..., Any] = real, _name: str = name,
+                    **kw: Any) -> Any:
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(kernels, name, wrapped)
+    return calls
+
+
+@needs_kernels
+def test_the_backend_line_names_native_kernels_and_the_torch_recurrence(tiny35, monkeypatch):
+    model, _ = load_hybrid(str(tiny35), BF16)
+    b = model.backend
+    assert (b.attention, b.elementwise, b.recurrence) == ("native", "native", "torch")
+    line = b.finish(model.gemm_kinds(), 2).line()
+    assert "attention=native" in line and "elementwise=native recurrence=torch" in line
+    assert f"bf16=native-{kernels.bf16_isa()}" in line
+    assert b.as_dict()["recurrence"] == "torch"
+    calls = _spy(monkeypatch)
+    HybridRunner(model).step({"a": list(range(3, 13))})
+    full, linear_layers = len(model.attention_layers), len(model.linear_layers)
+    assert calls["paged_attention"] == full
+    assert calls["rope_"] == full
+    # per layer: input and post norm; per attention layer q and k; the final norm
+    assert calls["rms_norm_zc"] == 2 * len(model.layers) + 2 * full + 1
+    assert calls["rms_norm"] == linear_layers  # the GDN's gated norm (llama rounding)
+    assert calls["silu_mul"] == len(model.layers)
+    assert calls["linear_bf16"] == 4 * len(model.layers) + 1  # + the LM head
+
+
+@needs_kernels
+def test_native_path_is_the_torch_path_to_bf16_accuracy(tiny35, monkeypatch) -> None:
+    native, _ = load_hybrid(str(tiny35), BF16)
+    monkeypatch.setenv(BACKEND_ENV, "torch")
+    plain, _ = load_hybrid(str(tiny35), BF16)
+    assert (plain.backend.attention, plain.backend.elementwise) == ("torch", "torch")
+    prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    a, b = HybridRunner(native), HybridRunner(plain)
+    la, lb = a.step({"r": prompt})["r"], b.step({"r": prompt})["r"]
+    for tok in (7, 70, 170):
+        la = torch.cat((la, a.step({"r": [tok]})["r"]))
+        lb = torch.cat((lb, b.step({"r": [tok]})["r"]))
+    scale = lb.abs().max()
+    assert (la - lb).abs().max() < 0.05 * scale  # bf16 rounding apart, not a different model
+    assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.9
+
+
+@needs_kernels
+def test_batched_rows_are_bitwise_each_row_alone(tiny35) -> None:
+    """Decode rows (q = 1) and verify rows (q = 4) share the recurrence and the GEMMs."""
+    model, _ = load_hybrid(str(tiny35), BF16)
+    assert any(isinstance(w, BlockedWeight) for w in model._gemm_weights)
+    gen = torch.Generator().manual_seed(4)
+    prompts = {n: torch.randint(0, 256, (ln,), generator=gen).tolist()
+               for n, ln in (("a", 9), ("b", 17), ("c", 5))}
+    steps = [{"a": [3], "b": [4], "c": [5]}, {"a": [6, 7, 8, 9], "b": [1, 2, 3, 4], "c": [11]}]
+    alone: dict[str, list[torch.Tensor]] = {}
+    for name, p in prompts.items():
+        r = HybridRunner(model)
+        r.step({name: p})
+        alone[name] = [r.step({name: s[name]})[name] for s in steps]
+    together = HybridRunner(model)
+    together.step(prompts)
+    got = [together.step(s) for s in steps]
+    for name in prompts:
+        for i in range(len(steps)):
+            assert torch.equal(got[i][name], alone[name][i]), (name, i)

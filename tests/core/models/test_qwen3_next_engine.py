@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftwise import LLM, SamplingParams
+from draftwise.models.linear import BlockedWeight
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = [
@@ -74,6 +75,12 @@ def test_mtp_speculation_is_token_identical(hybrid: Path, want: list[list[int]],
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy())
     assert [o.outputs[0].token_ids for o in outs] == want
     proposer = llm.engine.spec.proposers[0]
+    # the head runs the target's native kernels (packed GEMMs, C attention and norms)
+    head = proposer.head
+    assert (head.attention, head.native) == ("native", True)
+    assert isinstance(head.fc, BlockedWeight)
+    assert all(isinstance(w, BlockedWeight) for layer in head.layers
+               for w in (layer.gate_up_weight, layer.down_weight, layer.mixer.qkv_weight))
     assert proposer.witness.rows > 0 and proposer.witness.extra_forwards >= (k - 1)
     if k >= 2:
         assert proposer.witness.rows_beyond_copy > 0

@@ -17,6 +17,7 @@ import torch
 
 from draftwise import LLM, SamplingParams
 from draftwise.config import MissingKeyError, RefusedValueError
+from draftwise.models.linear import BlockedWeight
 from draftwise.models.qwen3_next import load_hybrid
 from draftwise_mtp.head import MtpHeadError, detect, load_head
 from draftwise_mtp.options import MtpOptions
@@ -175,6 +176,11 @@ def test_model_key_names_the_head_and_k_defaults_to_its_depth(nextn, k: int | No
     head = llm.engine.spec.proposers[0].head
     assert head.layout == "deepseek_nextn" and head.lm_head is not None
     assert head.mask_first_embedding
+    # the target's kernels: packed GEMMs (fc, own LM head, the block), C attention and norms
+    assert (head.attention, head.native) == ("native", True)
+    assert all(isinstance(w, BlockedWeight) for w in (head.fc, head.lm_head))
+    assert all(layer.native and isinstance(layer.qkv_weight, BlockedWeight)
+               for layer in head.layers)
     assert llm.engine.spec.metrics.num_draft_tokens > 0, "the head must really draft"
 
 
