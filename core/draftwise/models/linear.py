@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,19 @@ class BlockedWeight:
     data: torch.Tensor
     out_features: int
     in_features: int
+    #: ``data.data_ptr()``, read once: the kernel's argument
+    address: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Checked here, once, so a GEMM call checks only its activations."""
+        need = self.numel_for(self.out_features, self.in_features)
+        data = self.data
+        if (data.dtype != torch.bfloat16 or not data.is_contiguous() or not data.is_cpu
+                or data.numel() != need or min(self.out_features, self.in_features) < 1):
+            raise kernels.KernelInputError(
+                f"a packed bf16 weight [{self.out_features}, {self.in_features}] is {need} "
+                f"contiguous bf16 CPU values, got {data.dtype} {data.numel()} on {data.device}")
+        object.__setattr__(self, "address", data.data_ptr())
 
     @staticmethod
     def numel_for(out_features: int, in_features: int) -> int:
@@ -201,4 +214,4 @@ def linear(
 
 
 def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    return kernels.linear_bf16(x, weight.data, weight.in_features, weight.out_features, bias)
+    return kernels.linear_bf16(x, weight, bias)

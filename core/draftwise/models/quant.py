@@ -22,7 +22,7 @@ each part is a *segment* of output columns with its own type, all in one call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.kernels import kernel_threads
+from draftwise.models.kernels import KernelInputError, kernel_threads
 
 #: the GGUF types the native kernels run (the rest are dequantized, with a notice)
 NATIVE_TYPES = frozenset(
@@ -97,7 +97,37 @@ class QuantWeight:
     #: int64 [segments, 4] (type, data address, start, rows): the kernel's argument
     table: torch.Tensor
     #: ``table.data_ptr()``, read once (the weight keeps the tensor alive)
-    table_address: int
+    table_address: int = field(init=False, repr=False, compare=False)
+    num_segments: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Checked here, once (the table is what the C kernel follows), so a GEMM call
+        checks only its activations; a malformed weight is a ``KernelInputError``."""
+        k, segments = self.in_features, self.segments
+        if not 1 <= len(segments) <= MAX_SEGMENTS or k < 1:
+            raise KernelInputError(f"a quantized weight has 1..{MAX_SEGMENTS} segments and "
+                                   f"in_features >= 1, got {len(segments)}, {k}")
+        start = 0
+        for seg in segments:
+            if seg.qtype not in NATIVE_TYPES or k % GGML_QUANT_SIZES[seg.qtype][0]:
+                raise KernelInputError(f"{seg.qtype.name} with {k} columns has no native kernel")
+            need = packed_bytes(seg.qtype, seg.rows, k)
+            if (seg.start != start or seg.rows < 1 or seg.data.dtype != torch.uint8
+                    or not seg.data.is_contiguous() or seg.data.numel() != need):
+                raise KernelInputError(
+                    f"{seg.qtype.name} segment at column {seg.start} ({seg.rows} rows) needs "
+                    f"{need} contiguous uint8 bytes from column {start}, got "
+                    f"{seg.data.dtype} {seg.data.numel()}")
+            start += seg.rows
+        table = self.table
+        expected = [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments]
+        if (start != self.out_features or table.dtype != torch.int64
+                or not table.is_contiguous() or table.tolist() != expected):
+            raise KernelInputError(f"a quantized weight's table must list its segments "
+                                   f"(int64 [{len(segments)}, 4]) covering "
+                                   f"{self.out_features} outputs")
+        object.__setattr__(self, "table_address", table.data_ptr())
+        object.__setattr__(self, "num_segments", len(segments))
 
     @property
     def nbytes(self) -> int:
@@ -179,7 +209,7 @@ def pack_quant(
     table = torch.tensor(
         [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
     )
-    return QuantWeight(tuple(segments), start, k, table, table.data_ptr())
+    return QuantWeight(tuple(segments), start, k, table)
 
 
 def linear_quant(
@@ -189,13 +219,8 @@ def linear_quant(
     out_f32: bool = False,
     scalar: bool = False,
 ) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
-    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel.
-
-    Called ~120 times per decode step of a small model, so the checks read each tensor
-    property once (a few microseconds per call is a few percent of the step).
-    """
-    return kernels.linear_quant(x, weight.table_address, len(weight.segments),
-                                weight.in_features, weight.out_features, bias, out_f32, scalar)
+    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel."""
+    return kernels.linear_quant(x, weight, bias, out_f32, scalar)
 
 
 def dequant_rows(
