@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.quant import QuantWeight, linear_quant
+from draftwise.models.quant import QuantWeight
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
 PACK_ENV = "DRAFTWISE_PACK_WEIGHTS"
@@ -200,9 +200,9 @@ def linear(
 ) -> torch.Tensor:  # [T, out]
     """``x @ weight.T + bias`` whose rows do not depend on T (bf16/fp16; see module doc)."""
     if isinstance(weight, QuantWeight):
-        return linear_quant(x, weight, bias)
+        return kernels.linear_quant(x, weight, bias)
     if isinstance(weight, BlockedWeight):
-        return _linear_native(x, weight, bias)
+        return kernels.linear_bf16(x, weight, bias)
     single = x.shape[0] == 1 and x.dtype != torch.float32
     if single:
         x = x.expand(2, x.shape[1])
@@ -212,6 +212,3 @@ def linear(
         out = F.linear(x, weight, bias)
     return out[:1] if single else out
 
-
-def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    return kernels.linear_bf16(x, weight, bias)

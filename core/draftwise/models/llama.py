@@ -124,6 +124,9 @@ class DecoderLayer(nn.Module):
         input norm takes it (one ``add_rms_norm`` C call instead of a torch add and a
         norm). ``rope`` and ``cache``: the step's RoPE rows and this layer's caches, checked
         once per step by the model; q, k and v then stay offsets into the fused projection."""
+        if rope is not None and cache is not None and meta.index is not None \
+                and self.qk_norm is None:
+            return self._run_native(h, delta, rope, cache, meta.index)
         t = h.shape[0]
         native = self.native
         if delta is None:
@@ -131,22 +134,39 @@ class DecoderLayer(nn.Module):
         else:
             h, x = add_rms_norm(h, delta, self.input_norm, self.eps, native)
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        if rope is not None and cache is not None and meta.index is not None \
-                and self.qk_norm is None:
-            kernels.rope_qkv_(qkv, self.num_heads + self.num_kv_heads, rope)
-            attn = kernels.paged_attention_qkv(qkv, self.num_heads, cache, meta.index,
-                                               self.window, self.scale)
-        else:
-            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-            if self.qk_norm is not None:
-                qk = rms_norm(qk, self.qk_norm, self.eps)
-            qk = apply_rope_(qk, cos, sin) if native else apply_rope(qk, cos, sin)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.eps)
+        qk = apply_rope_(qk, cos, sin) if native else apply_rope(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
         h, x = add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
                             self.eps, native)
         act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
+        return h, linear(act, self.down_weight, self.down_bias)
+
+    def _run_native(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        delta: torch.Tensor | None,  # [T, hidden]
+        rope: kernels.RopeRows,
+        cache: kernels.PagedCache,
+        index: kernels.AttentionIndex,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`run` as C calls only, the model's native backend decided (``models.fused``
+        holds each op's torch reference; the kernels check what they are given)."""
+        if delta is None:
+            x = kernels.rms_norm(h, self.input_norm, self.eps)
+        else:
+            h, x = kernels.add_rms_norm(h, delta, self.input_norm, self.eps)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        kernels.rope_qkv_(qkv, self.num_heads + self.num_kv_heads, rope)
+        attn = kernels.paged_attention_qkv(qkv, self.num_heads, cache, index, self.window,
+                                           self.scale)
+        h, x = kernels.add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
+                                    self.eps)
+        act = kernels.silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias))
         return h, linear(act, self.down_weight, self.down_bias)
 
 

@@ -237,6 +237,11 @@ def dequant_rows(
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"dequant_rows gives bf16 or fp32, not {dtype}")
     out = torch.empty(ids.numel(), weight.in_features, dtype=dtype)
+    if len(weight.segments) == 1:  # an embedding table is one type: no masks (per step)
+        seg = weight.segments[0]
+        kernels.quant_dequant_rows(int(seg.qtype), seg.data, ids, seg.rows,
+                                   weight.in_features, out)
+        return out
     for seg in weight.segments:
         inside = (ids >= seg.start) & (ids < seg.start + seg.rows)
         if not bool(inside.any()):
