@@ -3,7 +3,9 @@
 Written for CPU decode speed in eager torch: q/k/v and gate/up are fused into one
 weight each at load (two matmuls per layer instead of five), RoPE tables are built once,
 RoPE runs on q and k together, and the final norm and LM head only see the rows whose
-logits are wanted. The numerics follow transformers' op for op (RMSNorm in fp32 cast
+logits are wanted. With the C kernels a layer is C calls only (``DecoderLayer._run_native``):
+RoPE and attention read q, k and v as offsets into the fused projection output, and each
+layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). The numerics follow transformers' op for op (RMSNorm in fp32 cast
 back before the weight, cos/sin in the model dtype) so the oracle tests stay tight.
 """
 
@@ -388,7 +390,8 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed(batch.input_ids)
         wanted = set(batch.hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
-        rope, caches = None, [None] * self.num_layers
+        rope: kernels.RopeRows | None = None
+        caches: list[kernels.PagedCache | None] = [None] * self.num_layers
         if self.native and meta.index is not None:  # checked here, once for every layer
             rope = kernels.rope_rows(cos, sin, h.shape[0], self.head_dim)
             caches = list(kv.paged())
