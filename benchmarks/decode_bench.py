@@ -93,12 +93,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
 
-    from draftwise.bootstrap import apply_threads
+    from draftwise.bootstrap import finish_backend
     from draftwise.models.loader import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
-    apply_threads(loaded.model, args.threads)  # as the engine does
+    finish_backend(loaded, args.threads)  # as the engine does (threads and backend)
     print(json.dumps(measure(loaded, args.n_prompt, args.n_gen, args.reps), indent=2))
 
 

@@ -27,7 +27,7 @@ import subprocess
 import time
 
 import torch
-from draftwise.bootstrap import apply_threads
+from draftwise.bootstrap import finish_backend
 from draftwise.models.kernels import kernel_threads
 from draftwise.models.loader import load_model
 from draftwise.models.quant import quant_simd
@@ -51,7 +51,7 @@ def main() -> None:
     start = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
-    apply_threads(loaded.model, args.threads)  # as the engine does
+    finish_backend(loaded, args.threads)  # as the engine does (threads and backend)
     block = 16
     blocks = (args.context + args.verify_rows) // block + 2
     runner = ModelRunner(loaded, num_blocks=blocks + 1, block_size=block)

@@ -109,6 +109,16 @@ class AttentionMetadata:
     #: native non-causal: each row's queries ride as extra heads of one query (module
     #: doc); pad_index/unpad_index then map T <-> [B, max_query_len]
     queries_as_heads: bool = False
+    #: ``native``: the four index tensors above, checked once for the C kernel
+    index: kernels.AttentionIndex | None = None
+
+    def __post_init__(self) -> None:
+        """A native value made by hand (not by :meth:`build`) is checked here, once."""
+        if self.index is None and self.backend == "native" and None not in (
+                self.query_start_loc, self.seq_lens, self.block_tables):
+            self.index = kernels.attention_index(
+                self.slot_mapping, self.query_start_loc, self.seq_lens,  # type: ignore[arg-type]
+                self.block_tables)  # type: ignore[arg-type]
 
     @classmethod
     def build(
@@ -131,11 +141,13 @@ class AttentionMetadata:
             raise ValueError("non-causal attention takes no sliding window")
         if backend == "native" and not causal:
             _check_native_bounds(batch, block_size, num_blocks)
-            return cls._native_non_causal(batch, chunk)
+            return cls._native_non_causal(batch, chunk, num_blocks)
         if backend == "native":
             _check_native_bounds(batch, block_size, num_blocks)
+            slots, starts = batch.slot_mapping.contiguous(), batch.query_start_loc.contiguous()
+            lens, tables = batch.seq_lens.contiguous(), batch.block_tables.contiguous()
             return cls(
-                slot_mapping=batch.slot_mapping.contiguous(),
+                slot_mapping=slots,
                 block_ids=batch.block_tables,
                 num_rows=batch.num_rows,
                 max_query_len=max(batch.query_lens_cpu),
@@ -145,9 +157,10 @@ class AttentionMetadata:
                 unpad_index=None,
                 masks={},
                 backend="native",
-                query_start_loc=batch.query_start_loc.contiguous(),
-                seq_lens=batch.seq_lens.contiguous(),
-                block_tables=batch.block_tables.contiguous(),
+                query_start_loc=starts,
+                seq_lens=lens,
+                block_tables=tables,
+                index=kernels.attention_index(slots, starts, lens, tables, num_blocks),
             )
         qlens = batch.query_lens_cpu
         b, m = len(qlens), max(qlens)
@@ -199,7 +212,9 @@ class AttentionMetadata:
 
 
     @classmethod
-    def _native_non_causal(cls, batch: ForwardBatch, chunk: int) -> AttentionMetadata:
+    def _native_non_causal(
+        cls, batch: ForwardBatch, chunk: int, num_blocks: int | None
+    ) -> AttentionMetadata:
         """Each row's queries as the heads of one query at its last position (module doc)."""
         device = batch.input_ids.device
         qlens = batch.query_lens_cpu
@@ -216,8 +231,11 @@ class AttentionMetadata:
                 start += q
             pad_index = torch.tensor(pad, dtype=torch.long, device=device)
             unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
+        slots, lens = batch.slot_mapping.contiguous(), batch.seq_lens.contiguous()
+        starts = torch.arange(b + 1, dtype=torch.long, device=device)
+        tables = batch.block_tables.contiguous()
         return cls(
-            slot_mapping=batch.slot_mapping.contiguous(),
+            slot_mapping=slots,
             block_ids=batch.block_tables,
             num_rows=b,
             max_query_len=m,
@@ -227,10 +245,11 @@ class AttentionMetadata:
             unpad_index=unpad_index,
             masks={},
             backend="native",
-            query_start_loc=torch.arange(b + 1, dtype=torch.long, device=device),
-            seq_lens=batch.seq_lens.contiguous(),
-            block_tables=batch.block_tables.contiguous(),
+            query_start_loc=starts,
+            seq_lens=lens,
+            block_tables=tables,
             queries_as_heads=True,
+            index=kernels.attention_index(slots, starts, lens, tables, num_blocks),
         )
 
 
@@ -331,7 +350,7 @@ def _native_attention(
     window: int | None,
 ) -> torch.Tensor:  # [T, heads * head_dim]
     """The C kernel: writes this step's K/V, then attends over the paged cache in place."""
-    if meta.block_tables is None or meta.query_start_loc is None or meta.seq_lens is None:
+    if meta.index is None:
         raise ValueError("native attention needs metadata built with backend='native'")
     h, d = q.shape[1], q.shape[2]
     if meta.queries_as_heads:  # [T, H, D] -> [B, KV * M * rep, D] (module doc)
@@ -339,9 +358,8 @@ def _native_attention(
         qp = q if meta.pad_index is None else q.index_select(0, meta.pad_index)
         q = (qp.reshape(b, m, kvh, h // kvh, d).permute(0, 2, 1, 3, 4)
              .reshape(b, m * h, d).contiguous())
-    out = kernels.paged_attention(
-        q, k, v, k_cache, v_cache, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-        meta.block_tables, meta.num_rows, window, scale)
+    out = kernels.paged_attention(q, k, v, kernels.paged_cache(k_cache, v_cache), meta.index,
+                                  window, scale)
     if meta.queries_as_heads:
         b, m, kvh = meta.num_rows, meta.max_query_len, k.shape[1]
         out = (out.view(b, kvh, m, h // kvh, d).permute(0, 2, 1, 3, 4)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.models.hugepages import lazy_zeroed_tensor
+from draftwise.models.kernels import PagedCache, paged_cache
 
 
 @dataclass(slots=True)
@@ -27,6 +28,20 @@ class KVCache:
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     block_size: int
+    #: every layer's caches checked for the native attention, once (:meth:`paged`)
+    _paged: tuple[PagedCache, ...] | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
+
+    def paged(self) -> tuple[PagedCache, ...]:
+        """Each layer's K/V checked for the C attention kernel (``kernels.paged_cache``):
+        once per cache, not once per layer call (a layer whose tensors were swapped is
+        checked again). Raises ``KernelInputError`` when a layer's caches cannot go to the
+        kernel (not bf16, not contiguous, mismatched)."""
+        known = self._paged
+        if known is None or len(known) != len(self.k) or not all(
+                c.k is k and c.v is v for c, k, v in zip(known, self.k, self.v)):
+            self._paged = tuple(paged_cache(k, v) for k, v in zip(self.k, self.v))
+        return self._paged
 
     @classmethod
     def allocate(

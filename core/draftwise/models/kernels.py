@@ -7,8 +7,17 @@ tensors. The C side takes raw data pointers and integers and trusts them (a wron
 is a wild read), so each wrapper checks dtype, contiguity and sizes and raises
 :class:`KernelInputError` (never ``assert``, which ``python -O`` removes); a missing
 kernel raises :class:`KernelUnavailableError`. Floats cross as their float32 bit
-patterns (:func:`f32_bits`). The checks read each tensor property once: the GEMM
-wrappers run ~120 times per decode step.
+patterns (:func:`f32_bits`).
+
+Each input is checked once, where it is made, and carried as a typed value: a packed
+weight checks its layout when it is built (``linear.BlockedWeight``,
+``quant.QuantWeight``: their ``__post_init__``), a step's attention indices when the
+metadata is built (:func:`attention_index`), each layer's caches once per cache
+(:func:`paged_cache`, kept by ``batch.KVCache.paged``) and the step's RoPE rows once per
+forward (:func:`rope_rows`). A call then checks only the activations, with attribute
+reads and integer compares against those values: the wrappers run ~200 times per decode
+step of the default model, where a full check per call (~1 us each) had cost ~5% of the
+step.
 
 Threads: the native GEMM runs on its own worker pool (``core/csrc/threadpool.c``), sized
 by :func:`set_kernel_threads` (default: torch's intra-op count). An engine whose weights
@@ -19,12 +28,18 @@ workers spin between ops on the very cores the GEMM workers need.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:  # the typed weights import this module
+    from draftwise.models.linear import BlockedWeight
+    from draftwise.models.quant import QuantWeight
 
 BF16 = torch.bfloat16
 
@@ -175,29 +190,69 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """RoPE in place on ``x`` [T, heads, head_dim] (rows may be strided views), with each
     token's ``cos`` and sign-folded ``sin`` rows [T, 1, head_dim]; or, with ``positions``
     (int64 [T]), the whole tables [P, head_dim] and row t rotated by row ``positions[t]``."""
-    k = _kernel("rope")
     if x.dim() != 3 or x.dtype != BF16:
         raise KernelInputError(f"rope takes bf16 [T, heads, head_dim], got {x.dtype} "
                                f"{list(x.shape)}")
     t, h, d = x.shape
     if x.stride(2) != 1 or (h > 1 and x.stride(1) != d):
         raise KernelInputError("rope: each token's heads must be contiguous")
-    rows = t if positions is None else cos.shape[0]
+    if positions is None:
+        _rope(x.data_ptr(), x.stride(0), h, rope_rows(cos, sin, t, d))
+        return x
+    rows = cos.shape[0]
     for name, table in (("cos", cos), ("sin", sin)):
         if (table.dtype != BF16 or not table.is_contiguous() or table.numel() != rows * d
-                or (positions is not None and table.shape[-1] != d)):
-            raise KernelInputError(f"rope {name} must be contiguous bf16 [{rows}, 1, {d}], got "
+                or table.shape[-1] != d):
+            raise KernelInputError(f"rope {name} must be contiguous bf16 [{rows}, {d}], got "
                                    f"{table.dtype} {list(table.shape)}")
-    pos = 0
-    if positions is not None:
-        if (positions.dtype != torch.int64 or not positions.is_contiguous()
-                or positions.numel() != t):
-            raise KernelInputError(f"rope positions must be contiguous int64 [{t}]")
-        if t and (int(positions.min()) < 0 or int(positions.max()) >= rows):
-            raise KernelInputError(f"rope position outside the {rows}-row tables")
-        pos = positions.data_ptr()
-    k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, t, h, d, x.stride(0))
+    if (positions.dtype != torch.int64 or not positions.is_contiguous()
+            or positions.numel() != t):
+        raise KernelInputError(f"rope positions must be contiguous int64 [{t}]")
+    if t and (int(positions.min()) < 0 or int(positions.max()) >= rows):
+        raise KernelInputError(f"rope position outside the {rows}-row tables")
+    _kernel("rope").rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                         t, h, d, x.stride(0))
     return x
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class RopeRows:
+    """A step's cos and sign-folded sin rows [T, 1, head_dim], checked by :func:`rope_rows`
+    (once per forward: every layer rotates with the same rows)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    addresses: tuple[int, int]
+    tokens: int
+    head_dim: int
+
+
+def rope_rows(cos: torch.Tensor, sin: torch.Tensor, tokens: int, head_dim: int) -> RopeRows:
+    """Check the RoPE rows of ``tokens`` tokens of ``head_dim``."""
+    for name, table in (("cos", cos), ("sin", sin)):
+        if (table.dtype != BF16 or not table.is_contiguous() or not table.is_cpu
+                or table.numel() != tokens * head_dim):
+            raise KernelInputError(f"rope {name} must be contiguous bf16 [{tokens}, 1, "
+                                   f"{head_dim}], got {table.dtype} {list(table.shape)}")
+    return RopeRows(cos, sin, (cos.data_ptr(), sin.data_ptr()), tokens, head_dim)
+
+
+def rope_qkv_(qkv: torch.Tensor, heads: int, rows: RopeRows) -> torch.Tensor:
+    """RoPE in place on the first ``heads`` heads of each row of a fused projection output
+    ``qkv`` [T, width] (q and k side by side, then v), without views."""
+    d = rows.head_dim
+    if (qkv.dtype != BF16 or qkv.dim() != 2 or qkv.stride(1) != 1
+            or qkv.shape[0] != rows.tokens or qkv.shape[1] < heads * d):
+        raise KernelInputError(f"rope takes bf16 [{rows.tokens}, >= {heads * d}] with "
+                               f"contiguous rows, got {qkv.dtype} {list(qkv.shape)}")
+    _rope(qkv.data_ptr(), qkv.stride(0), heads, rows)
+    return qkv
+
+
+def _rope(x: int, stride: int, heads: int, rows: RopeRows) -> None:
+    _kernel("rope").rope(x, rows.addresses[0], rows.addresses[1], 0, rows.tokens, heads,
+                         rows.head_dim, stride)
 
 
 def argmax_f32(logits: torch.Tensor) -> torch.Tensor:  # [N, V] fp32 -> [N] int64
@@ -213,6 +268,9 @@ def argmax_f32(logits: torch.Tensor) -> torch.Tensor:  # [N, V] fp32 -> [N] int6
 
 
 # -- GEMMs (gemm_bf16.c, gemm_quant*.c, quant_pack.c) -------------------------------------
+# The weight is a typed object checked once when it was packed (``BlockedWeight``,
+# ``QuantWeight``: their ``__post_init__``), so a call checks only the activations: a few
+# attribute reads, ~120 calls per decode step.
 def _gemm_io(what: str, x: torch.Tensor, k: int, n: int, bias: torch.Tensor | None,
              out_f32: bool = False) -> tuple[torch.Tensor, int, torch.Tensor]:
     """The checked input (made row-contiguous), its row stride and a fresh output."""
@@ -231,44 +289,36 @@ def _gemm_io(what: str, x: torch.Tensor, k: int, n: int, bias: torch.Tensor | No
 
 def linear_bf16(
     x: torch.Tensor,  # [T, in] bf16
-    packed: torch.Tensor,  # the BlockedWeight layout, numel_for(out, in) bf16
-    in_features: int,
-    out_features: int,
+    weight: BlockedWeight,
     bias: torch.Tensor | None = None,  # [out] bf16
 ) -> torch.Tensor:  # [T, out] bf16
-    """``x @ W^T + b`` with W in ``models.linear.BlockedWeight``'s layout."""
+    """``x @ W^T + b`` with W in ``models.linear.BlockedWeight``'s layout (checked there)."""
     kern = _kernel("linear_bf16")
-    k = in_features
-    need = -(-out_features // 64) * 64 * -(-k // 2) * 2
-    if packed.dtype != BF16 or not packed.is_contiguous() or packed.numel() != need:
-        raise KernelInputError(f"linear_bf16 weight must be {need} contiguous bf16 values "
-                               f"for [{out_features}, {k}], got {packed.numel()}")
-    x, stride, out = _gemm_io("linear_bf16", x, k, out_features, bias)
+    k, n = weight.in_features, weight.out_features
+    x, stride, out = _gemm_io("linear_bf16", x, k, n, bias)
     if out.shape[0]:
-        kern.linear_bf16(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                         out.data_ptr(), out.shape[0], k, out_features, stride, out_features,
-                         kernel_threads())
+        kern.linear_bf16(x.data_ptr(), weight.address, 0 if bias is None else bias.data_ptr(),
+                         out.data_ptr(), out.shape[0], k, n, stride, n, kernel_threads())
     return out
 
 
 def linear_quant(
     x: torch.Tensor,  # [T, in] bf16
-    table_address: int,  # int64 [segments, 4] (type, data, first column, columns)
-    segments: int,
-    in_features: int,
-    out_features: int,
+    weight: QuantWeight,
     bias: torch.Tensor | None = None,  # [out] bf16
     out_f32: bool = False,
     scalar: bool = False,
 ) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
     """``x @ W^T + b`` on a GGUF-quantized weight packed in tiles (``models.quant``): the
-    table is the weight's own (checked when it was packed), ``x`` and ``bias`` here."""
+    weight's segment table was checked when it was packed, ``x`` and ``bias`` are here."""
     kern = _kernel("linear_quant")
-    x, stride, out = _gemm_io("quantized linear", x, in_features, out_features, bias, out_f32)
+    k, n = weight.in_features, weight.out_features
+    x, stride, out = _gemm_io("quantized linear", x, k, n, bias, out_f32)
     if out.shape[0]:
-        kern.linear_quant(x.data_ptr(), table_address, 0 if bias is None else bias.data_ptr(),
-                          out.data_ptr(), segments, out.shape[0], in_features, out_features,
-                          stride, out_features, int(out_f32), kernel_threads(), int(scalar))
+        kern.linear_quant(x.data_ptr(), weight.table_address,
+                          0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                          weight.num_segments, out.shape[0], k, n, stride, n, int(out_f32),
+                          kernel_threads(), int(scalar))
     return out
 
 
@@ -323,51 +373,140 @@ def nvfp4_pack(code_rows: torch.Tensor, scale_rows: torch.Tensor, multipliers: t
 
 
 # -- attention (paged_attention.c) ---------------------------------------------------------
+# What every layer of a step shares is checked once: the index tensors per forward
+# (:func:`attention_index`, from ``AttentionMetadata.build``), each layer's cache once per
+# cache (:func:`paged_cache`, kept by ``KVCache.paged``). A layer's call then checks its
+# q/k/v against those with integer compares.
+@dataclass(frozen=True, slots=True)
+class AttentionIndex:
+    """One step's attention indices, checked by :func:`attention_index`."""
+
+    #: slot_mapping [T], query_start_loc [rows + 1], seq_lens [rows], block_tables
+    #: [rows, width]: int64, contiguous (kept alive: the addresses below are theirs)
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    addresses: tuple[int, int, int, int]
+    tokens: int  # T: the K/V tokens this step writes
+    rows: int
+    width: int  # block-table entries per row
+    #: cache blocks the indices were bounds-checked against (None: not checked)
+    num_blocks: int | None
+
+
+def attention_index(
+    slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+    block_tables: torch.Tensor, num_blocks: int | None = None,
+) -> AttentionIndex:
+    """Check a step's index tensors for the native attention (dtype, layout, sizes).
+
+    ``num_blocks``: the cache size the caller bounds-checked every block id and slot
+    against (``attention._check_native_bounds``); a call on a smaller cache is refused.
+    """
+    tensors = (slot_mapping, query_start_loc, seq_lens, block_tables)
+    for name, index in zip(("slot_mapping", "query_start_loc", "seq_lens", "block_tables"),
+                           tensors):
+        if index.dtype != torch.int64 or not index.is_contiguous() or not index.is_cpu:
+            raise KernelInputError(f"native attention: {name} must be contiguous int64 on the "
+                                   f"CPU, got {index.dtype} on {index.device}")
+    rows = seq_lens.numel()
+    if (block_tables.dim() != 2 or block_tables.shape[0] != rows or slot_mapping.dim() != 1
+            or query_start_loc.numel() != rows + 1 or seq_lens.dim() != 1):
+        raise KernelInputError(
+            f"native attention: {rows} rows need query_start_loc [rows + 1], seq_lens [rows] "
+            f"and block_tables [rows, width], got {list(query_start_loc.shape)}, "
+            f"{list(seq_lens.shape)}, {list(block_tables.shape)}")
+    return AttentionIndex(tensors, tuple(t.data_ptr() for t in tensors),  # type: ignore[arg-type]
+                          slot_mapping.numel(), rows, block_tables.shape[1], num_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class PagedCache:
+    """One layer's K and V caches, checked by :func:`paged_cache`."""
+
+    k: torch.Tensor  # [blocks, block_size, kv_heads, head_dim] bf16, contiguous
+    v: torch.Tensor  # same shape
+    addresses: tuple[int, int]
+    blocks: int
+    block_size: int
+    kv_heads: int
+    head_dim: int
+
+
+def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> PagedCache:
+    """Check one layer's caches for the native attention."""
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.shape == v_cache.shape and k_cache.dim() == 4
+            and k_cache.dtype == v_cache.dtype == BF16 and k_cache.is_cpu and v_cache.is_cpu):
+        raise KernelInputError("native attention: K/V caches must be contiguous bf16 CPU "
+                               "[blocks, block_size, kv_heads, head_dim] of one shape, got "
+                               f"{k_cache.dtype} {list(k_cache.shape)}, {v_cache.dtype} "
+                               f"{list(v_cache.shape)}")
+    blocks, block_size, kv_heads, head_dim = k_cache.shape
+    return PagedCache(k_cache, v_cache, (k_cache.data_ptr(), v_cache.data_ptr()), blocks,
+                      block_size, kv_heads, head_dim)
+
+
+def _fits(cache: PagedCache, index: AttentionIndex) -> None:
+    if index.num_blocks is not None and index.num_blocks > cache.blocks:
+        raise KernelInputError(f"native attention: the indices were checked against "
+                               f"{index.num_blocks} blocks, the cache has {cache.blocks}")
+
+
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # [T, heads | kv_heads, d], rows strided
-    k_cache: torch.Tensor, v_cache: torch.Tensor,  # [blocks, block_size, kv_heads, d] bf16
-    slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-    block_tables: torch.Tensor, rows: int, window: int | None, scale: float,
+    cache: PagedCache, index: AttentionIndex, window: int | None, scale: float,
 ) -> torch.Tensor:  # [queries, heads * d]
     """Write this step's K/V into the paged caches, then attend over them (in place).
 
-    ``q`` holds T queries, or one per row (``query_start_loc`` 0..rows) whose block of
-    queries rides as extra heads (the non-causal block layout, ``attention.py``).
+    ``q`` holds T queries, or one per row whose block of queries rides as extra heads
+    (the non-causal block layout, ``attention.py``).
     """
     kern = _kernel("paged_attention")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()
-            and k_cache.shape == v_cache.shape and k_cache.dim() == 4
-            and k_cache.dtype == v_cache.dtype == BF16):
-        raise KernelInputError("native attention: K/V caches must be contiguous bf16 "
-                               "[blocks, block_size, kv_heads, head_dim] of one shape")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise KernelInputError("native attention: q, k, v must be [tokens, heads, head_dim]")
     nq, h, d = q.shape  # nq: T, or one query per row whose queries ride as heads
-    t = k.shape[0]  # the K/V tokens this step writes
-    if (tuple(k_cache.shape[2:]) != (k.shape[1], d) or k.shape != v.shape
-            or nq not in (t, rows) or slot_mapping.numel() != t):
+    t = k.shape[0]
+    if (k.shape[1] != cache.kv_heads or d != cache.head_dim or k.shape != v.shape
+            or t != index.tokens or nq not in (t, index.rows)):
         raise KernelInputError(f"native attention: q {list(q.shape)}, k {list(k.shape)}, "
-                               f"v {list(v.shape)} do not fit the cache {list(k_cache.shape)}")
-    i64 = torch.int64
-    if not (slot_mapping.dtype == query_start_loc.dtype == seq_lens.dtype
-            == block_tables.dtype == i64 and slot_mapping.is_contiguous()
-            and query_start_loc.is_contiguous() and seq_lens.is_contiguous()
-            and block_tables.is_contiguous()):  # one expression: this runs once per layer
-        for name, index in (("slot_mapping", slot_mapping),
-                            ("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
-                            ("block_tables", block_tables)):
-            if index.dtype != i64 or not index.is_contiguous():
-                raise KernelInputError(f"native attention: {name} must be contiguous int64")
-    if block_tables.dim() != 2 or query_start_loc.numel() != rows + 1 or seq_lens.numel() != rows:
-        raise KernelInputError(f"native attention: {rows} rows need query_start_loc [rows + 1], "
-                               "seq_lens [rows] and block_tables [rows, width]")
+                               f"v {list(v.shape)} do not fit the cache {list(cache.k.shape)} "
+                               f"and {index.tokens} indexed tokens")
+    _fits(cache, index)
     (q, qs), (k, ks), (v, vs) = _rows(q), _rows(k), _rows(v)
-    out = torch.empty((nq, h * d), dtype=BF16, device=q.device)
-    kern.paged_attention(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
-        query_start_loc.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
-        qs, ks, vs, t, block_tables.shape[1], rows, h, k_cache.shape[2], d, k_cache.shape[1],
-        window or 0, f32_bits(scale), kernel_threads())
+    out = torch.empty((nq, h * d), dtype=BF16)
+    _attend(kern, q.data_ptr(), k.data_ptr(), v.data_ptr(), out, qs, ks, vs, h, cache, index,
+            window, scale)
     return out
+
+
+def paged_attention_qkv(
+    qkv: torch.Tensor,  # [T, (heads + 2 * kv_heads) * d] bf16, rows contiguous
+    heads: int, cache: PagedCache, index: AttentionIndex, window: int | None, scale: float,
+) -> torch.Tensor:  # [T, heads * d]
+    """:func:`paged_attention` straight on a fused q|k|v projection output: q, k and v are
+    offsets into each row, so no views are made (a decode layer's six torch ops)."""
+    kern = _kernel("paged_attention")
+    kvh, d = cache.kv_heads, cache.head_dim
+    width = (heads + 2 * kvh) * d
+    if (qkv.dtype != BF16 or qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1
+            or qkv.shape[0] != index.tokens):
+        raise KernelInputError(f"native attention: qkv must be bf16 [{index.tokens}, {width}] "
+                               f"with contiguous rows, got {qkv.dtype} {list(qkv.shape)}")
+    _fits(cache, index)
+    base, stride = qkv.data_ptr(), qkv.stride(0)
+    out = torch.empty((index.tokens, heads * d), dtype=BF16)
+    _attend(kern, base, base + 2 * heads * d, base + 2 * (heads + kvh) * d, out, stride,
+            stride, stride, heads, cache, index, window, scale)
+    return out
+
+
+def _attend(kern: ModuleType, q: int, k: int, v: int, out: torch.Tensor, qs: int, ks: int,
+            vs: int, heads: int, cache: PagedCache, index: AttentionIndex,
+            window: int | None, scale: float) -> None:
+    slots, starts, lens, tables = index.addresses
+    kern.paged_attention(
+        q, k, v, out.data_ptr(), cache.addresses[0], cache.addresses[1], slots, starts, lens,
+        tables, qs, ks, vs, index.tokens, index.width, index.rows, heads, cache.kv_heads,
+        cache.head_dim, cache.block_size, window or 0, f32_bits(scale), kernel_threads())
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.quant import QuantWeight, linear_quant
+from draftwise.models.quant import QuantWeight
 
 #: ``auto`` | ``native`` | ``onednn`` | ``0`` (dense); see the module doc
 PACK_ENV = "DRAFTWISE_PACK_WEIGHTS"
@@ -62,6 +62,19 @@ class BlockedWeight:
     data: torch.Tensor
     out_features: int
     in_features: int
+    #: ``data.data_ptr()``, read once: the kernel's argument
+    address: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Checked here, once, so a GEMM call checks only its activations."""
+        need = self.numel_for(self.out_features, self.in_features)
+        data = self.data
+        if (data.dtype != torch.bfloat16 or not data.is_contiguous() or not data.is_cpu
+                or data.numel() != need or min(self.out_features, self.in_features) < 1):
+            raise kernels.KernelInputError(
+                f"a packed bf16 weight [{self.out_features}, {self.in_features}] is {need} "
+                f"contiguous bf16 CPU values, got {data.dtype} {data.numel()} on {data.device}")
+        object.__setattr__(self, "address", data.data_ptr())
 
     @staticmethod
     def numel_for(out_features: int, in_features: int) -> int:
@@ -187,9 +200,9 @@ def linear(
 ) -> torch.Tensor:  # [T, out]
     """``x @ weight.T + bias`` whose rows do not depend on T (bf16/fp16; see module doc)."""
     if isinstance(weight, QuantWeight):
-        return linear_quant(x, weight, bias)
+        return kernels.linear_quant(x, weight, bias)
     if isinstance(weight, BlockedWeight):
-        return _linear_native(x, weight, bias)
+        return kernels.linear_bf16(x, weight, bias)
     single = x.shape[0] == 1 and x.dtype != torch.float32
     if single:
         x = x.expand(2, x.shape[1])
@@ -199,6 +212,3 @@ def linear(
         out = F.linear(x, weight, bias)
     return out[:1] if single else out
 
-
-def _linear_native(x: torch.Tensor, weight: BlockedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    return kernels.linear_bf16(x, weight.data, weight.in_features, weight.out_features, bias)

@@ -3,7 +3,9 @@
 Written for CPU decode speed in eager torch: q/k/v and gate/up are fused into one
 weight each at load (two matmuls per layer instead of five), RoPE tables are built once,
 RoPE runs on q and k together, and the final norm and LM head only see the rows whose
-logits are wanted. The numerics follow transformers' op for op (RMSNorm in fp32 cast
+logits are wanted. With the C kernels a layer is C calls only (``DecoderLayer._run_native``):
+RoPE and attention read q, k and v as offsets into the fused projection output, and each
+layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). The numerics follow transformers' op for op (RMSNorm in fp32 cast
 back before the weight, cos/sin in the model dtype) so the oracle tests stay tight.
 """
 
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwise.models import kernels
 from draftwise.models.attention import AttentionMetadata, paged_attention
 from draftwise.models.backend import Backend, decide_backend, gemm_kind
 from draftwise.models.batch import ForwardBatch, KVCache, ModelOutput
@@ -101,9 +104,34 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         """One decoder layer over the flat token batch."""
+        h, delta = self.run(h, None, cos, sin, k_cache, v_cache, meta)
+        return h + delta
+
+    def run(
+        self,
+        h: torch.Tensor,  # [T, hidden] the residual stream
+        delta: torch.Tensor | None,  # [T, hidden] the previous layer's MLP output, not added
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rope: kernels.RopeRows | None = None,
+        cache: kernels.PagedCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (residual, this layer's MLP output)
+        """The layer with its last residual add left to the caller: the next layer's
+        input norm takes it (one ``add_rms_norm`` C call instead of a torch add and a
+        norm). ``rope`` and ``cache``: the step's RoPE rows and this layer's caches, checked
+        once per step by the model; q, k and v then stay offsets into the fused projection."""
+        if rope is not None and cache is not None and meta.index is not None \
+                and self.qk_norm is None:
+            return self._run_native(h, delta, rope, cache, meta.index)
         t = h.shape[0]
         native = self.native
-        x = rms_norm(h, self.input_norm, self.eps, native)
+        if delta is None:
+            x = rms_norm(h, self.input_norm, self.eps, native)
+        else:
+            h, x = add_rms_norm(h, delta, self.input_norm, self.eps, native)
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         if self.qk_norm is not None:
@@ -115,7 +143,30 @@ class DecoderLayer(nn.Module):
         h, x = add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
                             self.eps, native)
         act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
-        return h + linear(act, self.down_weight, self.down_bias)
+        return h, linear(act, self.down_weight, self.down_bias)
+
+    def _run_native(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        delta: torch.Tensor | None,  # [T, hidden]
+        rope: kernels.RopeRows,
+        cache: kernels.PagedCache,
+        index: kernels.AttentionIndex,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`run` as C calls only, the model's native backend decided (``models.fused``
+        holds each op's torch reference; the kernels check what they are given)."""
+        if delta is None:
+            x = kernels.rms_norm(h, self.input_norm, self.eps)
+        else:
+            h, x = kernels.add_rms_norm(h, delta, self.input_norm, self.eps)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        kernels.rope_qkv_(qkv, self.num_heads + self.num_kv_heads, rope)
+        attn = kernels.paged_attention_qkv(qkv, self.num_heads, cache, index, self.window,
+                                           self.scale)
+        h, x = kernels.add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
+                                    self.eps)
+        act = kernels.silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias))
+        return h, linear(act, self.down_weight, self.down_bias)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -336,10 +387,18 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed(batch.input_ids)
         wanted = set(batch.hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv.k[i], kv.v[i], meta)
+        rope: kernels.RopeRows | None = None
+        caches: list[kernels.PagedCache | None] = [None] * self.num_layers
+        if self.native and meta.index is not None:  # checked here, once for every layer
+            rope = kernels.rope_rows(cos, sin, h.shape[0], self.head_dim)
+            caches = list(kv.paged())
+        delta = None
+        for i, layer in enumerate(self.decoder_layers()):
+            h, delta = layer.run(h, delta, cos, sin, kv.k[i], kv.v[i], meta, rope, caches[i])
             if i in wanted:
-                hidden[i] = h
+                hidden[i] = h + delta
+        if delta is not None:
+            h = h + delta
         rows = h.index_select(0, batch.logits_indices)
         return ModelOutput(logits=self.lm_head(self.final_norm(rows)), hidden_states=hidden)
 

@@ -28,7 +28,7 @@ activation quantization), one fixed-order fp32 accumulation per output.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -37,7 +37,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
-from draftwise.models.kernels import kernel_threads
+from draftwise.models.kernels import KernelInputError, kernel_threads
 
 #: the GGUF types the native kernels run (the rest are dequantized, with a notice)
 NATIVE_TYPES = frozenset(
@@ -83,6 +83,11 @@ def activation_block(qtype: GGMLQuantizationType) -> int:
     return kernels.quant_act_block(int(qtype))
 
 
+def _block(qtype: QType) -> int:
+    """Inputs per stored block (NVFP4's kernel block is 32: two 16-input scales)."""
+    return 32 if qtype == NVFP4 else GGML_QUANT_SIZES[qtype][0]
+
+
 def packed_bytes(qtype: QType, rows: int, k: int) -> int:
     """Bytes of ``rows`` x ``k`` weights in tiles: the stored bytes, rows padded to 8."""
     if qtype == NVFP4:
@@ -121,7 +126,37 @@ class QuantWeight:
     #: int64 [segments, 4] (type, data address, start, rows): the kernel's argument
     table: torch.Tensor
     #: ``table.data_ptr()``, read once (the weight keeps the tensor alive)
-    table_address: int
+    table_address: int = field(init=False, repr=False, compare=False)
+    num_segments: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Checked here, once (the table is what the C kernel follows), so a GEMM call
+        checks only its activations; a malformed weight is a ``KernelInputError``."""
+        k, segments = self.in_features, self.segments
+        if not 1 <= len(segments) <= MAX_SEGMENTS or k < 1:
+            raise KernelInputError(f"a quantized weight has 1..{MAX_SEGMENTS} segments and "
+                                   f"in_features >= 1, got {len(segments)}, {k}")
+        start = 0
+        for seg in segments:
+            if seg.qtype != NVFP4 and seg.qtype not in NATIVE_TYPES or k % _block(seg.qtype):
+                raise KernelInputError(f"{seg.qtype.name} with {k} columns has no native kernel")
+            need = packed_bytes(seg.qtype, seg.rows, k)
+            if (seg.start != start or seg.rows < 1 or seg.data.dtype != torch.uint8
+                    or not seg.data.is_contiguous() or seg.data.numel() != need):
+                raise KernelInputError(
+                    f"{seg.qtype.name} segment at column {seg.start} ({seg.rows} rows) needs "
+                    f"{need} contiguous uint8 bytes from column {start}, got "
+                    f"{seg.data.dtype} {seg.data.numel()}")
+            start += seg.rows
+        table = self.table
+        expected = [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments]
+        if (start != self.out_features or table.dtype != torch.int64
+                or not table.is_contiguous() or table.tolist() != expected):
+            raise KernelInputError(f"a quantized weight's table must list its segments "
+                                   f"(int64 [{len(segments)}, 4]) covering "
+                                   f"{self.out_features} outputs")
+        object.__setattr__(self, "table_address", table.data_ptr())
+        object.__setattr__(self, "num_segments", len(segments))
 
     @property
     def nbytes(self) -> int:
@@ -203,7 +238,7 @@ def pack_quant(
     table = torch.tensor(
         [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
     )
-    return QuantWeight(tuple(segments), start, k, table, table.data_ptr())
+    return QuantWeight(tuple(segments), start, k, table)
 
 
 @dataclass(frozen=True)
@@ -269,7 +304,7 @@ def pack_nvfp4(
     del alive
     seg = QuantSegment(NVFP4, 0, code_rows.numel(), out)
     table = torch.tensor([[int(NVFP4), out.data_ptr(), 0, seg.rows]], dtype=torch.int64)
-    return QuantWeight((seg,), seg.rows, k, table, table.data_ptr())
+    return QuantWeight((seg,), seg.rows, k, table)
 
 
 def linear_quant(
@@ -279,13 +314,8 @@ def linear_quant(
     out_f32: bool = False,
     scalar: bool = False,
 ) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
-    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel.
-
-    Called ~120 times per decode step of a small model, so the checks read each tensor
-    property once (a few microseconds per call is a few percent of the step).
-    """
-    return kernels.linear_quant(x, weight.table_address, len(weight.segments),
-                                weight.in_features, weight.out_features, bias, out_f32, scalar)
+    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel."""
+    return kernels.linear_quant(x, weight, bias, out_f32, scalar)
 
 
 def dequant_rows(
@@ -302,6 +332,11 @@ def dequant_rows(
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"dequant_rows gives bf16 or fp32, not {dtype}")
     out = torch.empty(ids.numel(), weight.in_features, dtype=dtype)
+    if len(weight.segments) == 1:  # an embedding table is one type: no masks (per step)
+        seg = weight.segments[0]
+        kernels.quant_dequant_rows(int(seg.qtype), seg.data, ids, seg.rows,
+                                   weight.in_features, out)
+        return out
     for seg in weight.segments:
         inside = (ids >= seg.start) & (ids < seg.start + seg.rows)
         if not bool(inside.any()):

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from draftwise.bootstrap import finish_backend
@@ -21,15 +22,17 @@ from draftwise.models.attention import BACKEND_ENV
 from draftwise.models.backend import Backend, decide_backend
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.kernels import KernelInputError
+from draftwise.models.linear import BlockedWeight
 from draftwise.models.loader import load_model
+from draftwise.models.quant import QuantPart, QuantSegment, QuantWeight, pack_quant
 from draftwise.sampling import argmax_rows
 from gguf import GGMLQuantizationType as Q
 
 pytestmark = pytest.mark.skipif(
     not kernels.available("linear_quant"), reason="C kernels not built")
 
-WRAPPERS = ("rms_norm", "add_rms_norm", "silu_mul", "rope_", "argmax_f32", "linear_bf16",
-            "linear_quant", "paged_attention")
+WRAPPERS = ("rms_norm", "add_rms_norm", "silu_mul", "rope_", "rope_qkv_", "argmax_f32",
+            "linear_bf16", "linear_quant", "paged_attention", "paged_attention_qkv")
 SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512}
 
 
@@ -68,8 +71,10 @@ def step(model: torch.nn.Module) -> None:
 def check_runs_as_printed(backend: Backend, calls: Counter[str]) -> None:
     line = backend.line()
     assert f"attention={backend.attention}" in line
-    assert (calls["paged_attention"] > 0) == (backend.attention == "native")
-    elementwise = calls["rms_norm"] + calls["add_rms_norm"] + calls["silu_mul"] + calls["rope_"]
+    attention = calls["paged_attention"] + calls["paged_attention_qkv"]
+    assert (attention > 0) == (backend.attention == "native")
+    elementwise = (calls["rms_norm"] + calls["add_rms_norm"] + calls["silu_mul"]
+                   + calls["rope_"] + calls["rope_qkv_"])
     assert f"elementwise={backend.elementwise}" in line
     assert (elementwise > 0) == (backend.elementwise == "native")
     assert f"argmax={backend.argmax}" in line
@@ -135,6 +140,48 @@ def test_a_drafter_gets_the_targets_rule_at_its_own_head_size(monkeypatch) -> No
 
 
 BF16, F32 = torch.bfloat16, torch.float32
+I64 = torch.int64
+
+
+def _q8_weight(rows: int = 8, k: int = 32) -> QuantWeight:
+    """A packed Q8_0 weight of random blocks (finite fp16 scales)."""
+    raw = np.random.default_rng(0).integers(0, 127, (rows, k // 32, 34), dtype=np.uint8)
+    raw[:, :, :2] = np.full((rows, k // 32), 1e-2, np.float16).view(np.uint8).reshape(
+        rows, k // 32, 2)
+    return pack_quant([QuantPart(Q.Q8_0, raw.reshape(rows, -1))], k)
+
+
+def _bad_table() -> object:
+    good = _q8_weight()
+    return QuantWeight(good.segments, good.out_features, good.in_features,
+                       good.table.clone().fill_(0))
+
+
+def _short_segment() -> object:
+    good = _q8_weight()
+    seg = good.segments[0]
+    short = QuantSegment(seg.qtype, 0, seg.rows, seg.data[:-1])
+    table = torch.tensor([[int(seg.qtype), short.data.data_ptr(), 0, seg.rows]], dtype=I64)
+    return QuantWeight((short,), good.out_features, good.in_features, table)
+
+
+def _cache(blocks: int = 2, head_dim: int = 16) -> kernels.PagedCache:
+    return kernels.paged_cache(torch.zeros(blocks, 4, 2, head_dim, dtype=BF16),
+                               torch.zeros(blocks, 4, 2, head_dim, dtype=BF16))
+
+
+def _index(tokens: int = 1, num_blocks: int | None = None) -> kernels.AttentionIndex:
+    return kernels.attention_index(torch.zeros(tokens, dtype=I64), torch.tensor([0, tokens]),
+                                   torch.tensor([tokens]), torch.zeros(1, 1, dtype=I64),
+                                   num_blocks)
+
+
+def _rows(tokens: int = 1) -> kernels.RopeRows:
+    return kernels.rope_rows(torch.ones(tokens, 1, 16, dtype=BF16),
+                             torch.ones(tokens, 1, 16, dtype=BF16), tokens, 16)
+
+
+BLOCKED = BlockedWeight(torch.zeros(64 * 8, dtype=BF16), 4, 8)
 BAD_CALLS: dict[str, Callable[[], object]] = {
     "rms_norm fp32": lambda: kernels.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6),
     "rms_norm width": lambda: kernels.rms_norm(torch.ones(2, 8, dtype=BF16),
@@ -149,30 +196,48 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
     "rope short table": lambda: kernels.rope_(
         torch.ones(2, 4, 16, dtype=BF16), torch.ones(1, 1, 16, dtype=BF16),
         torch.ones(2, 1, 16, dtype=BF16)),
+    "rope rows fp32": lambda: kernels.rope_rows(torch.ones(2, 1, 16), torch.ones(2, 1, 16),
+                                                2, 16),
+    "rope qkv tokens": lambda: kernels.rope_qkv_(torch.ones(2, 96, dtype=BF16), 4, _rows(1)),
+    "rope qkv narrow": lambda: kernels.rope_qkv_(torch.ones(1, 48, dtype=BF16), 4, _rows(1)),
     "argmax int": lambda: kernels.argmax_f32(torch.ones(2, 5, dtype=torch.int64)),
     "argmax empty": lambda: kernels.argmax_f32(torch.ones(2, 0)),
-    "linear_bf16 weight size": lambda: kernels.linear_bf16(
-        torch.ones(1, 8, dtype=BF16), torch.ones(10, dtype=BF16), 8, 4),
-    "linear_bf16 fp32 input": lambda: kernels.linear_bf16(
-        torch.ones(1, 8), torch.ones(64 * 8, dtype=BF16), 8, 4),
-    "linear_bf16 input width": lambda: kernels.linear_bf16(
-        torch.ones(1, 6, dtype=BF16), torch.ones(64 * 8, dtype=BF16), 8, 4),
-    "linear_quant width": lambda: kernels.linear_quant(torch.ones(1, 8, dtype=BF16), 0, 1, 32, 8),
+    "blocked weight size": lambda: BlockedWeight(torch.ones(10, dtype=BF16), 4, 8),
+    "blocked weight dtype": lambda: BlockedWeight(torch.ones(64 * 8), 4, 8),
+    "linear_bf16 fp32 input": lambda: kernels.linear_bf16(torch.ones(1, 8), BLOCKED),
+    "linear_bf16 input width": lambda: kernels.linear_bf16(torch.ones(1, 6, dtype=BF16), BLOCKED),
+    "quant weight table": _bad_table,
+    "quant weight truncated": _short_segment,
+    "linear_quant width": lambda: kernels.linear_quant(torch.ones(1, 8, dtype=BF16),
+                                                       _q8_weight()),
     "linear_quant bias": lambda: kernels.linear_quant(
-        torch.ones(1, 32, dtype=BF16), 0, 1, 32, 8, torch.ones(9, dtype=BF16)),
+        torch.ones(1, 32, dtype=BF16), _q8_weight(), torch.ones(9, dtype=BF16)),
     "quant_pack size": lambda: kernels.quant_pack(
         int(Q.Q8_0), 0, 8, 32, torch.zeros(10, dtype=torch.uint8), 8 * 34, 1),
     "dequant ids range": lambda: kernels.quant_dequant_rows(
         int(Q.Q8_0), torch.zeros(8 * 34, dtype=torch.uint8), torch.tensor([9]), 8, 32,
         torch.empty(1, 32, dtype=BF16)),
-    "attention cache dtype": lambda: kernels.paged_attention(
-        *(torch.ones(1, 2, 16, dtype=BF16),) * 3, torch.ones(2, 4, 2, 16),
-        torch.ones(2, 4, 2, 16), *(torch.zeros(1, dtype=torch.int64),) * 3,
-        torch.zeros(1, 1, dtype=torch.int64), 1, None, 0.25),
-    "attention index dtype": lambda: kernels.paged_attention(
-        *(torch.ones(1, 2, 16, dtype=BF16),) * 3, *(torch.ones(2, 4, 2, 16, dtype=BF16),) * 2,
-        torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
-        torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64), 1, None, 0.25),
+    "attention cache dtype": lambda: kernels.paged_cache(torch.ones(2, 4, 2, 16),
+                                                         torch.ones(2, 4, 2, 16)),
+    "attention cache shapes": lambda: kernels.paged_cache(
+        torch.ones(2, 4, 2, 16, dtype=BF16), torch.ones(3, 4, 2, 16, dtype=BF16)),
+    "attention index dtype": lambda: kernels.attention_index(
+        torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=I64), torch.zeros(1, dtype=I64),
+        torch.zeros(1, 1, dtype=I64)),
+    "attention index rows": lambda: kernels.attention_index(
+        torch.zeros(1, dtype=I64), torch.zeros(3, dtype=I64), torch.zeros(1, dtype=I64),
+        torch.zeros(1, 1, dtype=I64)),
+    "attention head_dim": lambda: kernels.paged_attention(
+        *(torch.ones(1, 2, 32, dtype=BF16),) * 3, _cache(), _index(), None, 0.25),
+    "attention tokens": lambda: kernels.paged_attention(
+        *(torch.ones(2, 2, 16, dtype=BF16),) * 3, _cache(), _index(1), None, 0.25),
+    "attention smaller cache": lambda: kernels.paged_attention(
+        *(torch.ones(1, 2, 16, dtype=BF16),) * 3, _cache(2), _index(1, num_blocks=8), None,
+        0.25),
+    "attention qkv width": lambda: kernels.paged_attention_qkv(
+        torch.ones(1, 64, dtype=BF16), 2, _cache(), _index(), None, 0.25),
+    "attention qkv tokens": lambda: kernels.paged_attention_qkv(
+        torch.ones(3, 96, dtype=BF16), 2, _cache(), _index(1), None, 0.25),
 }
 
 
@@ -194,9 +259,9 @@ def test_wrappers_still_refuse_under_python_O() -> None:
     code = (
         "import torch\n"
         "from draftwise.models import kernels\n"
+        "from draftwise.models.linear import BlockedWeight\n"
         "for call in (lambda: kernels.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6),\n"
-        "             lambda: kernels.linear_bf16(torch.ones(1, 8, dtype=torch.bfloat16),\n"
-        "                                         torch.ones(10, dtype=torch.bfloat16), 8, 4)):\n"
+        "             lambda: BlockedWeight(torch.ones(10, dtype=torch.bfloat16), 4, 8)):\n"
         "    try:\n"
         "        call()\n"
         "    except kernels.KernelInputError as exc:\n"
