@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from draftwise.models.linear import pack_weights
+from draftwise.models.linear import Weight, pack_weights
 from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, read_container
 from draftwise_dflash.model import DFlashModel
@@ -262,19 +262,23 @@ class LoadedDSpark:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
         self.path = path
         self.embed = t["embed_tokens.weight"]
+        # the heads' matrices in the native kernel's layout (the gate and the rnn's joint
+        # projection too: one row-invariant GEMM per Markov step instead of torch's bf16)
         heads = ["lm_head.weight"]
         if cfg.markov_rank:
-            heads.append("markov_head.markov_w2.weight")
-        packed = pack_weights([t[n] for n in heads])
-        self.lm_head = packed[0]
+            heads += [n for n in ("markov_head.markov_w2.weight", "markov_head.gate_proj.weight",
+                                  "markov_head.joint_proj.weight") if n in t]
+        packed = dict(zip(heads, pack_weights([t[n] for n in heads])))
+        self.lm_head = packed["lm_head.weight"]
         self.markov: MarkovHead | None = None
         if cfg.markov_rank:
-            def pair(name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-                w = t.get(f"markov_head.{name}.weight")
+            def pair(name: str) -> tuple[Weight, torch.Tensor] | None:
+                w = packed.get(f"markov_head.{name}.weight")
                 return None if w is None else (w, t[f"markov_head.{name}.bias"])
 
             self.markov = MarkovHead(MarkovWeights(
-                cfg.markov_head_type, t["markov_head.markov_w1.weight"], packed[1],
+                cfg.markov_head_type, t["markov_head.markov_w1.weight"],
+                packed["markov_head.markov_w2.weight"],
                 gate=pair("gate_proj"), joint=pair("joint_proj")))
         self.confidence: ConfidenceHead | None = None
         if cfg.enable_confidence_head:
