@@ -39,6 +39,11 @@ from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 from draftwise_dspark.loader import LoadedDSpark
 
 
+#: consecutive failed certifications after which the pick is only retried now and then
+GIVE_UP = 4
+#: retry the certified pick once every this many Markov steps after giving up
+RETRY = 32
+
 
 class DSparkProposer(DFlashProposer):
     """DFlash's proposer with DSpark's block, picking and confidence cut (module doc)."""
@@ -53,6 +58,8 @@ class DSparkProposer(DFlashProposer):
         self.counters["markov_steps"] = 0
         #: Markov steps whose greedy picks the bound certified without the full W2 product
         self.counters["markov_certified"] = 0
+        self._certify_misses = 0  # consecutive steps the bound could not certify
+        self._certify_skipped = 0
         #: drafted but not verified (rule 4): ``draft_tokens`` minus these is what verify saw
         self.counters["confidence_cut_tokens"] = 0
 
@@ -138,8 +145,9 @@ class DSparkProposer(DFlashProposer):
             if head is not None:
                 u, state = head.latent(prev, hidden.index_select(0, at), state)
                 self.counters["markov_steps"] += 1
-                if all(greedy[r] for r in live):
+                if all(greedy[r] for r in live) and self._try_certify():
                     pick = head.certified_argmax(logits, u)
+                    self._certify_misses = 0 if pick is not None else self._certify_misses + 1
                 if pick is None:
                     logits = logits + head.bias(u)
                 else:
@@ -155,6 +163,16 @@ class DSparkProposer(DFlashProposer):
                 else:
                     q[at] = qj
         return tok, prev_of, q
+
+    def _try_certify(self) -> bool:
+        """Whether to try the certified pick this step: always, until it has failed
+        :data:`GIVE_UP` times in a row (a drafter whose bias is large against its logit
+        margins, where the bound only costs), then once every :data:`RETRY` steps.
+        Either path picks the same token, so this only moves time."""
+        if self._certify_misses < GIVE_UP:
+            return True
+        self._certify_skipped += 1
+        return self._certify_skipped % RETRY == 0
 
     def _confident(self, plans: list[BlockPlan], hidden: torch.Tensor, prev: torch.Tensor
                    ) -> list[int]:
