@@ -11,9 +11,10 @@ Linear ``r -> V``, no bias):
   at zero at each block's first slot.
 
 ``h`` is the slot's backbone output after the draft's final norm (what the LM head
-reads). ``G`` and ``J`` run on the core's packed GEMM where the loader packed them (rows
-independent of the batch, unlike torch's bf16 ``F.linear`` on this machine). Every call serves all drafting rows of one block position at once; the caller
-walks the positions left to right, feeding back the token just picked.
+reads). ``G`` and ``J`` run on the core's packed GEMM where the loader packed them
+(rows independent of the batch, unlike torch's bf16 ``F.linear`` on this machine).
+Every call serves all drafting rows of one block position at once; the caller walks
+the positions left to right, feeding back the token just picked.
 
 Each type's bias is ``W2 u`` for a latent ``u`` ``[R, r]`` (:meth:`MarkovHead.latent`),
 and streaming ``W2`` (``[V, r]``) once per block position is the pass's whole cost.
