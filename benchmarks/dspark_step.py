@@ -5,11 +5,13 @@ DSpark drafter exists for the models on this machine, so this times a RANDOM Dee
 ``Qwen3DSparkModel`` drafter of the published shape (``--draft-layers`` layers of the
 target's width, its own embedding and LM head, ``markov_rank`` 256) on the default model,
 one request, greedy, a prompt of ``--context`` tokens. Per block size B (k = B) and Markov
-type, in two modes interleaved round by round (the machine's load moves): ``full`` (the
-whole ``W2 u`` product at every position) and ``certified`` (the certified greedy pick,
-``MarkovHead.certified_argmax``): ``draft_ms`` (propose), ``draft_context_ms``,
+type, in two modes interleaved step by step with a plain decode step (the machine's
+load moves): ``full`` (the whole ``W2 u`` product at every position) and ``certified``
+(the certified greedy pick, ``MarkovHead.certified_argmax``): ``draft_ms`` (propose), ``draft_context_ms``,
 ``draft_layers_ms``, ``draft_markov_ms`` (the sequential pass: latent, bias or certified
-pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step, the
+pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step (the
+median of the per-step ratios, in wall time and in process CPU time, which a loaded
+machine's descheduling does not inflate), the
 share of Markov steps certified, the break-even ``a*`` accepted drafts per step
 (``1 + a* = (draft + verify) / decode``); the load average before and after.
 
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dflash_step import time_steps, write_random_drafter  # noqa: E402
+from dflash_step import Timed, write_random_drafter
 
 
 def write_random_dspark(directory: Path, target: Any, block: int, layers: int, kind: str,
@@ -80,38 +82,29 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=5)
     ap.add_argument("--rank", type=int, default=256)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=8,
-                    help="steps per round (at least 2B are run, so the whole block fits)")
+    ap.add_argument("--steps", type=int, default=8, help="steps per round")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="full/certified rounds, interleaved (the machine's load moves)")
+                    help="rounds; in each, plain/full/certified steps alternate one by one")
     args = ap.parse_args()
-    markov = {"ms": 0.0}
+    markov = {"ms": 0.0, "cpu": 0.0}
     for name in ("latent", "bias", "certified_argmax"):
         real = getattr(MarkovHead, name)
 
         def timed(self: Any, *a: Any, _real: Any = real) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = _real(self, *a)
             markov["ms"] += 1e3 * (time.perf_counter() - t0)
+            markov["cpu"] += 1e3 * (time.process_time() - c0)
             return out
 
         setattr(MarkovHead, name, timed)
     prompt = [(i * 37) % 4000 + 100 for i in range(args.context)]
     plain = LLM(model=args.model, max_num_seqs=1)
-    base = time_steps(plain, prompt, args.steps * args.rounds)
-    decode = statistics.median(base["forward"])
     report: dict[str, Any] = {
         "model": plain.engine.loaded.path, "context": args.context,
         "threads": torch.get_num_threads(), "draft_layers": args.draft_layers,
-        "markov_rank": args.rank, "decode_ms": round(decode, 3),
-        "load_before": os.getloadavg(), "runs": {},
+        "markov_rank": args.rank, "load_before": os.getloadavg(), "runs": {},
     }
-
-    def one(llm: Any, block: int) -> dict[str, Any]:
-        markov["ms"] = 0.0
-        t = time_steps(llm, prompt, max(args.steps, 2 * block))
-        return {"t": t, "markov": markov["ms"] / max(len(t["propose"]), 1)}
-
     with tempfile.TemporaryDirectory() as tmp:
         for block in args.blocks:
             for kind in args.kinds:
@@ -120,33 +113,68 @@ def main() -> None:
                                         block, args.draft_layers,
                                         "vanilla" if kind == "none" else kind, rank)
                 cfg = {"method": "dspark", "model": str(d), "num_speculative_tokens": block}
-                llms = {"full": LLM(model=args.model, max_num_seqs=1, speculative_config=cfg),
-                        "certified": LLM(model=args.model, max_num_seqs=1,
-                                         speculative_config=cfg)}
+                modes = ("full", "certified") if rank else ("full",)
+                llms = {m: LLM(model=args.model, max_num_seqs=1, speculative_config=cfg)
+                        for m in modes}
                 head = llms["full"].engine.spec.proposers[0].draft.markov
                 if head is not None:
                     head.row_norms = None  # the full W2 product at every position
-                got: dict[str, list[dict[str, Any]]] = {"full": [], "certified": []}
+                cpu = {"propose": 0.0}
+                for m in modes:  # CPU time of propose: what the loaded machine's wall hides
+                    prop = llms[m].engine.spec.proposers[0]
+
+                    def propose(batch: Any, _real: Any = prop.propose,
+                                _cpu: dict[str, float] = cpu) -> Any:
+                        c0 = time.process_time()
+                        out = _real(batch)
+                        _cpu["propose"] += 1e3 * (time.process_time() - c0)
+                        return out
+
+                    prop.propose = propose
+                got: dict[str, dict[str, list[float]]] = {
+                    m: {"propose": [], "forward": [], "context": [], "block": [], "markov": [],
+                        "markov_cpu": [], "propose_cpu": []}
+                    for m in ("plain", *modes)}
                 for _ in range(args.rounds):
-                    for mode in ("full", "certified") if rank else ("full",):
-                        got[mode].append(one(llms[mode], block))
-                for mode, runs in got.items():
-                    if not runs:
-                        continue
-                    prop = [x for r in runs for x in r["t"]["propose"]]
-                    ver = [x for r in runs for x in r["t"]["forward"]]
-                    ctx = [x for r in runs for x in r["t"]["context"]]
-                    blk = [x for r in runs for x in r["t"]["block"]]
-                    draft, verify = statistics.median(prop), statistics.median(ver)
-                    mk = statistics.median(r["markov"] for r in runs)
+                    runs = {"plain": Timed(plain, prompt, args.steps)}
+                    runs.update({m: Timed(llms[m], prompt, args.steps) for m in modes})
+                    for _ in range(args.steps):  # one step each in turn: the same load
+                        for m, t in runs.items():
+                            markov["ms"] = markov["cpu"] = cpu["propose"] = 0.0
+                            t.step()
+                            got[m]["markov"].append(markov["ms"])
+                            got[m]["markov_cpu"].append(markov["cpu"])
+                            got[m]["propose_cpu"].append(cpu["propose"])
+                    for m, t in runs.items():
+                        t.finish()
+                        for key in ("propose", "forward", "context", "block"):
+                            got[m][key] += t.out[key]
+                decode = statistics.median(got["plain"]["forward"])
+                for mode in modes:
+                    g = got[mode]
+                    # steps that drafted (the first after prefill may not)
+                    idx = [i for i, p in enumerate(g["propose"]) if p > 0 and g["markov"][i] > 0
+                           or (p > 0 and not rank)]
+                    draft = statistics.median(g["propose"][i] for i in idx)
+                    verify = statistics.median(g["forward"][i] for i in idx)
+                    mk = statistics.median(g["markov"][i] for i in idx)
+                    share = statistics.median(g["markov"][i] / g["propose"][i] for i in idx)
+                    share_cpu = statistics.median(g["markov_cpu"][i] / g["propose_cpu"][i]
+                                                  for i in idx if g["propose_cpu"][i] > 0)
                     stats = llms[mode].engine.spec.proposer_stats()[0]
                     need = (draft + verify) / decode - 1
                     report["runs"][f"B{block}/{kind}/{mode}"] = {
                         "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
-                        "draft_context_ms": round(statistics.median(ctx), 3),
-                        "draft_layers_ms": round(statistics.median(blk), 3),
+                        "decode_ms": round(decode, 3),
+                        "draft_context_ms": round(statistics.median(g["context"]), 3),
+                        "draft_layers_ms": round(statistics.median(g["block"]), 3),
                         "draft_markov_ms": round(mk, 3),
-                        "markov_share_of_draft": round(mk / draft, 3),
+                        "markov_share_of_draft": round(share, 3),
+                        "markov_cpu_ms": round(statistics.median(g["markov_cpu"][i]
+                                                                 for i in idx), 3),
+                        "draft_cpu_ms": round(statistics.median(g["propose_cpu"][i]
+                                                                for i in idx), 3),
+                        "markov_share_of_draft_cpu": round(share_cpu, 3),
                         "markov_steps_certified": round(
                             stats["markov_certified"] / max(stats["markov_steps"], 1), 3),
                         "draft_over_decode": round(draft / decode, 3),

@@ -11,7 +11,10 @@ never guessed from other keys; ``shared/reference/drafter-formats.md`` §2):
 - ``DSparkSpeculator`` (speculators, §2.3): read through the DeepSpec config it stands
   for (:mod:`draftwise_dspark.speculators_layout`); runs with a full vocabulary and
   ``sample_from_anchor`` true.
-- ``DSparkDraftModel`` (SpecForge): a known layout, refused by name until its reader lands.
+- ``DSparkDraftModel`` (SpecForge): Markov keys under ``dflash_config``, no embedding or
+  head of its own; read through the DeepSpec config it stands for
+  (:mod:`draftwise_dspark.specforge_layout`: SpecForge trains it with DeepSpec's
+  next-token block), with the target's embedding and head.
 - a DeepSeek-V4 architecture (or ``dspark_block_size``, V4's key): its DSpark head ships
   inside the target as ``mtp.*`` blocks, a different family: refused by name.
 - no ``architectures``: refused (not classified by guesswork).
@@ -35,8 +38,8 @@ SPECULATORS = "DSparkSpeculator"
 SPECFORGE = "DSparkDraftModel"
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
 RUNS = ("a llama.cpp DSpark GGUF (vanilla Markov head), a speculators DSparkSpeculator "
-        "directory (full vocabulary) or a DeepSpec Qwen3DSparkModel "
-        "safetensors directory (config.json + *.safetensors, "
+        "directory (full vocabulary), a SpecForge DSparkDraftModel directory or a DeepSpec "
+        "Qwen3DSparkModel safetensors directory (config.json + *.safetensors, "
         "bf16/fp16/fp32)")
 
 
@@ -48,7 +51,7 @@ class DSparkConfigError(DFlashConfigError):
 class DSparkConfig:
     """What the loader, model and proposer need from a DSpark draft's config."""
 
-    lane: str  # the architecture: NATIVE or SPECULATORS
+    lane: str  # the architecture: NATIVE, SPECULATORS or SPECFORGE
     #: the DFlash backbone (decoder shape, block size, taps with -1 = embedding, mask)
     backbone: DFlashConfig
     vocab_size: int
@@ -80,15 +83,7 @@ def lane_of(d: Mapping[str, Any], path: str) -> str:
             "blocks ship inside the target (mtp.0-2) for a MoE target: another family, not "
             f"implemented. Instead: {RUNS}.",
         )
-    if arch == SPECFORGE:
-        raise DSparkConfigError(
-            path,
-            f"architectures={archs!r} is the SpecForge DSpark layout (Markov keys under "
-            "dflash_config; it drafts in place: the anchor slot is the bonus token and the "
-            "B-1 mask slots draft through the target's head), whose reader and in-place "
-            f"block are not implemented yet. Instead: {RUNS}.",
-        )
-    if arch == SPECULATORS:
+    if arch in (SPECULATORS, SPECFORGE):
         return arch
     if arch != NATIVE:
         raise DSparkConfigError(
@@ -98,13 +93,17 @@ def lane_of(d: Mapping[str, Any], path: str) -> str:
 
 
 def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
-    """Read a DeepSpec native DSpark config (a speculators one through the DeepSpec
-    config it stands for); refuse what is missing or contradictory."""
+    """Read a DeepSpec native DSpark config (a speculators or SpecForge one through the
+    DeepSpec config it stands for); refuse what is missing or contradictory."""
     lane = lane_of(d, path)
     if lane == SPECULATORS:
         from draftwise_dspark.speculators_layout import native_config
 
         d = native_config(d, path)
+    elif lane == SPECFORGE:
+        from draftwise_dspark import specforge_layout
+
+        d = specforge_layout.native_config(d, path)
     if d.get("dflash_config") is not None:
         raise DSparkConfigError(
             path, "a Qwen3DSparkModel config keeps its keys at the top level, but this one "

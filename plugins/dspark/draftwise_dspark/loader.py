@@ -10,12 +10,14 @@
 3. every tensor name, shape and stored dtype (headers only): the DFlash body
    (:func:`draftwise_dflash.loader.expected_shapes`) plus DeepSpec's ``embed_tokens``,
    ``lm_head``, ``markov_head.*`` (for ``markov_rank > 0``) and ``confidence_head.proj``
-   (with ``enable_confidence_head``).
+   (with ``enable_confidence_head``); the speculators and SpecForge layouts save no
+   ``embed_tokens`` and (full vocabulary) no ``lm_head``.
 
 ``load`` runs the DFlash pair checks on the target-layer taps (``-1``, the embedding
 output, is always present), checks the vocabulary is the target's (the draft's own head
 indexes the target's tokens), then reads the weights. The embedding and LM head are the
-draft's own (DeepSpec ships copies of the target's).
+draft's own (DeepSpec ships copies of the target's) or, where the layout saves none, the
+target's (:func:`borrow_target_tables`).
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from draftwise.models.linear import pack_weights
+from draftwise.models.linear import Weight, pack_weights
 from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, read_container
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
 
 from draftwise_dspark.confidence import ConfidenceHead
-from draftwise_dspark.config import RUNS, SPECULATORS, DSparkConfig, parse_config
+from draftwise_dspark.config import RUNS, SPECFORGE, SPECULATORS, DSparkConfig, parse_config
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 
 
@@ -77,10 +79,17 @@ class DSparkLoader:
                                     f"Instead: {RUNS}.", key="quantization_config")
         ckpt = SafetensorsCheckpoint(path)
         want = {**expected_shapes(cfg.backbone), **extra_shapes(cfg)}
-        if cfg.lane == SPECULATORS:  # the verifier's embedding and (full-vocab) head
+        if cfg.lane in (SPECULATORS, SPECFORGE):  # the target's embedding and head
             for name, _ in BORROWED:
                 del want[name]
         stored = ckpt.tensors
+        early = [n for n in stored if n.startswith("logit_head.")]
+        if early:
+            raise DSparkError(path, f"tensors {early[:2]} are an early SpecForge export (heads "
+                                    "under logit_head.), not implemented here. Instead: "
+                                    "re-export it with a current SpecForge (specforge export "
+                                    "--to hf names them markov_head.* / confidence_head.*)",
+                              key=early[0])
         missing = [n for n in want if n not in stored]
         if missing:
             raise DSparkError(path, f"missing tensors {missing[:4]} (config.json: markov_rank="
@@ -253,19 +262,23 @@ class LoadedDSpark:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
         self.path = path
         self.embed = t["embed_tokens.weight"]
+        # the heads' matrices in the native kernel's layout (the gate and the rnn's joint
+        # projection too: one row-invariant GEMM per Markov step instead of torch's bf16)
         heads = ["lm_head.weight"]
         if cfg.markov_rank:
-            heads.append("markov_head.markov_w2.weight")
-        packed = pack_weights([t[n] for n in heads])
-        self.lm_head = packed[0]
+            heads += [n for n in ("markov_head.markov_w2.weight", "markov_head.gate_proj.weight",
+                                  "markov_head.joint_proj.weight") if n in t]
+        packed = dict(zip(heads, pack_weights([t[n] for n in heads])))
+        self.lm_head = packed["lm_head.weight"]
         self.markov: MarkovHead | None = None
         if cfg.markov_rank:
-            def pair(name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-                w = t.get(f"markov_head.{name}.weight")
+            def pair(name: str) -> tuple[Weight, torch.Tensor] | None:
+                w = packed.get(f"markov_head.{name}.weight")
                 return None if w is None else (w, t[f"markov_head.{name}.bias"])
 
             self.markov = MarkovHead(MarkovWeights(
-                cfg.markov_head_type, t["markov_head.markov_w1.weight"], packed[1],
+                cfg.markov_head_type, t["markov_head.markov_w1.weight"],
+                packed["markov_head.markov_w2.weight"],
                 gate=pair("gate_proj"), joint=pair("joint_proj")))
         self.confidence: ConfidenceHead | None = None
         if cfg.enable_confidence_head:

@@ -11,8 +11,10 @@ Linear ``r -> V``, no bias):
   at zero at each block's first slot.
 
 ``h`` is the slot's backbone output after the draft's final norm (what the LM head
-reads). Every call serves all drafting rows of one block position at once; the caller
-walks the positions left to right, feeding back the token just picked.
+reads). ``G`` and ``J`` run on the core's packed GEMM where the loader packed them
+(rows independent of the batch, unlike torch's bf16 ``F.linear`` on this machine).
+Every call serves all drafting rows of one block position at once; the caller walks
+the positions left to right, feeding back the token just picked.
 
 Each type's bias is ``W2 u`` for a latent ``u`` ``[R, r]`` (:meth:`MarkovHead.latent`),
 and streaming ``W2`` (``[V, r]``) once per block position is the pass's whole cost.
@@ -26,6 +28,14 @@ the full product's: each output is its own in-order accumulator), and their firs
 maximum is the full argmax, ties included. When the bound leaves too many blocks (a
 bias large against the logit margin), or a value is not finite, it answers None and
 the caller runs the full product.
+
+For ``rnn`` it never answers: ``u = tanh(o)`` is dense with entries of order 1, so
+``|u|`` is ~sqrt(r) times a ``W1`` row's and the bound ~sqrt(r) times looser than the
+bias it bounds (on ``benchmarks/dspark_step.py``'s drafter, r = 256: ``|u|`` ~7 against
+vanilla's ~0.3, a window of ~4.6 logits against a base spread of ~0.5). An exact
+quantized screen (Q8_0 ``W2`` through the core's quantized GEMM with a proven interval)
+certified every rnn step but measured no cheaper in the engine (it still streams
+``V x r`` weights), so it is not here; the rnn pass runs the full product.
 """
 
 from __future__ import annotations
@@ -50,8 +60,8 @@ class MarkovWeights:
     kind: str
     w1: torch.Tensor  # [V, r]
     w2: Weight  # [V, r], packed for this machine
-    gate: tuple[torch.Tensor, torch.Tensor] | None = None  # [r, H + r], [r]
-    joint: tuple[torch.Tensor, torch.Tensor] | None = None  # [3r, 2r + H], [3r]
+    gate: tuple[Weight, torch.Tensor] | None = None  # [r, H + r], [r]
+    joint: tuple[Weight, torch.Tensor] | None = None  # [3r, 2r + H], [3r]
 
     @property
     def rank(self) -> int:
@@ -86,12 +96,12 @@ class MarkovHead:
         if w.kind == "gated":
             if w.gate is None:
                 raise RuntimeError("gated Markov head without gate_proj")
-            return torch.sigmoid(F.linear(torch.cat([h, e], -1), *w.gate)) * e, state
+            return torch.sigmoid(linear(torch.cat([h, e], -1), *w.gate)) * e, state
         if w.kind == "rnn":
             if w.joint is None or state is None:
                 raise RuntimeError("rnn Markov head without joint_proj or state")
             r = w.rank
-            gco = F.linear(torch.cat([state, e, h], -1), *w.joint)
+            gco = linear(torch.cat([state, e, h], -1), *w.joint)
             gate = torch.sigmoid(gco[:, :r])
             state = gate * state + (1 - gate) * torch.tanh(gco[:, r : 2 * r])
             return torch.tanh(gco[:, 2 * r :]), state

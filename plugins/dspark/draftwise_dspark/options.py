@@ -21,8 +21,8 @@ DESCRIPTION = (
     "on target hidden states (vanilla, gated and rnn Markov heads; the confidence-head cut "
     "with draftwise.confidence_threshold). Formats: DeepSpec's native "
     "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full "
-    "vocabulary), llama.cpp's DSpark GGUF (vanilla); the SpecForge layout, NVFP4 and EXL3 "
-    "drafters are refused by name."
+    "vocabulary), SpecForge's DSparkDraftModel, llama.cpp's DSpark GGUF (vanilla); NVFP4 "
+    "and EXL3 drafters are refused by name."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,

@@ -179,3 +179,96 @@ def train_dspark(target_dir: Path, directory: Path, *, steps: int = 120, block_s
 @pytest.fixture(scope="session")
 def trained_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_dspark(target_dir, tmp_path_factory.mktemp("ds-trained") / "b7")
+
+
+def save_specforge(
+    directory: Path,
+    target_dir: Path,
+    *,
+    kind: str = "vanilla",
+    rank: int = 16,
+    block_size: int = 7,
+    layers: int = 2,
+    target_layer_ids: tuple[int, ...] = (-1, 1),
+    seed: int = 7,
+    markov_std: float = 0.5,
+    confidence: bool = False,
+    with_markov: bool = False,
+    weights: dict[str, torch.Tensor] | None = None,
+    **dflash_overrides: Any,
+) -> Path:
+    """A tiny drafter as SpecForge saves a ``DSparkDraftModel`` (``specforge export --to
+    hf``: ``save_pretrained`` of the module tree, sgl-project/SpecForge a6b6b02): a Qwen3
+    config with ``block_size`` and ``num_target_layers`` at the top level and the DSpark
+    keys under ``dflash_config`` (as ``configs/qwen3-4b-dspark.json``), bf16 safetensors
+    of the DFlash body (z-lab's ``DFlashDraftModel``, SpecForge's module names) plus
+    ``markov_head.*`` and ``confidence_head.proj``, no embedding and no LM head (the
+    target's). ``weights`` (DeepSpec names) replace the random draws."""
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    h, v = target_cfg["hidden_size"], target_cfg["vocab_size"]
+    dflash = {"attention_mode": "gqa", "mask_token_id": MASK,
+              "target_layer_ids": list(target_layer_ids), "projector_type": "dspark",
+              "markov_rank": rank, "markov_head_type": kind,
+              "confidence_head_alpha": 1.0 if confidence else 0.0,
+              "enable_confidence_head": confidence,
+              "confidence_head_with_markov": with_markov, **dflash_overrides}
+    cfg = Qwen3Config(**{k: v for k, v in target_cfg.items()
+                         if k not in ("architectures", "num_hidden_layers", "layer_types",
+                                      "tie_word_embeddings")},
+                      num_hidden_layers=layers, num_target_layers=TARGET_LAYERS,
+                      block_size=block_size, layer_types=["full_attention"] * layers,
+                      tie_word_embeddings=False, dflash_config=dflash)
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(cfg)
+    randomize_(model, seed, std=0.15)
+    if rank:
+        head = torch.nn.Module()
+        head.markov_w1 = torch.nn.Embedding(v, rank)
+        head.markov_w2 = torch.nn.Linear(rank, v, bias=False)
+        if kind == "gated":
+            head.gate_proj = torch.nn.Linear(h + rank, rank)
+        elif kind == "rnn":
+            head.joint_proj = torch.nn.Linear(2 * rank + h, 3 * rank)
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, p in head.named_parameters():
+                std = markov_std if name.startswith("markov") else 0.2
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        model.markov_head = head
+    if confidence:
+        conf = torch.nn.Module()
+        conf.proj = torch.nn.Linear(h + (rank if with_markov else 0), 1)
+        with torch.no_grad():
+            conf.proj.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed + 2))
+            conf.proj.bias.zero_()
+        model.confidence_head = conf
+    if weights is not None:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if unexpected or [m for m in missing if not m.startswith("rotary")]:
+            raise ValueError(f"weights do not fit: {missing} {unexpected}")
+    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    d = json.loads((directory / "config.json").read_text())
+    d.update(architectures=["DSparkDraftModel"], auto_map={"AutoModel": "dspark.DSparkDraftModel"})
+    (directory / "config.json").write_text(json.dumps(d, indent=2))
+    return directory
+
+
+def to_specforge(native_dir: Path, directory: Path, target_dir: Path, **kw: Any) -> Path:
+    """A DeepSpec drafter's weights in the SpecForge layout (its embedding and head are
+    copies of the target's, so both must draft the same tokens)."""
+    cfg = json.loads((native_dir / "config.json").read_text())
+    t = load_file(str(native_dir / "model.safetensors"))
+    t = {k: x.float() for k, x in t.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    return save_specforge(directory, target_dir, kind=cfg["markov_head_type"],
+                          rank=cfg["markov_rank"], block_size=cfg["block_size"],
+                          layers=cfg["num_hidden_layers"],
+                          target_layer_ids=tuple(cfg["target_layer_ids"]), weights=t, **kw)
+
+
+@pytest.fixture(scope="session")
+def specforge_trained_dir(target_dir: Path, trained_dir: Path,
+                          tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return to_specforge(trained_dir, tmp_path_factory.mktemp("sf-trained") / "b7", target_dir)

@@ -149,7 +149,7 @@ def _variant(src: Path, dst: Path, **changes: Any) -> Path:
     ({"architectures": None}, "has no architectures, so the DSpark layout is unknown"),
     ({"architectures": ["DeepseekV4ForCausalLM"]}, "DeepSeek-V4's self-contained DSpark"),
     ({"architectures": ["DSparkSpeculator"]}, "transformer_layer_config is missing"),
-    ({"architectures": ["DSparkDraftModel"]}, "SpecForge DSpark layout .*in-place block are not implemented"),
+    ({"architectures": ["DSparkDraftModel"]}, "dflash_config is missing: the SpecForge layout"),
     ({"architectures": ["DFlashDraftModel"]}, "is not a DSpark drafter"),
     ({"markov_head_type": "gated"}, "missing tensors .*gate_proj"),
     ({"markov_head_type": "lstm"}, "markov_head_type='lstm' is not one of"),
