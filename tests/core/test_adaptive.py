@@ -254,3 +254,18 @@ def test_draft_cost_is_per_token_processed() -> None:
     cost = CostModel([1], [1, 2], [[1.0, 2.0]])
     cost.observe_draft(1.0, 100)
     assert cost.draft_seconds_per_token == pytest.approx(0.01)
+
+
+def test_an_own_kv_drafter_is_charged_only_the_catch_up_before_its_ridealong_draft() -> None:
+    """The last draft of a fully accepted step rides along in the first draft forward:
+    not catch-up. A row back from k = 0 (or its prompt) is catch-up beyond those two."""
+    from types import SimpleNamespace
+
+    from draftwise.speculation import catch_up_tokens
+
+    def row(num_tokens: int, kv: int) -> SimpleNamespace:
+        return SimpleNamespace(token_ids=list(range(num_tokens)), num_kv_computed=kv)
+
+    assert catch_up_tokens([row(10, 9)]) == 0  # after a rejection: the last token only
+    assert catch_up_tokens([row(10, 8)]) == 0  # all accepted: last draft + bonus token
+    assert catch_up_tokens([row(10, 3), row(30, 0), row(5, 8)]) == 5 + 28
