@@ -11,19 +11,22 @@ the head's stored type, and scatters their logits into a full-vocabulary row who
 entries are ``-inf``. Everything after the head (logits processing, the probabilistic
 draft's q, the heterogeneous-vocabulary mask) sees an ordinary row in which the missing
 tokens have probability 0, which is exactly the distribution the draft then samples from.
+A prefix misses words that text reuses from its own context whatever their rank (in
+Qwen2.5's vocabulary the code fence is id 73,594), so each step also scores the rows of
+the drafting rows' context tokens (:meth:`SubsetHead.context`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from draftwise.models.linear import Weight, linear, pack_weight
-from draftwise.models.quant import QuantPart, QuantWeight, linear_quant, pack_quant
+from draftwise.models.quant import QuantPart, QuantWeight, dequant_rows, linear_quant, pack_quant
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,21 +36,54 @@ class SubsetHead:
     ids: torch.Tensor  # [n] int64, ascending draft-vocabulary ids
     weight: QuantWeight | Weight  # [n, hidden]
     vocab_size: int
+    #: the model's whole head, for the rows of context tokens outside ``ids``
+    full: QuantWeight | torch.Tensor
+    #: ``ids`` as a mask over the vocabulary
+    kept: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        kept = np.zeros(self.vocab_size, dtype=bool)
+        kept[self.ids.numpy()] = True
+        object.__setattr__(self, "kept", kept)
 
     @property
     def num_tokens(self) -> int:
-        """Token ids the head scores."""
+        """Token ids the head scores (besides the context's)."""
         return int(self.ids.numel())
 
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, vocab]
-        """float32 logits over the whole vocabulary, ``-inf`` off the kept ids."""
+    def context(self, token_ids: np.ndarray) -> ContextRows:
+        """The rows of the tokens in ``token_ids`` (draft vocabulary) the cut head lacks:
+        text tends to reuse its own words (names, fences), whatever their rank."""
+        ids = np.unique(token_ids[(token_ids >= 0) & (token_ids < self.vocab_size)])
+        ids = torch.from_numpy(ids[~self.kept[ids]].astype(np.int64))
+        if isinstance(self.full, QuantWeight):
+            rows = dequant_rows(self.full, ids, torch.float32)
+        else:
+            rows = self.full.detach().index_select(0, ids).float()
+        return ContextRows(ids, rows)
+
+    def logits(
+        self, normed: torch.Tensor, extra: ContextRows | None = None
+    ) -> torch.Tensor:  # [R, hidden] -> [R, vocab]
+        """float32 logits over the whole vocabulary, ``-inf`` off the kept and context ids."""
         if isinstance(self.weight, QuantWeight):
             part = linear_quant(normed, self.weight, out_f32=True)
         else:
             part = linear(normed, self.weight).float()
         out = torch.full((normed.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         out.index_copy_(1, self.ids, part)
+        if extra is not None and extra.ids.numel():
+            out.index_copy_(1, extra.ids, normed.float() @ extra.rows.T)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRows:
+    """Head rows of a step's context tokens outside the kept ids (fp32, a plain matmul:
+    a draft's logits need no batch invariance, only the target's do)."""
+
+    ids: torch.Tensor  # [E] int64
+    rows: torch.Tensor  # [E, hidden] float32
 
 
 def kept_ids(n: int, vocab_size: int, always: Iterable[int]) -> np.ndarray:
@@ -85,7 +121,7 @@ def build_subset_head(loaded: Any, n: int) -> SubsetHead | None:
     else:
         rows = head.detach().index_select(0, torch.from_numpy(ids))
         weight = pack_weight(rows.contiguous())
-    return SubsetHead(torch.from_numpy(ids), weight, vocab)
+    return SubsetHead(torch.from_numpy(ids), weight, vocab, head)
 
 
 def _quant_rows(path: str, ids: np.ndarray, k: int) -> QuantWeight:
@@ -100,4 +136,4 @@ def _quant_rows(path: str, ids: np.ndarray, k: int) -> QuantWeight:
     return weight
 
 
-__all__ = ["SubsetHead", "build_subset_head", "kept_ids", "special_ids"]
+__all__ = ["ContextRows", "SubsetHead", "build_subset_head", "kept_ids", "special_ids"]

@@ -104,6 +104,11 @@ class DraftModelProposer:
         starts = [r.num_kv_computed for r in rows]
         first = [self._to_draft(r.token_ids[r.num_kv_computed :]) for r in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        extra = None
+        if self.head is not None:  # the context's tokens the cut head lacks, once per step
+            context = np.concatenate([np.asarray(r.token_ids, np.int64) for r in rows])
+            extra = self.head.context(np.asarray(self._to_draft(context), np.int64)
+                                      if self.mapping is not None else context)
 
         def step(ids: list[list[int]], pos: list[int], live: list[int]) -> torch.Tensor:
             tables = [rows[r].block_table for r in live]
@@ -120,7 +125,7 @@ class DraftModelProposer:
                                      device=self.model.device, hidden_layers=(last,))
             h = self.model(fb, self.kv).hidden_states[last]
             ends = fb.query_start_loc[1:] - 1
-            return self.head.logits(self.model.final_norm(h.index_select(0, ends)))
+            return self.head.logits(self.model.final_norm(h.index_select(0, ends)), extra)
 
         so_far: list[list[int]] = [[] for _ in rows]
 

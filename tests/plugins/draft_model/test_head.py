@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -47,6 +48,15 @@ def check_head(loaded: Any, n: int) -> None:
     off[head.ids] = False
     assert bool(torch.isneginf(cut[:, off]).all())
     assert int(off.sum()) == full.shape[1] - head.num_tokens > 0
+    # a context's tokens the prefix lacks get their own row's logit (fp32: close, not bitwise)
+    vocab = full.shape[1]
+    context = np.array([3, vocab - 1, vocab - 2, vocab - 1, n + 1, vocab + 7, -1], np.int64)
+    extra = head.context(context)
+    assert sorted(extra.ids.tolist()) == sorted({vocab - 1, vocab - 2, n + 1} - set(head.ids.tolist()))
+    with_ctx = head.logits(hidden, extra)
+    assert torch.equal(with_ctx[:, head.ids], full[:, head.ids])
+    torch.testing.assert_close(with_ctx[:, extra.ids], full[:, extra.ids], rtol=0.05, atol=0.05)
+    assert int(torch.isneginf(with_ctx[0]).sum()) == int(off.sum()) - extra.ids.numel()
 
 
 @pytest.mark.parametrize(("tied", "qtype"), [(False, Q.Q8_0), (True, Q.Q4_0), (False, Q.Q6_K)])
@@ -93,8 +103,10 @@ def test_greedy_identical_and_drafts_stay_in_the_kept_ids(
     want, _ = run(target_dir, None, PROMPTS, max_num_seqs=3)
     got, llm = run(target_dir, spec(draft_dir, k, lm_head_tokens=256), PROMPTS, max_num_seqs=3)
     assert got == want
-    assert drafted and max(drafted) < 256
-    generated = {t for row in want for t in row}
-    assert any(t >= 256 for t in generated), "the target must emit tokens the cut head cannot"
+    context = {t for row in PROMPTS + want for t in row}  # what the cut head also scores
+    assert drafted and set(drafted) <= set(range(256)) | context
+    assert any(t >= 256 for t in drafted), "context tokens past the prefix are drafted too"
+    assert any(t >= 256 and t not in p for row, p in zip(want, PROMPTS) for t in row), \
+        "the target must emit tokens the cut head could not score"
     m = llm.engine.spec.metrics
     assert 0 < m.num_accepted_tokens < m.num_draft_tokens
