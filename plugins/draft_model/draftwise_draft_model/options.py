@@ -41,8 +41,8 @@ class DraftModelOptions(BaseModel):
 
     lm_head_tokens: int | None = Field(
         None, gt=0,
-        description="the draft's LM head scores only the first N token ids and the special "
-        "tokens (lossless: the target verifies every token; fewer bytes per drafted token)",
+        description="the draft's LM head scores only the first N token ids, the special tokens "
+        "and the context's (lossless: the target verifies every token; fewer bytes per draft)",
     )
 
     @model_validator(mode="after")
