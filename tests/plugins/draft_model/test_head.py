@@ -52,7 +52,8 @@ def check_head(loaded: Any, n: int) -> None:
     vocab = full.shape[1]
     context = np.array([3, vocab - 1, vocab - 2, vocab - 1, n + 1, vocab + 7, -1], np.int64)
     extra = head.context(context)
-    assert sorted(extra.ids.tolist()) == sorted({vocab - 1, vocab - 2, n + 1} - set(head.ids.tolist()))
+    outside = {vocab - 1, vocab - 2, n + 1} - set(head.ids.tolist())
+    assert outside and sorted(extra.ids.tolist()) == sorted(outside)
     with_ctx = head.logits(hidden, extra)
     assert torch.equal(with_ctx[:, head.ids], full[:, head.ids])
     torch.testing.assert_close(with_ctx[:, extra.ids], full[:, extra.ids], rtol=0.05, atol=0.05)
