@@ -362,6 +362,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="adds llama.cpp '-md M --spec-type draft-simple --spec-draft-n-max K' "
                          "and draftwise's draft_model with the same K")
     ap.add_argument("--draft-k", type=int, default=4)
+    ap.add_argument("--draft-head-tokens", type=int, default=None, metavar="N",
+                    help="also draftwise's draft_model with lm_head_tokens=N (the draft's LM "
+                         "head over the first N token ids, the specials and the context's)")
     ap.add_argument("--llama-bin", type=Path, default=DEFAULT_BUILD,
                     help=f"directory with llama-server and llama-bench (default {DEFAULT_BUILD})")
     ap.add_argument("--bench-prompt", type=int, default=256, help="llama-bench -p")
@@ -394,6 +397,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.draft_model:
         ours = [*ours, json.dumps({"method": "draft_model", "model": args.draft_model,
                                    "num_speculative_tokens": args.draft_k})]  # fmt: skip
+        if args.draft_head_tokens:
+            cut = {"method": "draft_model", "model": args.draft_model,
+                   "num_speculative_tokens": args.draft_k, "lm_head_tokens": args.draft_head_tokens}
+            label = f"draft_model k{args.draft_k} head{args.draft_head_tokens}"
+            ours.append(f"{label}={json.dumps(cut)}")
         llama = [*llama, f"-md {shlex.quote(args.draft_model)} --spec-type draft-simple "
                          f"--spec-draft-n-max {args.draft_k}"]  # fmt: skip
     if args.only_concurrency and not args.concurrency:

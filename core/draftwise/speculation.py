@@ -21,7 +21,7 @@ Proposing reads this state and changes none of it; :meth:`Speculation.commit_row
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,8 +129,7 @@ class Speculation:
                 continue
             batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in asked])
             if drafter.own_kv:
-                num_backlog += sum(max(0, len(r.token_ids) - 1 - r.num_kv_computed)
-                                   for r in batch.rows)
+                num_backlog += catch_up_tokens(batch.rows)
             out = drafter.proposer.propose(batch)
             self._check(drafter, batch, out)
             cu = out.cu_num_draft_tokens
@@ -364,6 +363,19 @@ def _may_use(drafter: Drafter, row: ScheduledRow) -> bool:
     """Whether the row's request lets this chain member draft (its ``method`` choice)."""
     asked = row.request.speculative
     return asked is None or asked.method is None or asked.method == drafter.method
+
+
+def catch_up_tokens(rows: Sequence[DraftRow]) -> int:
+    """Tokens an own-KV drafter feeds before the ones every drafting step feeds anyway.
+
+    Each step's first draft forward feeds a row its last token and, after a step whose
+    drafts were all accepted, the last draft (drafted, never fed): one forward of one or
+    two tokens, about the cost of one (a small forward streams the same weights). Only
+    what lies before those (positions skipped at k = 0, a prompt) is a catch-up pass, to
+    be spread over its tokens; counting the ridealong draft too would price every draft
+    token of a deep-accepting row below one draft forward.
+    """
+    return sum(max(0, len(r.token_ids) - 2 - r.num_kv_computed) for r in rows)
 
 
 def max_draft_len(config: ResolvedSpeculativeConfig) -> int:

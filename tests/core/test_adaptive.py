@@ -348,3 +348,18 @@ def test_depth_is_reserved_for_the_best_evidence() -> None:
     assert choose_depths([pol.rates(est)], [est.draft_rates], [4], pol.step_seconds(1)) == [0]
     assert pol.choose([est], [4]) == [4]
     assert pol.cut([est, est], [4, 4], [4, 1]) == [4, 0]
+
+
+def test_an_own_kv_drafter_is_charged_only_the_catch_up_before_its_ridealong_draft() -> None:
+    """The last draft of a fully accepted step rides along in the first draft forward:
+    not catch-up. A row back from k = 0 (or its prompt) is catch-up beyond those two."""
+    from types import SimpleNamespace
+
+    from draftwise.speculation import catch_up_tokens
+
+    def row(num_tokens: int, kv: int) -> SimpleNamespace:
+        return SimpleNamespace(token_ids=list(range(num_tokens)), num_kv_computed=kv)
+
+    assert catch_up_tokens([row(10, 9)]) == 0  # after a rejection: the last token only
+    assert catch_up_tokens([row(10, 8)]) == 0  # all accepted: last draft + bonus token
+    assert catch_up_tokens([row(10, 3), row(30, 0), row(5, 8)]) == 5 + 28

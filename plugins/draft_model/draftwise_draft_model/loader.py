@@ -68,13 +68,19 @@ class DraftModelLoader:
         mapping = None
         if hetero:
             mapping = vocab_map(target, draft)
+        head = None
+        if options.lm_head_tokens is not None:
+            from draftwise_draft_model.head import build_subset_head
+
+            head = build_subset_head(draft, options.lm_head_tokens)
         dm = draft.model
         summary = (
             f"{checkpoint.architecture}, {dm.num_layers} layers, vocab {draft.config.vocab_size}"
             + (f", {mapping.num_shared} tokens shared with the target" if mapping else "")
+            + (f", LM head over {head.num_tokens} tokens" if head else "")
         )
         return LoadedDraft(
-            weights=DraftModel(draft, mapping),
+            weights=DraftModel(draft, mapping, head),
             kv_layout=KVLayout(dm.num_layers, dm.num_kv_heads, dm.head_dim, dm.dtype),
             max_model_len=int(draft.config.max_position_embeddings),
             summary=summary,

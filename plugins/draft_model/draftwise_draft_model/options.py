@@ -30,12 +30,19 @@ REFUSALS: tuple[Refusal, ...] = (
 
 
 class DraftModelOptions(BaseModel):
-    """draft_model's options: vLLM's use_heterogeneous_vocab."""
+    """draft_model's options: vLLM's use_heterogeneous_vocab, and draftwise's
+    ``lm_head_tokens`` (a draft head over a vocabulary prefix, ``head.py``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     use_heterogeneous_vocab: bool = Field(
         False, description="the draft has its own tokenizer; tokens are mapped between vocabularies"
+    )
+
+    lm_head_tokens: int | None = Field(
+        None, gt=0,
+        description="the draft's LM head scores only the first N token ids, the special tokens "
+        "and the context's (lossless: the target verifies every token; fewer bytes per draft)",
     )
 
     @model_validator(mode="after")

@@ -30,6 +30,7 @@ import torch
 from draftwise.drafting import pick_draft_tokens
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.speculator import DraftInput, Drafts, VerifyOutcome
+from draftwise_draft_model.head import SubsetHead
 from draftwise_draft_model.vocab import VocabMap
 
 #: (tokens fed per row, first position per row, row indices) -> last-position logits [R, V]
@@ -44,6 +45,8 @@ class DraftModel:
 
     loaded: Any  # draftwise.models.loader.LoadedModel
     mapping: VocabMap | None = None
+    #: ``lm_head_tokens``: the head over part of the vocabulary (None: the model's own)
+    head: SubsetHead | None = None
 
 
 def draft_autoregressive(
@@ -83,7 +86,7 @@ class DraftModelProposer:
         probabilistic: bool = False,
     ) -> None:
         self.model = draft.loaded.model
-        self.mapping = draft.mapping
+        self.mapping, self.head = draft.mapping, draft.head
         self.kv, self.k, self.block_size = kv, k, block_size
         self.probabilistic = probabilistic
         if len(kv.k) != self.model.num_layers or kv.block_size != block_size:
@@ -101,15 +104,28 @@ class DraftModelProposer:
         starts = [r.num_kv_computed for r in rows]
         first = [self._to_draft(r.token_ids[r.num_kv_computed :]) for r in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        extra = None
+        if self.head is not None:  # the context's tokens the cut head lacks, once per step
+            context = np.concatenate([np.asarray(r.token_ids, np.int64) for r in rows])
+            extra = self.head.context(np.asarray(self._to_draft(context), np.int64)
+                                      if self.mapping is not None else context)
 
         def step(ids: list[list[int]], pos: list[int], live: list[int]) -> torch.Tensor:
             tables = [rows[r].block_table for r in live]
-            fb = build_forward_batch(
-                ids, pos, tables, self.block_size, [[len(t) - 1] for t in ids],
-                device=self.model.device,
-            )
             self.counters["draft_forwards"] += 1
-            return self.model(fb, self.kv).logits
+            if self.head is None:
+                fb = build_forward_batch(
+                    ids, pos, tables, self.block_size, [[len(t) - 1] for t in ids],
+                    device=self.model.device,
+                )
+                return self.model(fb, self.kv).logits
+            # no logits from the model's own head: the last layer's states go to ours
+            last = self.model.num_layers - 1
+            fb = build_forward_batch(ids, pos, tables, self.block_size, [[] for _ in ids],
+                                     device=self.model.device, hidden_layers=(last,))
+            h = self.model(fb, self.kv).hidden_states[last]
+            ends = fb.query_start_loc[1:] - 1
+            return self.head.logits(self.model.final_norm(h.index_select(0, ends)), extra)
 
         so_far: list[list[int]] = [[] for _ in rows]
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from draftwise.config import MissingKeyError, RefusedValueError, parse_speculative_config
+from draftwise.config import (
+    InvalidValueError,
+    MissingKeyError,
+    RefusedValueError,
+    parse_speculative_config,
+)
 from draftwise_draft_model.options import CAPABILITIES, DraftModelOptions
 
 BASE = {"method": "draft_model", "model": "/ckpt/qwen3-0.6b", "num_speculative_tokens": 4}
@@ -53,3 +60,11 @@ def test_parallel_drafting_refused(installed_registry) -> None:
     with pytest.raises(RefusedValueError, match="vLLM's PARD path"):
         parse_speculative_config({**BASE, "parallel_drafting": True}, installed_registry)
     assert parse_speculative_config({**BASE, "parallel_drafting": False}, installed_registry)
+
+
+def test_lm_head_tokens_is_a_positive_count(installed_registry) -> None:
+    cfg = parse_speculative_config({**BASE, "lm_head_tokens": 32768}, installed_registry)
+    assert cfg is not None and cfg.options == DraftModelOptions(lm_head_tokens=32768)
+    for bad in (0, -5, "32768", 1.5):
+        with pytest.raises(InvalidValueError, match=f"lm_head_tokens={json.dumps(bad)} is invalid"):
+            parse_speculative_config({**BASE, "lm_head_tokens": bad}, installed_registry)
