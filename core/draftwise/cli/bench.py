@@ -133,10 +133,23 @@ def bench(
     try:
         engines = {label: build(spec) for label, spec in configs}
         runs: dict[str, list[Any]] = {label: [] for label, _ in configs}
+        timer = time.process_time if clock == "cpu" else now
         for _ in range(repeat):
-            for label, _spec in configs:
-                runs[label].append(run_engine(engines[label], items, max_tokens, concurrency,
-                                              time.process_time if clock == "cpu" else now))
+            if concurrency == 1:
+                # one request at a time: interleave prompt by prompt (A B C on prompt 1, then
+                # on prompt 2, ...), so the per-prompt ratios compare runs seconds apart, not
+                # a whole workload apart; each engine still sees the prompts in order
+                per: dict[str, list[Any]] = {label: [] for label, _ in configs}
+                for item in items:
+                    for label, _spec in configs:
+                        res, _ = run_engine(engines[label], [item], max_tokens, 1, timer)
+                        per[label] += res
+                for label, _spec in configs:
+                    runs[label].append((per[label], sum(r.seconds for r in per[label])))
+            else:
+                for label, _spec in configs:
+                    runs[label].append(run_engine(engines[label], items, max_tokens,
+                                                  concurrency, timer))
         results = {label: describe(label, spec, engines[label], runs[label])
                    for label, spec in configs}
         ours, engine = results["draftwise"], engines["draftwise"]

@@ -138,3 +138,42 @@ def test_bench_cpu_clock(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     report = json.loads(out.read_text())
     assert report["clock"] == "cpu" and calls  # the run read the CPU clock
     assert report["draftwise"]["summary"]["all"]["tok_per_s"] > 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, concurrency: int
+) -> None:
+    """At concurrency 1 every engine runs a prompt before any engine runs the next, so a
+    prompt's ratios compare runs seconds apart; batched, the workload is the unit."""
+    import draftwise.bench.run as run_mod
+
+    real = run_mod.run_engine
+    calls: list[tuple[int, tuple[str, ...]]] = []
+
+    def spy(engine, items, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((id(engine), tuple(i.id for i in items)))
+        return real(engine, items, *args, **kwargs)
+
+    monkeypatch.setattr(run_mod, "run_engine", spy)
+    workload = tmp_path / "w.jsonl"
+    rows = [{"id": f"p{i}", "kind": "open", "prompt_token_ids": [3 + i, 5, 7] * 3}
+            for i in range(2)]
+    workload.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [
+        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "4",
+        "--speculative-config", '{"method":"ngram","num_speculative_tokens":2}',
+        "--compare-off", "--repeat", "2", "--concurrency", str(concurrency),
+        "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    runs = calls  # (warm-up steps the engine itself, not through run_engine)
+    engines = list(dict.fromkeys(e for e, _ in runs))
+    assert len(engines) == 2
+    if concurrency == 1:  # p0 on both engines, then p1 on both, twice
+        assert [p for _, p in runs] == [("p0",), ("p0",), ("p1",), ("p1",)] * 2
+    else:
+        assert [p for _, p in runs] == [("p0", "p1")] * 4
+    report = json.loads(out.read_text())
+    assert [r["id"] for r in report["draftwise"]["per_prompt"]] == ["p0", "p1"]
