@@ -241,6 +241,10 @@ def concurrency_runs(
     plain = ours(None)
     work = [WorkloadItem(id=p["id"], kind=p["kind"], prompt_token_ids=p["ids"]) for p in prompts]
     warm_up(plain, work)
+    # the in-process run gets its own engine: the served one belongs to the server's engine
+    # loop, which wakes every 0.5 s and steps it (LLMEngine refuses a second driver)
+    local = ours(None)
+    warm_up(local, work)
     app = create_app(plain, ServerConfig(served_model_names=("bench",)))
     with LlamaServer(args.llama_bin / "llama-server", args.model_path, threads,
                      ["--no-cache-prompt"], out_base.with_suffix(f".t{threads}.c{n}.llama.log"),
@@ -252,14 +256,14 @@ def concurrency_runs(
             rnd: dict[str, Any] = {}
             for label, fn in (("llama.cpp plain", lambda: load(server.url, None, work)),
                               ("draftwise plain", lambda: load(url, "bench", work)),
-                              ("draftwise plain in-process", lambda: in_process(plain, work))):
+                              ("draftwise plain in-process", lambda: in_process(local, work))):
                 rnd[label] = fn()
                 log(f"  c={n} round {r + 1}: {label} {rnd[label]['output_tok_per_s']:.1f} tok/s "
                     f"(load {rnd[label]['loadavg'][0]:.1f})")  # fmt: skip
             out["rounds"].append(rnd)
         peak = server.peak_rss_mib()
         command = shlex.join(server.cmd)
-    del plain, app
+    del plain, local, app
     gc.collect()
     for label in ("llama.cpp plain", "draftwise plain", "draftwise plain in-process"):
         out[label] = max((rnd[label] for rnd in out["rounds"]), key=lambda x: x["output_tok_per_s"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import torch
 from draftwise import prompt_logprobs as prompt_lp
 from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
-from draftwise.errors import EngineConfigError, RequestError
+from draftwise.errors import EngineBusyError, EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
 from draftwise.logits_process import bad_words_token_ids, token_history
 from draftwise.logprobs import LogprobsMode, position_logprobs
@@ -73,6 +74,7 @@ class LLMEngine:
     def __init__(self, args: EngineArgs, progress: Any = None) -> None:
         from draftwise.bootstrap import build_engine_parts
 
+        self._stepping = threading.Lock()
         self.args = args
         try:
             self.logprobs_mode = LogprobsMode(args.logprobs_mode)
@@ -260,6 +262,16 @@ class LLMEngine:
         pinned on a row by looking at it, so the rows are re-run one by one
         (:meth:`_isolate`): the one that fails alone is failed alone, the others go on.
         """
+        if not self._stepping.acquire(blocking=False):  # two drivers would corrupt a step
+            raise EngineBusyError("LLMEngine.step() is already running in another thread: one "
+                                  "thread drives an engine (a server's engine loop owns its "
+                                  "engine; give another driver its own engine)")
+        try:
+            return self._step()
+        finally:
+            self._stepping.release()
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         for victim in sched.preempted:

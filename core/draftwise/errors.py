@@ -18,3 +18,9 @@ class RequestError(DraftwiseError, ValueError):
 
 class EngineConfigError(DraftwiseError, ValueError):
     """An engine setting that cannot be honoured (refused at startup, before weights)."""
+
+
+class EngineBusyError(DraftwiseError, RuntimeError):
+    """``step()`` called while another thread is inside it: an engine has one driver, and a
+    second one would interleave two steps' scheduling and commits (refused, not serialized,
+    because two drivers also race on adding requests and reading outputs)."""

@@ -246,3 +246,37 @@ def test_request_finishing_in_its_prefill_step_leaves_its_prompt_cached(
     assert second.num_cached_tokens == full
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
     assert llm.engine.kv.num_used_blocks == 0
+
+
+def test_a_second_thread_stepping_the_engine_is_refused_by_name(tiny_llama: Path) -> None:
+    """One thread drives an engine: a second ``step()`` while one runs raises
+    EngineBusyError instead of interleaving two steps (a benchmark once drove a served
+    engine in-process while the server's loop woke and stepped it too: rows went missing
+    from verify). The first step finishes normally and the engine goes on."""
+    import threading
+
+    from draftwise.errors import EngineBusyError
+
+    llm = LLM(model=str(tiny_llama), dtype="bfloat16")
+    engine = llm.engine
+    engine.add_request({"prompt_token_ids": PROMPTS[0]}, greedy(4))
+    inside, release = threading.Event(), threading.Event()
+    real = engine._step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        inside.set()
+        release.wait(10)
+        return real()
+
+    engine._step = slow_step  # type: ignore[method-assign]
+    first = threading.Thread(target=engine.step)
+    first.start()
+    assert inside.wait(10)
+    with pytest.raises(EngineBusyError, match="already running in another thread"):
+        engine.step()
+    release.set()
+    first.join(10)
+    engine._step = real  # type: ignore[method-assign]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv.num_used_blocks == 0
