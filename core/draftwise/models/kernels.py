@@ -132,26 +132,23 @@ def _bf16_rows(what: str, x: torch.Tensor, dim: int | None = None) -> None:
 # -- elementwise (core/csrc/elementwise.c) -------------------------------------------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm over the last dim (``x``: [..., dim], ``weight``: [dim])."""
-    k = _kernel("rms_norm")
-    dim = weight.shape[0] if weight.dim() == 1 else -1
-    _bf16_rows("rms_norm weight", weight, dim)
-    _bf16_rows("rms_norm input", x, dim)
-    out = torch.empty_like(x)
-    k.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim,
-               f32_bits(eps))
-    return out
+    return _norm("rms_norm", x, weight, eps)
 
 
 def rms_norm_zc(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The GDN hybrids' zero-centred RMSNorm, ``x̂ · (1 + w)`` in fp32 rounded once
     (``x``: [..., dim], ``weight``: [dim])."""
-    k = _kernel("rms_norm_zc")
+    return _norm("rms_norm_zc", x, weight, eps)
+
+
+def _norm(name: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The row norms' one call shape: ``name``(x, w, out, rows, dim, eps bits)."""
+    entry = getattr(_kernel(name), name)
     dim = weight.shape[0] if weight.dim() == 1 else -1
-    _bf16_rows("rms_norm_zc weight", weight, dim)
-    _bf16_rows("rms_norm_zc input", x, dim)
+    _bf16_rows(f"{name} weight", weight, dim)
+    _bf16_rows(f"{name} input", x, dim)
     out = torch.empty_like(x)
-    k.rms_norm_zc(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim,
-                  f32_bits(eps))
+    entry(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, f32_bits(eps))
     return out
 
 
