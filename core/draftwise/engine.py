@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from draftwise import prompt_logprobs as prompt_lp
 from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
-from draftwise.errors import EngineBusyError, EngineConfigError, RequestError
+from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
 from draftwise.logits_process import bad_words_token_ids, token_history
 from draftwise.logprobs import LogprobsMode, position_logprobs
@@ -37,6 +36,7 @@ from draftwise.scheduler import ScheduledRow
 from draftwise.spec_params import SpeculativeParams, check_against
 from draftwise.speculation import Speculation
 from draftwise.step import StepDrafts, StepOutcome
+from draftwise.step_guard import StepGuard
 from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.drafts import trim_to_grammar
@@ -74,7 +74,6 @@ class LLMEngine:
     def __init__(self, args: EngineArgs, progress: Any = None) -> None:
         from draftwise.bootstrap import build_engine_parts
 
-        self._stepping = threading.Lock()
         self.args = args
         try:
             self.logprobs_mode = LogprobsMode(args.logprobs_mode)
@@ -93,6 +92,8 @@ class LLMEngine:
         self.runner = parts.runner
         self.kv = parts.kv
         self.scheduler = parts.scheduler
+        #: one driver at a time; a failed step's rows re-run alone (``draftwise.step_guard``)
+        self._guard = StepGuard(self.scheduler, self._release_state, self._fail)
         self.max_model_len = parts.max_model_len
         #: turns prompts into checked token ids (``draftwise.prompts``)
         self.prompts = PromptReader(self.tokenizer, self.max_model_len)
@@ -258,18 +259,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns outputs of requests that progressed.
 
-        A failure inside the step that escapes it (propose, forward, verify) cannot be
-        pinned on a row by looking at it, so the rows are re-run one by one
-        (:meth:`_isolate`): the one that fails alone is failed alone, the others go on.
+        One thread drives an engine, and a failure inside the step that escapes it
+        (propose, forward, verify) fails only the row that fails alone: both are the step
+        guard's (``draftwise.step_guard``).
         """
-        if not self._stepping.acquire(blocking=False):  # two drivers would corrupt a step
-            raise EngineBusyError("LLMEngine.step() is already running in another thread: one "
-                                  "thread drives an engine (a server's engine loop owns its "
-                                  "engine; give another driver its own engine)")
-        try:
+        with self._guard.one_driver():
             return self._step()
-        finally:
-            self._stepping.release()
 
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
@@ -279,10 +274,7 @@ class LLMEngine:
             self._release_state(victim.req_id)
         if not sched.rows:
             return []
-        try:
-            outputs = self._run_rows(sched.rows, t0)
-        except Exception as exc:  # noqa: BLE001 - attributed to a row, or to all of them
-            outputs = self._isolate(sched.rows, exc)
+        outputs = self._guard.run(sched.rows, t0, self._run_rows)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
@@ -534,35 +526,6 @@ class LLMEngine:
         self.runner.release(req_id)
         if self.spec is not None:
             self.spec.release(req_id)
-
-    def _isolate(self, rows: list[ScheduledRow], exc: Exception) -> list[RequestOutput]:
-        """After a failed step: run each row alone; fail only the rows that fail alone.
-
-        A row's retry starts from its committed tokens with its cache state discarded and
-        recomputed (prefix-cache hits make that cheap): the failed forward may already have
-        advanced a recurrent state in place, and recomputing is the one retry that is
-        right for every model. Recomputation is what preemption does, so it is lossless.
-        """
-        if len(rows) == 1:
-            return [self._fail(rows[0].request, exc)]
-        logger.warning(
-            "engine step over %d rows failed (%s: %s); re-running each row alone",
-            len(rows), type(exc).__name__, exc,
-        )
-        outputs: list[RequestOutput] = []
-        for row in rows:
-            req = row.request
-            if req.status.finished:
-                continue
-            self._release_state(req.req_id)
-            retry = self.scheduler.restart(req)
-            if retry is None:  # no blocks for it alone now: back to the queue, recomputed later
-                continue
-            try:
-                outputs.extend(self._run_rows([retry], time.perf_counter()))
-            except Exception as row_exc:  # noqa: BLE001 - this row fails alone
-                outputs.append(self._fail(req, row_exc))
-        return outputs
 
     def _fail(self, req: Request, exc: BaseException) -> RequestOutput:
         """Finish one request as failed, return its blocks, and say why in its output."""
