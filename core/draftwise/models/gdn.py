@@ -30,7 +30,7 @@ from draftwise.models.pointwise import lanewise
 if TYPE_CHECKING:
     from draftwise.cache.recurrent import RecurrentStatePool
     from draftwise.models.batch import ForwardBatch
-    from draftwise.models.qwen3_next import HybridConfig
+    from draftwise.models.hybrid_config import HybridConfig
 
 #: prefill chunk length of the chunked form (transformers and FLA use 64)
 CHUNK = 64

@@ -36,7 +36,7 @@ class ModelInfo:
     path: str
     format: str  # "gguf" or "safetensors"
     architecture: str
-    #: None for the GDN hybrid (its config is ``qwen3_next.HybridConfig``)
+    #: None for the GDN hybrid (its config is ``hybrid_config.HybridConfig``)
     config: ModelConfig | None
     #: config.json, or the GGUF metadata without the tokenizer tables
     raw: Mapping[str, Any] = field(default_factory=dict)

@@ -279,7 +279,7 @@ def plan_hf_dir(path: str) -> HFPlan:
     nv: NvFp4Plan | None = None
     if arch in HYBRID_ARCHITECTURES:  # the GDN hybrid: models/qwen3_next.py
         from draftwise.formats.nvfp4 import NvFp4Error, declaration
-        from draftwise.models.qwen3_next import HybridConfig
+        from draftwise.models.hybrid_config import HybridConfig
 
         if declaration(path, raw, "a bf16 export", what="GDN hybrid checkpoints") is not None:
             raise NvFp4Error(path, f"an NVFP4 {arch} checkpoint: the GDN hybrid loads bf16/"

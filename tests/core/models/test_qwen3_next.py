@@ -29,14 +29,10 @@ from draftwise.formats.errors import UnsupportedArchitectureError
 from draftwise.models import kernels
 from draftwise.models.attention import BACKEND_ENV
 from draftwise.models.batch import KVCache, build_forward_batch
+from draftwise.models.hybrid_config import HybridConfig
 from draftwise.models.hybrid_ops import PartialRope, zc_rms_norm
 from draftwise.models.linear import BlockedWeight
-from draftwise.models.qwen3_next import (
-    HybridConfig,
-    Qwen3NextForCausalLM,
-    load_hybrid,
-    unpack_fused,
-)
+from draftwise.models.qwen3_next import Qwen3NextForCausalLM, load_hybrid, unpack_fused
 from draftwise.models.rope import inv_frequencies, rope_tables
 
 ROOT = Path(__file__).resolve().parents[3]
