@@ -10,23 +10,30 @@
 #include "kernels.h"
 #include "threadpool.h"
 
+/* 1 / sqrt(mean(x^2) + eps) of one bf16 row, summed in fp32 (LANES at a time, then the
+ * tail): the one sum of squares both norms below share, so they scale rows alike. */
+static inline float row_inv_rms(const uint16_t *xr, int64_t dim, float eps) {
+    v16f acc = v16_splat(0.0f);
+    int64_t c = 0;
+    for (; c + LANES <= dim; c += LANES) {
+        v16f v = v16_load_bf16(xr + c);
+        acc = acc + v * v;
+    }
+    float ss = v16_sum(acc);
+    for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
+    return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
 /* transformers' RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps)); out = bf16(w * y). */
 static void rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows,
                           int64_t dim, float eps) {
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * dim;
         uint16_t *orow = out + r * dim;
-        v16f acc = v16_splat(0.0f);
+        const float inv = row_inv_rms(xr, dim, eps);
+        const v16f vinv = v16_splat(inv);
         int64_t c = 0;
         for (; c + LANES <= dim; c += LANES) {
-            v16f v = v16_load_bf16(xr + c);
-            acc = acc + v * v;
-        }
-        float ss = v16_sum(acc);
-        for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        const v16f vinv = v16_splat(inv);
-        for (c = 0; c + LANES <= dim; c += LANES) {
             v16f y = v16_round_bf16(v16_load_bf16(xr + c) * vinv);
             v16_store_bf16(orow + c, v16_load_bf16(w + c) * y);
         }
@@ -45,17 +52,10 @@ static void rms_norm_zc_rows(const uint16_t *x, const uint16_t *w, uint16_t *out
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * dim;
         uint16_t *orow = out + r * dim;
-        v16f acc = v16_splat(0.0f);
-        int64_t c = 0;
-        for (; c + LANES <= dim; c += LANES) {
-            v16f v = v16_load_bf16(xr + c);
-            acc = acc + v * v;
-        }
-        float ss = v16_sum(acc);
-        for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const float inv = row_inv_rms(xr, dim, eps);
         const v16f vinv = v16_splat(inv), one = v16_splat(1.0f);
-        for (c = 0; c + LANES <= dim; c += LANES)
+        int64_t c = 0;
+        for (; c + LANES <= dim; c += LANES)
             v16_store_bf16(orow + c, (v16_load_bf16(xr + c) * vinv) * (one + v16_load_bf16(w + c)));
         for (; c < dim; c++)
             orow[c] = f32_to_bf16((bf16_to_f32(xr[c]) * inv) * (1.0f + bf16_to_f32(w[c])));
