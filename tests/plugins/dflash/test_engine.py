@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from draftwise import LLM, SamplingParams
 
+from ..conftest import run_staggered
 from .conftest import TRAIN_PROMPTS, save_drafter
 
 PROMPTS = [*TRAIN_PROMPTS[:2], list(range(60, 97)), [100, 101, 102]]
@@ -92,21 +93,9 @@ def test_prefill_in_the_same_step_and_chunked(target_dir, trained_dir, want) -> 
     """Requests arrive while others decode; a small token budget chunks the long prompt."""
     llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(trained_dir, 7),
               max_num_seqs=4, max_num_batched_tokens=24)
-    engine = llm.engine
-    ids: dict[str, int] = {}
-    done: dict[str, list[int]] = {}
-    mixed = 0
-    for i, p in enumerate(PROMPTS):
-        ids[engine.add_request({"prompt_token_ids": p}, greedy())] = i
-        for _ in range(2):
-            outs = engine.step()
-            done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
-            mixed += engine.spec.metrics.num_drafts > 0 and i > 0
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
-    assert [done[r] for r in ids] == want
-    assert mixed > 0 and engine.spec.metrics.num_accepted_tokens > 0
+    got, mixed = run_staggered(llm, PROMPTS, greedy())
+    assert got == want
+    assert mixed > 0 and llm.engine.spec.metrics.num_accepted_tokens > 0
     assert_clean(llm)
 
 

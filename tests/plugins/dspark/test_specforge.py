@@ -26,6 +26,7 @@ from draftwise.formats.errors import ModelFormatError
 from safetensors.torch import load_file, save_file
 from stats import chi2_two_sample, pool_rare
 
+from ..conftest import run_staggered
 from .conftest import MASK, TRAIN_PROMPTS, save_specforge
 from .test_oracle import Reference, record_drafts
 from .test_sampling import bound, config, sample
@@ -126,21 +127,8 @@ def staggered(target_dir: Path, drafter: Path | None) -> tuple[list[list[int]], 
     llm = LLM(model=str(target_dir), dtype="bfloat16", max_num_seqs=4,
               max_num_batched_tokens=24,
               speculative_config=None if drafter is None else spec(drafter))
-    engine = llm.engine
-    ids: dict[str, int] = {}
-    done: dict[str, list[int]] = {}
-    mixed = 0
-    for i, p in enumerate(PROMPTS):
-        ids[engine.add_request({"prompt_token_ids": p}, greedy())] = i
-        for _ in range(2):
-            outs = engine.step()
-            done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
-            if drafter is not None:
-                mixed += engine.spec.metrics.num_drafts > 0 and i > 0
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
-    return [done[r] for r in ids], mixed, llm
+    got, mixed = run_staggered(llm, PROMPTS, greedy())
+    return got, mixed, llm
 
 
 @pytest.fixture(scope="module")
