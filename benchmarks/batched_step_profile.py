@@ -15,8 +15,6 @@ ops and Python. On a loaded machine the CPU figures are the ones to read.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -44,6 +42,7 @@ def main() -> None:
     from draftwise.models import kernels
     from draftwise.sampling import SamplingParams
     from side_by_side import build_ours
+    from timing import cpu_wall, write_report
 
     engine = build_ours(args.model, None, "auto", args.threads, max_num_seqs=args.rows)
     gen = torch.Generator().manual_seed(0)
@@ -73,10 +72,10 @@ def main() -> None:
         setattr(kernels, name, timed)
     tm = engine.stats.timings
     before = {k: getattr(tm, k) for k in ("schedule", "propose", "forward", "verify", "commit")}
-    c0, w0 = time.process_time(), time.perf_counter()
-    for _ in range(args.steps):
-        engine.step()
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    with cpu_wall() as span:
+        for _ in range(args.steps):
+            engine.step()
+    cpu, wall = span.cpu, span.wall
     n = args.steps
     split = {k: 1e3 * (getattr(tm, k) - v) / n for k, v in before.items()}
     kern = {k: {"calls": calls[k] / n, "ms": ms[k] / n, "cpu_ms": cpu_ms[k] / n}
@@ -89,12 +88,8 @@ def main() -> None:
         "engine_split_ms": split, "kernels_ms": kern,
         "forward_outside_kernels_ms": split["forward"] - sum(v["ms"] for v in kern.values()),
         "step_cpu_outside_kernels_ms": 1e3 * cpu / n - sum(v["cpu_ms"] for v in kern.values()),
-        "loadavg": os.getloadavg(),
     }  # fmt: skip
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

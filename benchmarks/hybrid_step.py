@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
 
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {},
@@ -110,6 +109,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from draftwise.models.kernels import set_kernel_threads
+    from timing import cpu_wall, write_report
 
     torch.set_num_threads(1)
     set_kernel_threads(args.threads)
@@ -126,10 +126,10 @@ def main() -> None:
             for k, r in runs.items():
                 r.decode()  # warm
                 for _ in range(args.steps):
-                    c0, w0 = time.process_time(), time.perf_counter()
-                    r.decode()
-                    cpu[k].append(time.process_time() - c0)
-                    wall[k].append(time.perf_counter() - w0)
+                    with cpu_wall() as span:
+                        r.decode()
+                    cpu[k].append(span.cpu)
+                    wall[k].append(span.wall)
         report[f"rows={rows}"] = {
             k: {"cpu_ms": 1e3 * statistics.median(cpu[k]), "wall_ms": 1e3 * statistics.median(wall[k]),
                 "tok_per_s_wall": rows / statistics.median(wall[k])}
@@ -138,11 +138,7 @@ def main() -> None:
         print(f"rows={rows}: native {n['cpu_ms']:.2f} ms cpu / {n['wall_ms']:.2f} wall, "
               f"torch {t['cpu_ms']:.2f} / {t['wall_ms']:.2f}: "
               f"{t['cpu_ms'] / n['cpu_ms']:.2f}x cpu", file=sys.stderr)
-    report["loadavg"] = os.getloadavg()
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
