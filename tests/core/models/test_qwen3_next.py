@@ -112,6 +112,34 @@ def test_config_refuses_moe_by_name(tiny) -> None:
         HybridConfig.from_hf_dict({**cfg, "num_experts": 512})
 
 
+#: the three ways an NVFP4 export declares itself (``formats.nvfp4.declaration``)
+NVFP4_DECLARATIONS = {
+    "modelopt": {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
+    "compressed-tensors": {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}},
+    "hf_quant_config.json": {},
+}
+
+
+@pytest.mark.parametrize("declared", sorted(NVFP4_DECLARATIONS))
+@pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM"])
+def test_an_nvfp4_hybrid_is_refused_by_name_before_any_weight(tmp_path, arch, declared) -> None:
+    """NVFP4 runs for the llama family only: a GDN hybrid export declaring it is refused
+    from its config alone (the directory holds no weights), naming the architecture and
+    what works instead, never loaded some other way."""
+    from draftwise.formats.nvfp4 import NvFp4Error
+    from draftwise.models.loader import load_model
+
+    cfg = {**_builder().TINY, "architectures": [arch], **NVFP4_DECLARATIONS[declared]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if declared == "hf_quant_config.json":
+        (tmp_path / declared).write_text(json.dumps(
+            {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head"]}}))
+    with pytest.raises(NvFp4Error, match=f"an NVFP4 {arch} checkpoint: the GDN hybrid loads "
+                       "bf16/fp16/fp32 weights only .* Instead: a bf16 export"):
+        load_model(str(tmp_path))
+
+
 def test_unpack_fused_matches_transformers_ordering(tmp_path) -> None:
     import transformers
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
