@@ -144,24 +144,7 @@ class AttentionMetadata:
             return cls._native_non_causal(batch, chunk, num_blocks)
         if backend == "native":
             _check_native_bounds(batch, block_size, num_blocks)
-            slots, starts = batch.slot_mapping.contiguous(), batch.query_start_loc.contiguous()
-            lens, tables = batch.seq_lens.contiguous(), batch.block_tables.contiguous()
-            return cls(
-                slot_mapping=slots,
-                block_ids=batch.block_tables,
-                num_rows=batch.num_rows,
-                max_query_len=max(batch.query_lens_cpu),
-                ctx_len=max(batch.seq_lens_cpu),
-                chunk=chunk,
-                pad_index=None,
-                unpad_index=None,
-                masks={},
-                backend="native",
-                query_start_loc=starts,
-                seq_lens=lens,
-                block_tables=tables,
-                index=kernels.attention_index(slots, starts, lens, tables, num_blocks),
-            )
+            return cls._native(batch, chunk, num_blocks, batch.query_start_loc.contiguous())
         qlens = batch.query_lens_cpu
         b, m = len(qlens), max(qlens)
         n = -(-max(batch.seq_lens_cpu) // chunk) * chunk
@@ -210,7 +193,6 @@ class AttentionMetadata:
             masks=masks,
         )
 
-
     @classmethod
     def _native_non_causal(
         cls, batch: ForwardBatch, chunk: int, num_blocks: int | None
@@ -231,25 +213,41 @@ class AttentionMetadata:
                 start += q
             pad_index = torch.tensor(pad, dtype=torch.long, device=device)
             unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
-        slots, lens = batch.slot_mapping.contiguous(), batch.seq_lens.contiguous()
         starts = torch.arange(b + 1, dtype=torch.long, device=device)
+        return cls._native(batch, chunk, num_blocks, starts, pad_index, unpad_index,
+                           queries_as_heads=True)
+
+    @classmethod
+    def _native(
+        cls,
+        batch: ForwardBatch,
+        chunk: int,
+        num_blocks: int | None,
+        query_start_loc: torch.Tensor,  # [B + 1] int64, contiguous
+        pad_index: torch.Tensor | None = None,
+        unpad_index: torch.Tensor | None = None,
+        queries_as_heads: bool = False,
+    ) -> AttentionMetadata:
+        """The C kernel's metadata, causal or not: its four index tensors contiguous and
+        checked once (``kernels.attention_index``), no padded layout or masks."""
+        slots, lens = batch.slot_mapping.contiguous(), batch.seq_lens.contiguous()
         tables = batch.block_tables.contiguous()
         return cls(
             slot_mapping=slots,
             block_ids=batch.block_tables,
-            num_rows=b,
-            max_query_len=m,
+            num_rows=batch.num_rows,
+            max_query_len=max(batch.query_lens_cpu),
             ctx_len=max(batch.seq_lens_cpu),
             chunk=chunk,
             pad_index=pad_index,
             unpad_index=unpad_index,
             masks={},
             backend="native",
-            query_start_loc=starts,
+            query_start_loc=query_start_loc,
             seq_lens=lens,
             block_tables=tables,
-            queries_as_heads=True,
-            index=kernels.attention_index(slots, starts, lens, tables, num_blocks),
+            queries_as_heads=queries_as_heads,
+            index=kernels.attention_index(slots, query_start_loc, lens, tables, num_blocks),
         )
 
 
