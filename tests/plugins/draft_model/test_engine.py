@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 
-from draftwise import LLM, SamplingParams
+from draftwise import LLM
 from draftwise.config import RefusedValueError
 from draftwise.formats.default_model import default_model_path
 from draftwise_draft_model.loader import DraftModelError
 from draftwise_draft_model.proposer import DraftModelProposer
+
+from ..conftest import assert_clean, generate, greedy
 
 PROMPTS = [
     [7, 3, 11, 5, 2, 9],
@@ -25,31 +27,14 @@ PROMPTS = [
 ]
 
 
-def greedy(n: int = 20) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
 def spec(draft: Path, k: int, **extra: Any) -> dict[str, Any]:
     return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k, **extra}
-
-
-def generate(target: Path, config: dict | None, prompts: list[list[int]], n: int = 20, **kw):
-    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, **kw)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n))
-    return [o.outputs[0].token_ids for o in outs], llm
 
 
 @pytest.fixture(scope="module")
 def want(target_dir: Path) -> list[list[int]]:
     """Each prompt alone, speculation off."""
     return [generate(target_dir, None, [p])[0][0] for p in PROMPTS]
-
-
-def assert_clean(llm: LLM) -> None:
-    """Every block and every draft state returned; the pool's books balance."""
-    assert llm.engine.kv.num_used_blocks == 0
-    assert llm.engine.spec.num_tracked_requests == 0
-    llm.engine.kv.check_invariants()
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])

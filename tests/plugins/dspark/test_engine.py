@@ -15,18 +15,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from draftwise import LLM, SamplingParams
+from draftwise import LLM
 from draftwise.config import RefusedValueError
 from draftwise.formats.errors import ModelFormatError
 
-from ..conftest import run_staggered
+from ..conftest import assert_clean, generate, greedy, run_staggered
 from .conftest import TRAIN_PROMPTS, save_dspark
 
 PROMPTS = [*TRAIN_PROMPTS[:2], list(range(60, 97)), [100, 101, 102]]
-
-
-def greedy(n: int = 20) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
 def spec(drafter: Path, k: int | None = 7, **extra: Any) -> dict[str, Any]:
@@ -36,22 +32,10 @@ def spec(drafter: Path, k: int | None = 7, **extra: Any) -> dict[str, Any]:
     return out
 
 
-def generate(target: Path, config: dict | None, prompts: list[list[int]], n: int = 20, **kw):
-    llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, **kw)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n))
-    return [o.outputs[0].token_ids for o in outs], llm
-
-
 @pytest.fixture(scope="module")
 def want(target_dir: Path) -> list[list[int]]:
     """Each prompt alone, speculation off."""
     return [generate(target_dir, None, [p])[0][0] for p in PROMPTS]
-
-
-def assert_clean(llm: LLM) -> None:
-    assert llm.engine.kv.num_used_blocks == 0
-    assert llm.engine.spec.num_tracked_requests == 0
-    llm.engine.kv.check_invariants()
 
 
 def test_trained_greedy_identical_with_drafts_accepted(target_dir, trained_dir, want) -> None:

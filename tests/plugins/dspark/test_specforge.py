@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from draftwise import LLM, SamplingParams
+from draftwise import LLM
 from draftwise.formats.errors import ModelFormatError
 from safetensors.torch import load_file, save_file
 from stats import chi2_two_sample, pool_rare
 
-from ..conftest import run_staggered
+from ..conftest import greedy, run_staggered
 from .conftest import MASK, TRAIN_PROMPTS, save_specforge
 from .test_oracle import Reference, record_drafts
 from .test_sampling import bound, config, sample
@@ -64,10 +64,6 @@ class SpecForgeReference(Reference):
         missing, unexpected = self.body.load_state_dict(body, strict=False)
         if unexpected or [m for m in missing if not m.startswith("rotary")]:
             raise AssertionError(f"body mismatch {missing} {unexpected}")
-
-
-def greedy(n: int = 20) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
 def spec(drafter: Path, **extra: Any) -> dict[str, Any]:
