@@ -65,3 +65,17 @@ def make_dist(
     yield make
     for module in created:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def wrong_accept_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify accepts with min(1, q/p) instead of min(1, p/q): a distribution test that
+    still passes under it proves nothing."""
+    import numpy as np
+
+    import draftwise.verify as verify_mod
+
+    monkeypatch.setattr(
+        verify_mod, "_standard_accept_prob",
+        lambda p_x, q_x: np.minimum(1.0, q_x / np.maximum(p_x, 1e-30)),
+    )
