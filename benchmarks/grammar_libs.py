@@ -43,25 +43,15 @@ def token_bytes(tok, vocab: int) -> list[bytes]:
     """Each id's raw bytes (byte-level spelling decoded); specials as their text."""
     from tokenizers import pre_tokenizers
 
-    inv = {c: b for b, c in _byte_chars().items()}
+    from draftwise.formats.tokenizer import byte_chars
+
+    inv = {c: b for b, c in byte_chars().items()}
     out = []
     for i in range(vocab):
         s = tok.id_to_token(i) or ""
         out.append(bytes(inv[c] for c in s) if set(s) <= set(inv) else s.encode())
     del pre_tokenizers
     return out
-
-
-def _byte_chars() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def bench_llguidance(tok, vocab, ids):

@@ -202,12 +202,12 @@ class Tokenizer:
             raise TokenizerError(path, "tokenizer.ggml.tokens is empty", key="tokenizer.ggml.tokens")
         types = _token_types(v, len(tokens))
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-        byte_chars = _byte_chars()
+        chars = byte_chars()
         if set("".join(tokens)) <= alphabet:  # the usual case, checked in one pass
             spelled = tokens
         else:
             spelled = [
-                t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode("utf-8"))
+                t if set(t) <= alphabet else "".join(chars[b] for b in t.encode("utf-8"))
                 for t in tokens
             ]
         vocab = {t: i for i, t in enumerate(spelled)}
@@ -329,8 +329,9 @@ def _check_merges(v: ConfigValues, vocab: Mapping[str, int]) -> None:
             )
 
 
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character table."""
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE vocabularies spell raw
+    bytes with it; also what a grammar library's view of the vocab decodes)."""
     bs = list(range(ord("!"), ord("~") + 1))
     bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
