@@ -54,23 +54,29 @@ def test_bench_refuses_bad_config_with_exit_2(tiny: Path, tmp_path: Path) -> Non
     assert "ngramm" in result.output
 
 
-def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+def bench_adaptive_ngram(tiny: Path, tmp_path: Path, k: int, *flags: str) -> tuple[dict, str]:
+    """``draftwise bench`` of adaptive n-gram at depth ``k`` plus ``flags`` over two repetitive
+    prompts (6 tokens each); the JSON report and the printed output."""
     workload = tmp_path / "w.jsonl"
     rows = [{"id": f"p{i}", "kind": "open", "prompt_token_ids": [3 + i, 5, 7] * 3}
             for i in range(2)]
     workload.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "r.json"
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
                        "draftwise": {"adaptive": True}})
     result = CliRunner().invoke(cli, [
         "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "6",
-        "--speculative-config", spec, "--compare-off", "--repeat", "2", "--out", str(out),
+        "--speculative-config", spec, *flags, "--out", str(out),
     ])
     assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), result.output
+
+
+def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+    report, _ = bench_adaptive_ngram(tiny, tmp_path, 2, "--compare-off", "--repeat", "2")
     assert report["draftwise_fixed_k"]["speculative_config"].get("draftwise") is None
     assert report["identical_to_spec_off"] == report["identical_fixed_k_to_spec_off"] == 2
     assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
@@ -83,19 +89,7 @@ def test_bench_compare_k_runs_every_fixed_depth_side_by_side(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
-    workload = tmp_path / "w.jsonl"
-    rows = [{"id": f"p{i}", "kind": "open", "prompt_token_ids": [3 + i, 5, 7] * 3}
-            for i in range(2)]
-    workload.write_text("\n".join(json.dumps(r) for r in rows))
-    out = tmp_path / "r.json"
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                       "draftwise": {"adaptive": True}})
-    result = CliRunner().invoke(cli, [
-        "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "6",
-        "--speculative-config", spec, "--compare-k", "2,1", "--out", str(out),
-    ])
-    assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
+    report, output = bench_adaptive_ngram(tiny, tmp_path, 3, "--compare-k", "2,1")
     for k in (1, 2):
         cfg = report[f"draftwise_k{k}"]["speculative_config"]
         assert cfg["num_speculative_tokens"] == k and "draftwise" not in cfg
@@ -105,7 +99,7 @@ def test_bench_compare_k_runs_every_fixed_depth_side_by_side(
     assert report["best_fixed_k"] in {"draftwise_k1", "draftwise_k2"}
     assert "vs_best_fixed_k" in report["ratios"] and "draftwise_fixed_k" not in report
     assert set(report["per_prompt_vs_off"]) == {"draftwise", "draftwise_k1", "draftwise_k2"}
-    assert "per prompt, tok/s over spec off" in result.output
+    assert "per prompt, tok/s over spec off" in output
 
 
 @pytest.mark.parametrize("ks", ["0,1", "a"])
