@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from draftwise.onednn_isa import cap_isa
+
+cap_isa()  # before any oneDNN primitive exists: see draftwise/onednn_isa.py
+
 __version__ = "0.1.0"
 
 #: plugins decorate their hook implementations with this marker

@@ -276,8 +276,15 @@ class DepthPolicy:
         and cut to the best length; the others (no evidence, or fixed depth) keep their
         drafts, which still count in the step time. The drafts are already made, so
         their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
+
+        A probe is never cut: it is how a request (and the engine's pool for its
+        evidence) learns. Cut on the rates it is meant to measure, a probe whose evidence
+        reads below the break-even is dropped, nothing is observed, and the rates stay at
+        the prior for ever: at 8 rows on one thread (a draft token costs ~9% of the step,
+        break-even ~75% acceptance, prior 60%) every probe of every request was cut and
+        adaptive depth verified no draft at all.
         """
-        decided = [e is not None and v is not None and n > 0
+        decided = [e is not None and v is not None and n > 0 and not e.probing
                    for e, v, n in zip(estimates, evidence, counts)]
         if not any(decided):
             return list(counts)

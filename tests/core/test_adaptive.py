@@ -363,3 +363,20 @@ def test_an_own_kv_drafter_is_charged_only_the_catch_up_before_its_ridealong_dra
     assert catch_up_tokens([row(10, 9)]) == 0  # after a rejection: the last token only
     assert catch_up_tokens([row(10, 8)]) == 0  # all accepted: last draft + bonus token
     assert catch_up_tokens([row(10, 3), row(30, 0), row(5, 8)]) == 5 + 28
+
+
+def test_a_probe_is_verified_whatever_its_evidence_reads() -> None:
+    """Drafts dearer than the prior's worth (break-even above 0.6): cut on the prior, the
+    probe would verify nothing, observe nothing and leave the rates at the prior for ever.
+    The probe is kept; the same draft outside a probe is cut; what the probe measured
+    moves the request's and the pool's rates for its evidence."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    pol = DepthPolicy(AdaptiveConfig(prior=0.6, probe_depth=1), 4,  # a draft = 2 steps
+                      CostModel(rows, toks, [[1.0 + 2.0 * (t - 1) for t in toks]]))
+    est = pol.new_estimate()
+    assert pol.choose([est], [4]) == [1] and est.probing
+    assert pol.cut([est], [1], [4]) == [1]
+    other = pol.new_estimate()
+    assert pol.cut([other], [1], [4]) == [0]
+    pol.observe(est, 1, 1, 1, evidence=4)
+    assert pol.pooled[4].rates[0] > 0.6 and est.by_evidence[4].rates[0] > 0.6
