@@ -1,7 +1,8 @@
 """The ``draftwise`` command line: one click group, one module per command.
 
 Built-in commands are listed in :data:`COMMANDS` (adding one is one line) and imported
-only when used, so ``draftwise check-config`` never imports torch. :func:`main` loads
+only when used, so ``draftwise check-config`` never imports torch (plugin loaders that do
+are ``speculator.LazyLoader``s). :func:`main` loads
 the plugins first and lets every plugin add commands through ``register_commands(cli)``.
 A broken plugin or two distributions claiming one method stop every command that needs
 the speculator registry, at startup, with the error; ``--help``, ``--version`` and
