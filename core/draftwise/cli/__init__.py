@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -163,7 +163,54 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(EXIT_PLUGIN_ERROR)
         if "plugins" not in args:  # ``plugins`` shows it itself
             click.echo(f"warning: {exc}", err=True)
-    group.main(args=args, prog_name="draftwise", obj=state)
+    try:
+        group.main(args=args, prog_name="draftwise", obj=state)
+    except SystemExit as exc:
+        command = next((a for a in args if not a.startswith("-")), None)
+        if state.own_process and (command is None or command in COMMANDS):
+            exit_without_teardown(exc.code)
+        raise
 
 
-__all__ = ["COMMANDS", "EXIT_PLUGIN_ERROR", "CliState", "LazyGroup", "cli", "main", "make_cli"]
+def exit_without_teardown(code: object) -> NoReturn:
+    """End the script's process as ``sys.exit(code)`` would, less the object-by-object
+    teardown of the interpreter.
+
+    After the command, Python frees every module and object one by one (torch's
+    operator tables, the vocabulary, the weights' wrappers): measured 0.13 s CPU and
+    ~0.15 s wall between ``generate``'s last line and the shell prompt on the default
+    model, work the OS does at once when the process ends. What an exit must still do
+    is done first, in the interpreter's own order: wait for live non-daemon threads
+    (when any remain, this falls back to the normal exit), run the ``atexit`` handlers
+    (logging's flush among them), flush stdout and stderr. What is lost is what
+    teardown alone does: flushing a file object nobody closed, ``__del__`` methods. So
+    this is only for the ``draftwise`` script's own process (a caller passing ``argv``,
+    a test, keeps its interpreter) and only after a built-in command (each closes what
+    it writes); a plugin's command gets the ordinary exit.
+    """
+    import atexit
+    import os
+    import threading
+
+    if threading.active_count() > 1:  # a thread still running: let Python join it
+        sys.exit(code)
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed on stderr, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a closed pipe: nothing left to save
+            pass
+    os._exit(status & 0xFF)
+
+
+__all__ = [
+    "COMMANDS", "EXIT_PLUGIN_ERROR", "CliState", "LazyGroup", "cli", "exit_without_teardown",
+    "main", "make_cli",
+]
