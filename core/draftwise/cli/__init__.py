@@ -11,6 +11,7 @@ the speculator registry, at startup, with the error; ``--help``, ``--version`` a
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import time
@@ -50,6 +51,9 @@ class CliState:
     host: PluginHost | None = None
     #: set by :func:`main`: the process is the ``draftwise`` script's (``startup_gc`` freezes)
     own_process: bool = False
+    #: set by :func:`main`: the collector is paused until the command's engine is built
+    #: (``cli.common.startup_gc`` resumes it)
+    gc_paused: bool = False
     #: what loading the plugins raised at startup (commands needing the registry refuse)
     startup_error: PluginError | None = None
     _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
@@ -146,8 +150,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     # the console script calls main() with no argv; a caller passing argv (a test) owns
     # the process, and frozen objects are never collected (startup_gc)
     state = CliState(own_process=argv is None)
+    command = next((a for a in args if not a.startswith("-")), None)
+    builtin = command is None or command in COMMANDS
+    # the script's own process running a built-in command keeps the collector paused
+    # through the command's imports until its engine is built (startup_gc)
+    pause = state.own_process and builtin and gc.isenabled()
     try:
-        with startup_gc(freeze=state.own_process):  # the plugins' imports (torch among them)
+        with startup_gc(freeze=state.own_process, keep_paused=pause):  # the plugins' imports
+            state.gc_paused = pause
             state.host = get_plugin_host()
             register_commands(group, state.host)
             load_speculators()
@@ -166,8 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         group.main(args=args, prog_name="draftwise", obj=state)
     except SystemExit as exc:
-        command = next((a for a in args if not a.startswith("-")), None)
-        if state.own_process and (command is None or command in COMMANDS):
+        if state.own_process and builtin:
             exit_without_teardown(exc.code)
         raise
 
