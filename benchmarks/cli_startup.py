@@ -8,8 +8,13 @@ counted from the process's start in ``/proc``), ``wall`` (spawn to exit), ``cpu`
 ``sys`` (the child's user+system and system seconds: steadier than the wall clock on a
 shared machine), ``load`` (the engine's ``load_seconds``) and ``rss_gb`` (peak). Trees
 (``--tree``, repeatable: a checkout whose ``core`` and ``plugins/*`` go first on
-PYTHONPATH, as ``env.sh`` does) are interleaved run by run, so a load change touches
-each alike; the 1-minute load average is printed with the result. Byte-compiled files
+PYTHONPATH, as ``env.sh`` does) are interleaved run by run, in reversed order every other
+round, so a load change touches each alike; the 1-minute load average is printed with
+the result. ``--gap`` seconds pass before each run: on a VM with free page reporting (the
+2-core sandbox: ``dmesg`` says "Free page reporting enabled") memory freed in the last
+~2 s is still backed by the host, so a run right after another gets its huge pages
+cheaply (1.5B: ~0.5 s less system time) and whichever tree runs second looks faster;
+after the gap every run meets fresh memory, as a first run does. Byte-compiled files
 go to ``--pycache`` (one place for every tree), so no run compiles sources after the
 first; the model's pages are in the page cache after the first run (say so when
 quoting: the figures are for a warm page cache).
@@ -71,6 +76,8 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=None,
                         help="a checkout to run (repeatable); default: the installed draftwise")
     parser.add_argument("--pycache", default="/tmp/draftwise-startup-pycache")
+    parser.add_argument("--gap", type=float, default=3.0,
+                        help="seconds to wait before each run (see the module doc)")
     parser.add_argument("extra", nargs="*", help="after --: more generate options (--model M)")
     args = parser.parse_args()
     script = str(Path(sys.executable).parent / "draftwise")
@@ -79,9 +86,11 @@ def main() -> None:
     one_run(script, envs[0], args.extra)  # warm-up: byte-compile, page cache
     runs: list[list[dict[str, float]]] = [[] for _ in trees]
     loads = [os.getloadavg()[0]]
-    for _ in range(args.n):
-        for i, env in enumerate(envs):
-            runs[i].append(one_run(script, env, args.extra))
+    for round_ in range(args.n):
+        order = list(range(len(trees)))
+        for i in order if round_ % 2 == 0 else order[::-1]:
+            time.sleep(args.gap)
+            runs[i].append(one_run(script, envs[i], args.extra))
         loads.append(os.getloadavg()[0])
     for tree, rows in zip(trees, runs):
         median = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
