@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def startup_gc(freeze: bool | None = None) -> Iterator[None]:
+def startup_gc(freeze: bool | None = None, keep_paused: bool = False) -> Iterator[None]:
     """No cyclic garbage collection while the process starts, then none of what it built.
 
     Start-up allocates ~10^6 long-lived objects (torch's modules, the vocabulary, the
@@ -28,21 +28,30 @@ def startup_gc(freeze: bool | None = None) -> Iterator[None]:
     None: whether the running command came through :func:`draftwise.cli.main`): frozen
     objects are never collected, so a test process invoking commands in-process (click's
     CliRunner) would keep every engine it built.
-    """
-    if freeze is None:
-        from draftwise.cli import CliState
 
-        ctx = click.get_current_context(silent=True)
-        state = ctx.find_object(CliState) if ctx is not None else None
+    The start-up spans two blocks: :func:`draftwise.cli.main` loading the plugins and
+    the command building its engine (:func:`build_engine`), with the command's own
+    imports between them (torch among them, since plugin loading no longer imports it).
+    So ``main`` leaves the collector paused after its block (``keep_paused``, marked on
+    ``CliState.gc_paused``) for the script's own process and a built-in command, and the
+    engine's block resumes it.
+    """
+    from draftwise.cli import CliState
+
+    ctx = click.get_current_context(silent=True)
+    state = ctx.find_object(CliState) if ctx is not None else None
+    if freeze is None:
         freeze = state is not None and state.own_process
     was_enabled = gc.isenabled()
+    if state is not None and state.gc_paused:  # paused by main() for this block to end
+        was_enabled, state.gc_paused = True, False
     gc.disable()
     try:
         yield
     finally:
         if freeze:
             gc.freeze()
-        if was_enabled:
+        if was_enabled and not keep_paused:
             gc.enable()
 
 
@@ -78,12 +87,18 @@ def build_engine(
     model: str | None, speculative_config: str | None, dtype: str, **kwargs: Any
 ) -> LLMEngine:
     """An engine with a progress display while weights load (the command then prints its
-    backend line, :func:`announce_backend`, where its output allows)."""
-    from draftwise.engine import LLMEngine
-    from draftwise.engine_args import EngineArgs
+    backend line, :func:`announce_backend`, where its output allows).
 
-    args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype, **kwargs)
+    The engine's imports (torch, the model code) run here, inside :func:`startup_gc`:
+    plugin loading no longer imports torch (``speculator.LazyLoader``), so this is where
+    the command first pays for it.
+    """
     with startup_gc():
+        from draftwise.engine import LLMEngine
+        from draftwise.engine_args import EngineArgs
+
+        args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype,
+                          **kwargs)
         engine = LLMEngine(args, progress=load_progress())
     return engine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
-from draftwise.speculator import Speculator
+from draftwise.speculator import LazyLoader, Speculator
 from draftwise_dflash.options import CAPABILITIES, DESCRIPTION, REFUSALS, DFlashOptions
 
 if TYPE_CHECKING:
@@ -30,15 +30,13 @@ def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
 @hookimpl
 def register_speculators(register: RegisterSpeculator) -> None:
     """Declare method ``dflash``."""
-    from draftwise_dflash.loader import DFlashLoader
-
     register(
         Speculator(
             method="dflash",
             options=DFlashOptions,
             make_proposer=make_proposer,
             refusals=REFUSALS,
-            loader=DFlashLoader(),
+            loader=LazyLoader("draftwise_dflash.loader:DFlashLoader"),  # torch only when used
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
         )

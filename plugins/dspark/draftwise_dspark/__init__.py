@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftwise import hookimpl
-from draftwise.speculator import Speculator
+from draftwise.speculator import LazyLoader, Speculator
 
 from draftwise_dspark.options import CAPABILITIES, DESCRIPTION, REFUSALS, DSparkOptions
 
@@ -44,15 +44,13 @@ def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
 @hookimpl
 def register_speculators(register: RegisterSpeculator) -> None:
     """Declare method ``dspark``."""
-    from draftwise_dspark.loader import DSparkLoader
-
     register(
         Speculator(
             method="dspark",
             options=DSparkOptions,
             make_proposer=make_proposer,
             refusals=REFUSALS,
-            loader=DSparkLoader(),
+            loader=LazyLoader("draftwise_dspark.loader:DSparkLoader"),  # torch only when used
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
         )
