@@ -11,8 +11,9 @@ load moves): ``full`` (the whole ``W2 u`` product at every position) and ``certi
 for rnn the look-ahead windows, ``draftwise_dspark.lookahead``), plus for rnn
 ``sequential`` (the pass before the windows: certification tried, one position per
 product): ``draft_ms`` (propose), ``draft_context_ms``,
-``draft_layers_ms``, ``draft_markov_ms`` (the sequential pass: latent, bias or certified
-pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step (the
+``draft_layers_ms``, ``draft_markov_ms`` (the whole sequential pass,
+``DSparkProposer._markov_pass``: latents, biases or certified picks, picks and indexing),
+``verify_ms``; the Markov pass's share of the draft step (the
 median of the per-step ratios, in wall time and in process CPU time, which a loaded
 machine's descheduling does not inflate), the share of Markov steps certified, ``W2``
 products per Markov step, the break-even ``a*`` accepted drafts per step
@@ -90,38 +91,6 @@ def main() -> None:
                     help="rounds; in each, plain/full/certified steps alternate one by one")
     args = ap.parse_args()
     markov = {"ms": 0.0, "cpu": 0.0}
-    # the windows' own loop (guess checks, picks) counts as Markov time: time the pass
-    import draftwise_dspark.lookahead as lookahead
-
-    real_pass = lookahead.lookahead_pass
-    inner = {"depth": 0}
-
-    def timed_pass(*a: Any, **kw: Any) -> Any:
-        t0, c0 = time.perf_counter(), time.process_time()
-        inner["depth"] += 1
-        try:
-            return real_pass(*a, **kw)
-        finally:
-            inner["depth"] -= 1
-            markov["ms"] += 1e3 * (time.perf_counter() - t0)
-            markov["cpu"] += 1e3 * (time.process_time() - c0)
-
-    import draftwise_dspark.proposer as proposer_mod
-
-    proposer_mod.lookahead_pass = timed_pass
-    for name in ("latent", "bias", "certified_argmax"):
-        real = getattr(MarkovHead, name)
-
-        def timed(self: Any, *a: Any, _real: Any = real) -> Any:
-            if inner["depth"]:  # inside the timed windowed pass
-                return _real(self, *a)
-            t0, c0 = time.perf_counter(), time.process_time()
-            out = _real(self, *a)
-            markov["ms"] += 1e3 * (time.perf_counter() - t0)
-            markov["cpu"] += 1e3 * (time.process_time() - c0)
-            return out
-
-        setattr(MarkovHead, name, timed)
     prompt = [(i * 37) % 4000 + 100 for i in range(args.context)]
     plain = LLM(model=args.model, max_num_seqs=1)
     report: dict[str, Any] = {
@@ -160,6 +129,15 @@ def main() -> None:
                         return out
 
                     prop.propose = propose
+
+                    def markov_pass(*a: Any, _real: Any = prop._markov_pass) -> Any:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        out = _real(*a)
+                        markov["ms"] += 1e3 * (time.perf_counter() - t0)
+                        markov["cpu"] += 1e3 * (time.process_time() - c0)
+                        return out
+
+                    prop._markov_pass = markov_pass
                 got: dict[str, dict[str, list[float]]] = {
                     m: {"propose": [], "forward": [], "context": [], "block": [], "markov": [],
                         "markov_cpu": [], "propose_cpu": []}
