@@ -7,12 +7,16 @@ target's width, its own embedding and LM head, ``markov_rank`` 256) on the defau
 one request, greedy, a prompt of ``--context`` tokens. Per block size B (k = B) and Markov
 type, in two modes interleaved step by step with a plain decode step (the machine's
 load moves): ``full`` (the whole ``W2 u`` product at every position) and ``certified``
-(the certified greedy pick, ``MarkovHead.certified_argmax``): ``draft_ms`` (propose), ``draft_context_ms``,
-``draft_layers_ms``, ``draft_markov_ms`` (the sequential pass: latent, bias or certified
-pick, B batched steps), ``verify_ms``; the Markov pass's share of the draft step (the
+(what the engine runs: the certified greedy pick, ``MarkovHead.certified_argmax``, and
+for rnn the look-ahead windows, ``draftwise_dspark.lookahead``), plus for rnn
+``sequential`` (the pass before the windows: certification tried, one position per
+product): ``draft_ms`` (propose), ``draft_context_ms``,
+``draft_layers_ms``, ``draft_markov_ms`` (the whole sequential pass,
+``DSparkProposer._markov_pass``: latents, biases or certified picks, picks and indexing),
+``verify_ms``; the Markov pass's share of the draft step (the
 median of the per-step ratios, in wall time and in process CPU time, which a loaded
-machine's descheduling does not inflate), the
-share of Markov steps certified, the break-even ``a*`` accepted drafts per step
+machine's descheduling does not inflate), the share of Markov steps certified, ``W2``
+products per Markov step, the break-even ``a*`` accepted drafts per step
 (``1 + a* = (draft + verify) / decode``); the load average before and after.
 
     python benchmarks/dspark_step.py --blocks 7 15 --kinds vanilla gated rnn --steps 8 --rounds 3
@@ -87,17 +91,6 @@ def main() -> None:
                     help="rounds; in each, plain/full/certified steps alternate one by one")
     args = ap.parse_args()
     markov = {"ms": 0.0, "cpu": 0.0}
-    for name in ("latent", "bias", "certified_argmax"):
-        real = getattr(MarkovHead, name)
-
-        def timed(self: Any, *a: Any, _real: Any = real) -> Any:
-            t0, c0 = time.perf_counter(), time.process_time()
-            out = _real(self, *a)
-            markov["ms"] += 1e3 * (time.perf_counter() - t0)
-            markov["cpu"] += 1e3 * (time.process_time() - c0)
-            return out
-
-        setattr(MarkovHead, name, timed)
     prompt = [(i * 37) % 4000 + 100 for i in range(args.context)]
     plain = LLM(model=args.model, max_num_seqs=1)
     report: dict[str, Any] = {
@@ -113,12 +106,17 @@ def main() -> None:
                                         block, args.draft_layers,
                                         "vanilla" if kind == "none" else kind, rank)
                 cfg = {"method": "dspark", "model": str(d), "num_speculative_tokens": block}
-                modes = ("full", "certified") if rank else ("full",)
+                modes: tuple[str, ...] = ("full", "certified") if rank else ("full",)
+                if kind == "rnn":
+                    modes += ("sequential",)
                 llms = {m: LLM(model=args.model, max_num_seqs=1, speculative_config=cfg)
                         for m in modes}
                 head = llms["full"].engine.spec.proposers[0].draft.markov
                 if head is not None:
                     head.row_norms = None  # the full W2 product at every position
+                for m in ("full", "sequential"):  # one position per W2 product
+                    if m in llms:
+                        llms[m].engine.spec.proposers[0].look_ahead = False
                 cpu = {"propose": 0.0}
                 for m in modes:  # CPU time of propose: what the loaded machine's wall hides
                     prop = llms[m].engine.spec.proposers[0]
@@ -131,6 +129,15 @@ def main() -> None:
                         return out
 
                     prop.propose = propose
+
+                    def markov_pass(*a: Any, _real: Any = prop._markov_pass) -> Any:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        out = _real(*a)
+                        markov["ms"] += 1e3 * (time.perf_counter() - t0)
+                        markov["cpu"] += 1e3 * (time.process_time() - c0)
+                        return out
+
+                    prop._markov_pass = markov_pass
                 got: dict[str, dict[str, list[float]]] = {
                     m: {"propose": [], "forward": [], "context": [], "block": [], "markov": [],
                         "markov_cpu": [], "propose_cpu": []}
@@ -177,6 +184,8 @@ def main() -> None:
                         "markov_share_of_draft_cpu": round(share_cpu, 3),
                         "markov_steps_certified": round(
                             stats["markov_certified"] / max(stats["markov_steps"], 1), 3),
+                        "w2_products_per_step": round(
+                            stats["markov_w2_products"] / max(stats["markov_steps"], 1), 3),
                         "draft_over_decode": round(draft / decode, 3),
                         "break_even_accepted_per_step": round(need, 2),
                         "break_even_acceptance_rate": round(need / block, 3),

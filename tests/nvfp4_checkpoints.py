@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,11 +49,17 @@ def is_excluded(module: str, exclude: tuple[str, ...]) -> bool:
     return any(module == e or module.startswith(e + ".") for e in exclude)
 
 
+def is_target_linear(name: str) -> bool:
+    """A llama-family target's Linear weight: ``*_proj`` and an untied ``lm_head``."""
+    return name.endswith("_proj.weight") or name == "lm_head.weight"
+
+
 def export_nvfp4(src: Path, dst: Path, convention: str, exclude: tuple[str, ...] = (),
-                 twin: Path | None = None) -> Path:
-    """Write ``src``'s every Linear (``*_proj`` and an untied ``lm_head``) not under
-    ``exclude`` as NVFP4 in ``convention``'s layout; ``twin``: the dequantized weights as
-    a bf16 checkpoint (the oracle model)."""
+                 twin: Path | None = None,
+                 linear: Callable[[str], bool] = is_target_linear) -> Path:
+    """Write ``src``'s every Linear (``linear``: which weights are; a target's by
+    default) not under ``exclude`` as NVFP4 in ``convention``'s layout; ``twin``: the
+    dequantized weights as a bf16 checkpoint (the oracle model)."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst)
@@ -63,8 +70,7 @@ def export_nvfp4(src: Path, dst: Path, convention: str, exclude: tuple[str, ...]
     dense: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         module = name.removesuffix(".weight")
-        linear = name.endswith("_proj.weight") or name == "lm_head.weight"
-        if not linear or is_excluded(module, exclude):
+        if not linear(name) or is_excluded(module, exclude):
             out[name] = dense[name] = t
             continue
         codes, block, glob, deq = quantize(t)

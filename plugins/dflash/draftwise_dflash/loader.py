@@ -20,6 +20,7 @@ cover the target's vocabulary. The embedding and LM head are the target's.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -215,17 +216,7 @@ def _check_tensors(ckpt: Any, cfg: DFlashConfig, decl: Any = None) -> dict[str, 
     modules are checked against it both ways; returns module -> packed/plain."""
     stored = {_ALIASES.get(n, n): t for n, t in ckpt.tensors.items()}
     want = expected_shapes(cfg)
-    packed: dict[str, str] = {}
-    if decl is not None:
-        from draftwise.formats.nvfp4 import plan, side_tensors
-
-        linears = {n.removesuffix(".weight"): shape for n, shape in want.items()
-                   if len(shape) == 2 and _is_linear(n)}
-        packed = {m: kind for m, kind in plan(decl, stored, linears, ckpt.path).items()
-                  if kind == "packed"}
-        side = side_tensors(decl, packed)
-        want = {n: s for n, s in want.items() if n.removesuffix(".weight") not in packed}
-        stored = {n: t for n, t in stored.items() if n not in side}
+    stored, want, packed = strip_nvfp4(decl, stored, want, ckpt.path)
     missing = [n for n in want if n not in stored]
     if missing:
         hint = ""
@@ -249,10 +240,33 @@ def _check_tensors(ckpt: Any, cfg: DFlashConfig, decl: Any = None) -> dict[str, 
     return packed
 
 
-def _is_linear(name: str) -> bool:
+def is_linear(name: str) -> bool:
     """A Linear module's weight (what NVFP4 quantizes); norms, codebooks and conv base
-    kernels are not."""
+    kernels are not (public: dspark's rule extends it with its heads)."""
     return name == "fc.weight" or name.endswith(("_proj.weight", "_projection.weight"))
+
+
+def strip_nvfp4(decl: Any, stored: dict[str, Any], want: dict[str, tuple[int, ...]],
+                path: str, linear: Callable[[str], bool] = is_linear,
+                ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], dict[str, str]]:
+    """The NVFP4 part of rule 3 (``decl`` None: nothing to do): every Linear in ``want``
+    (``linear``, default this loader's rule) checked against the declaration and the
+    tensors both ways (``formats.nvfp4.plan``); returns ``stored`` without the packed
+    modules' tensors, ``want`` without their weights (so the plain name/shape/dtype
+    checks run over the rest), and the packed modules (module -> "packed"). dspark
+    passes its own Linears (its heads) through the same rule."""
+    if decl is None:
+        return stored, want, {}
+    from draftwise.formats.nvfp4 import plan, side_tensors
+
+    linears = {n.removesuffix(".weight"): shape for n, shape in want.items()
+               if len(shape) == 2 and linear(n)}
+    packed = {m: kind for m, kind in plan(decl, stored, linears, path).items()
+              if kind == "packed"}
+    side = side_tensors(decl, packed)
+    want = {n: s for n, s in want.items() if n.removesuffix(".weight") not in packed}
+    stored = {n: t for n, t in stored.items() if n not in side}
+    return stored, want, packed
 
 
 def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
@@ -334,7 +348,7 @@ def read_weights(
 
         decl, packed = nvfp4
         side = side_tensors(decl, packed)
-        t.update(_dequantized(ckpt, decl, packed, dtype, device))
+        t.update(dequantized(ckpt, decl, packed, dtype, device))
     plain = [n for n in ckpt.tensors if n not in side]
     t.update({_ALIASES.get(n, n): x.to(dtype=dtype, device=device)
               for n, x in ckpt.iter_tensors(plain)})
@@ -379,9 +393,10 @@ def read_weights(
                          convs, selector)
 
 
-def _dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype,
+def dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype,
                  device: torch.device) -> dict[str, torch.Tensor]:
-    """Each NVFP4 module's weight, dequantized from its stored bytes."""
+    """Each NVFP4 module's weight (``{module}.weight``), dequantized from its stored bytes
+    (public: dspark dequantizes its heads with it)."""
     from safetensors import safe_open
 
     from draftwise.formats.nvfp4 import SUFFIXES, dequantize
@@ -420,5 +435,6 @@ def pack_layers(layers: list[DecoderLayer]) -> None:
         layer.set_packed(n, w)
 
 
-__all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "expected_shapes",
-           "pack_layers", "pack_v2", "read_container", "read_weights"]
+__all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "dequantized",
+           "expected_shapes", "is_linear", "pack_layers", "pack_v2", "read_container",
+           "read_weights", "strip_nvfp4"]

@@ -40,7 +40,7 @@ MARKOV_TYPES = ("vanilla", "gated", "rnn")
 RUNS = ("a llama.cpp DSpark GGUF (vanilla Markov head), a speculators DSparkSpeculator "
         "directory (full vocabulary), a SpecForge DSparkDraftModel directory or a DeepSpec "
         "Qwen3DSparkModel safetensors directory (config.json + *.safetensors, "
-        "bf16/fp16/fp32)")
+        "bf16/fp16/fp32, or NVFP4 from ModelOpt or compressed-tensors)")
 
 
 class DSparkConfigError(DFlashConfigError):

@@ -4,8 +4,13 @@
 
 1. the container, through the DFlash plugin's reader (a safetensors directory; EXL3
    refused by name there) or a llama.cpp DSpark GGUF (:mod:`draftwise_dspark.gguf_drafter`,
-   whose config is the DeepSpec one it stands for); an NVFP4 DSpark drafter is refused
-   by name here (not implemented for dspark yet);
+   whose config is the DeepSpec one it stands for). An NVFP4 directory (ModelOpt or
+   compressed-tensors, ``draftwise.formats.nvfp4``) runs: its declaration covers the
+   body's Linears and the heads' (``lm_head``, ``markov_w2``, ``gate_proj``,
+   ``joint_proj``, ``confidence_head.proj``: :func:`is_linear`), checked against the
+   tensors both ways by dflash's rule (:func:`draftwise_dflash.loader.strip_nvfp4`);
+   ``embed_tokens`` and ``markov_w1`` are embeddings and stay dense. Packed modules are
+   dequantized once at load, as dflash does;
 2. the lane from ``architectures`` and the config (:mod:`draftwise_dspark.config`);
 3. every tensor name, shape and stored dtype (headers only): the DFlash body
    (:func:`draftwise_dflash.loader.expected_shapes`) plus DeepSpec's ``embed_tokens``,
@@ -29,7 +34,14 @@ from typing import Any
 import torch
 from draftwise.models.linear import Weight, pack_weights
 from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
-from draftwise_dflash.loader import DFlashError, check_pair, expected_shapes, read_container
+from draftwise_dflash.loader import (
+    DFlashError,
+    check_pair,
+    expected_shapes,
+    read_container,
+    strip_nvfp4,
+)
+from draftwise_dflash.loader import is_linear as dflash_is_linear
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
 
@@ -74,9 +86,6 @@ class DSparkLoader:
             return self._detect_gguf(gguf_path)
         raw, decl = read_container(path, RUNS)
         cfg = parse_config(raw, os.path.join(path, "config.json"))
-        if decl is not None:
-            raise DSparkError(path, f"an NVFP4 DSpark drafter is not implemented yet. "
-                                    f"Instead: {RUNS}.", key="quantization_config")
         ckpt = SafetensorsCheckpoint(path)
         want = {**expected_shapes(cfg.backbone), **extra_shapes(cfg)}
         if cfg.lane in (SPECULATORS, SPECFORGE):  # the target's embedding and head
@@ -90,6 +99,9 @@ class DSparkLoader:
                                     "re-export it with a current SpecForge (specforge export "
                                     "--to hf names them markov_head.* / confidence_head.*)",
                               key=early[0])
+        stored, want, packed = strip_nvfp4(decl, stored, want, path, is_linear)
+        if decl is not None:
+            _refuse_packed_embeddings(decl, stored, path)
         missing = [n for n in want if n not in stored]
         if missing:
             raise DSparkError(path, f"missing tensors {missing[:4]} (config.json: markov_rank="
@@ -106,12 +118,14 @@ class DSparkLoader:
                 raise DSparkError(path, f"tensor {name!r} has shape {list(got)}, expected "
                                         f"{list(shape)} from config.json", key=name)
         ckpt.check_dtypes(list(want))
-        return DraftCheckpoint(path, "safetensors", cfg.lane, {
+        fmt = "safetensors" if decl is None else f"safetensors (NVFP4, {decl.convention})"
+        return DraftCheckpoint(path, fmt, cfg.lane, {
             "block_size": cfg.block_size,
             "target_layer_ids": list(cfg.backbone.target_layer_ids),
             "hidden_size": cfg.backbone.decoder.hidden_size,
             "num_hidden_layers": cfg.backbone.decoder.num_hidden_layers,
             "dspark": cfg,
+            "nvfp4": None if decl is None else (decl, packed),
         })
 
     def _detect_gguf(self, path: str) -> DraftCheckpoint:
@@ -145,7 +159,6 @@ class DSparkLoader:
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The drafter with its own embedding and head (pair checks first)."""
         from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
-        from draftwise_dflash.loader import read_weights
 
         cfg: DSparkConfig = checkpoint.config["dspark"]
         taps = tuple(i for i in cfg.backbone.target_layer_ids if i >= 0)
@@ -162,15 +175,16 @@ class DSparkLoader:
                               "output (-1); at least one target layer is needed",
                               key="target_layer_ids")
         model = target.model
+        notes = ""
         if checkpoint.format == "gguf":
             body, extra = _read_gguf(checkpoint.path, cfg, target)
         else:
-            ckpt = SafetensorsCheckpoint(checkpoint.path)
-            body = read_weights(_Only(ckpt, expected_shapes(cfg.backbone)), cfg.backbone,
-                                model.dtype, model.device)
-            stored = [n for n in extra_shapes(cfg) if n in ckpt.tensors]
-            extra = {n: x.to(dtype=model.dtype, device=model.device)
-                     for n, x in ckpt.iter_tensors(stored)}
+            nv = checkpoint.config.get("nvfp4")
+            body, extra = _read_safetensors(SafetensorsCheckpoint(checkpoint.path), cfg, nv,
+                                            model.dtype, model.device)
+            if nv is not None:
+                notes = (f"; {len(nv[1])} NVFP4 modules dequantized to "
+                         f"{str(model.dtype).removeprefix('torch.')} (as dflash)")
         borrow_target_tables(extra, target, checkpoint.path)
         dc = cfg.backbone.decoder
         return LoadedDraft(
@@ -184,8 +198,63 @@ class DSparkLoader:
             summary=(f"DSpark ({cfg.lane}), block {cfg.block_size}, {dc.num_hidden_layers} "
                      f"layers, taps {list(cfg.backbone.target_layer_ids)}, markov "
                      f"{cfg.markov_head_type if cfg.markov_rank else 'off'} rank "
-                     f"{cfg.markov_rank}, mask {mask}"),
+                     f"{cfg.markov_rank}, mask {mask}{notes}"),
         )
+
+
+#: DeepSpec's Linear modules beyond the body's (``markov_w1`` and ``embed_tokens`` are
+#: embeddings, which NVFP4 exporters leave dense)
+HEAD_LINEARS = frozenset({"lm_head.weight", "markov_head.markov_w2.weight",
+                          "confidence_head.proj.weight"})
+
+
+def is_linear(name: str) -> bool:
+    """What an NVFP4 declaration covers here: the DFlash body's Linears (``fc``,
+    ``*_proj``, which takes in ``gate_proj`` and ``joint_proj``) and the heads'."""
+    return name in HEAD_LINEARS or dflash_is_linear(name)
+
+
+def _refuse_packed_embeddings(decl: Any, stored: dict[str, Any], path: str) -> None:
+    """``embed_tokens`` and ``markov_w1`` are embeddings (row gathers): NVFP4 exporters
+    quantize Linear modules only and list no embedding among their exclusions, so these
+    are read dense; a packed one is named rather than reported as stray tensors."""
+    from draftwise.formats.nvfp4 import SUFFIXES
+
+    for emb in ("embed_tokens", "markov_head.markov_w1"):
+        found = [f"{emb}.{sfx}" for sfx in SUFFIXES[decl.convention][1:]
+                 if f"{emb}.{sfx}" in stored]
+        if found or f"{emb}.weight_packed" in stored:
+            raise DSparkError(path, f"{emb} is stored NVFP4-packed ({(found or [emb])[0]}): it "
+                                    "is an embedding, and NVFP4 is read here for Linear "
+                                    "modules only (ModelOpt and compressed-tensors quantize "
+                                    f"no embedding). Instead: re-export with {emb} in "
+                                    "bf16/fp16.", key=emb)
+
+
+def _read_safetensors(ckpt: Any, cfg: DSparkConfig, nv: Any, dtype: torch.dtype,
+                      device: torch.device) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The body through the dflash reader and the heads by name; ``nv``: detect's
+    (declaration, packed modules), each packed module dequantized by dflash's reader
+    (the body's inside :func:`read_weights`, the heads' here)."""
+    from draftwise_dflash.loader import dequantized, read_weights
+
+    body_names = expected_shapes(cfg.backbone)
+    packed: dict[str, str] = {} if nv is None else nv[1]
+    body_packed = {m: k for m, k in packed.items() if f"{m}.weight" in body_names}
+    head_packed = {m: k for m, k in packed.items() if m not in body_packed}
+    keep = set(body_names)
+    if nv is not None:
+        from draftwise.formats.nvfp4 import side_tensors
+
+        keep |= side_tensors(nv[0], body_packed)
+    body = read_weights(_Only(ckpt, keep), cfg.backbone, dtype, device,
+                        None if nv is None else (nv[0], body_packed))
+    plain = [n for n in extra_shapes(cfg)
+             if n in ckpt.tensors and n.removesuffix(".weight") not in head_packed]
+    extra = {n: x.to(dtype=dtype, device=device) for n, x in ckpt.iter_tensors(plain)}
+    if head_packed:
+        extra.update(dequantized(ckpt, nv[0], head_packed, dtype, device))
+    return body, extra
 
 
 def _gguf_file(path: str) -> str | None:
@@ -244,7 +313,7 @@ def borrow_target_tables(t: dict[str, torch.Tensor], target: Any, path: str) -> 
 class _Only:
     """A checkpoint view holding only ``names`` (the DFlash reader reads every tensor)."""
 
-    def __init__(self, ckpt: Any, names: dict[str, Any]) -> None:
+    def __init__(self, ckpt: Any, names: Any) -> None:
         self._ckpt = ckpt
         self.path = ckpt.path
         self.tensors = {n: t for n, t in ckpt.tensors.items() if n in names}

@@ -22,7 +22,8 @@ DESCRIPTION = (
     "with draftwise.confidence_threshold). Formats: DeepSpec's native "
     "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full "
     "vocabulary), SpecForge's DSparkDraftModel, llama.cpp's DSpark GGUF (vanilla); NVFP4 "
-    "and EXL3 drafters are refused by name."
+    "safetensors drafters (ModelOpt, compressed-tensors) dequantized at load; EXL3 "
+    "drafters are refused by name."
 )
 CAPABILITIES = Capabilities(
     needs_checkpoint=True,

@@ -16,7 +16,9 @@ of ``n`` tokens (``shared/reference/drafter-formats.md`` §2.1-2.2):
    greedy takes the argmax (certified from a few blocks of ``W2`` where the bound allows:
    :meth:`~draftwise_dspark.markov.MarkovHead.certified_argmax`, the same token),
    ``draft_sample_method: "probabilistic"`` samples from the request's processed
-   distribution of the corrected logits and keeps it as q;
+   distribution of the corrected logits and keeps it as q; the rnn head runs windows
+   of positions per ``W2`` product under guessed previous tokens, kept only where the
+   guess was the pick (:mod:`draftwise_dspark.lookahead`: the same tokens and q);
 4. with ``"draftwise": {"confidence_threshold": t}`` (t > 0) and a confidence head
    (:mod:`draftwise_dspark.confidence`), only the drafts before the first slot scored
    under t are returned (DeepSpec ``_confident_prefix_length``): lossless, since verify
@@ -37,6 +39,7 @@ from draftwise.speculator import DraftRow
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
 from draftwise_dspark.loader import LoadedDSpark
+from draftwise_dspark.lookahead import HitRate, can_look_ahead, lookahead_pass
 
 
 #: consecutive failed certifications after which the pick is only retried now and then
@@ -62,6 +65,13 @@ class DSparkProposer(DFlashProposer):
         self._certify_skipped = 0
         #: drafted but not verified (rule 4): ``draft_tokens`` minus these is what verify saw
         self.counters["confidence_cut_tokens"] = 0
+        #: full ``W2 u`` products run (the rnn look-ahead serves several positions with one)
+        self.counters["markov_w2_products"] = 0
+        #: the rnn pass's windows (:mod:`draftwise_dspark.lookahead`); False: one position
+        #: per product, as the other types
+        self.look_ahead = True
+        self._hits = HitRate()
+        self._w2_rows: torch.Tensor | None = None
 
     def _plans(self, rows: list[DraftRow]) -> list[BlockPlan]:
         """A row drafts only when its whole block fits its KV pages."""
@@ -113,19 +123,31 @@ class DSparkProposer(DFlashProposer):
                      base: torch.Tensor, anchors: list[int]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Rule 3, left to right: position ``j`` of every row still drafting is one batched
-        bias and one pick. Returns the tokens, each slot's previous token (row-major
-        ``[N]``) and q (``[N, V]``, probabilistic only)."""
+        bias and one pick (an rnn head on the native kernel: windows of positions per
+        bias, :func:`~draftwise_dspark.lookahead.lookahead_pass`). Returns the tokens,
+        each slot's previous token (row-major ``[N]``) and q (``[N, V]``, probabilistic
+        only)."""
         dev = hidden.device
         counts = [p.drafts for p in plans]
+        head = self.draft.markov
+        params = [rows[p.index].params for p in plans]
+        gens = [rows[p.index].generator for p in plans]
+        if self.look_ahead and head is not None and can_look_ahead(head):
+            def pick(logits: torch.Tensor, live: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                return pick_draft_tokens(logits, [params[r] for r in live],
+                                         [gens[r] for r in live], self.probabilistic)
+
+            if self._w2_rows is None:  # W2 unpacked once, for the windows' guesses
+                self._w2_rows = head.w.w2.unpack()  # type: ignore[union-attr]
+            return lookahead_pass(head, hidden, base, counts, anchors, pick, self._w2_rows,
+                                  self._hits, self.counters, self.probabilistic)
         starts = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
         tok = torch.empty(base.shape[0], dtype=torch.int64, device=dev)
         prev_of = torch.empty_like(tok)
         q = (torch.zeros(base.shape, dtype=torch.float32) if self.probabilistic else None)
-        head = self.draft.markov
         prev = torch.tensor(anchors, device=dev)
         state = None if head is None else head.init_state(len(plans), hidden.dtype, dev)
-        params = [rows[p.index].params for p in plans]
-        gens = [rows[p.index].generator for p in plans]
         greedy = [not self.probabilistic or p.is_greedy for p in params]
         live = list(range(len(plans)))
         first = starts  # each live row's first slot
@@ -150,6 +172,7 @@ class DSparkProposer(DFlashProposer):
                     self._certify_misses = 0 if pick is not None else self._certify_misses + 1
                 if pick is None:
                     logits = logits + head.bias(u)
+                    self.counters["markov_w2_products"] += 1
                 else:
                     self.counters["markov_certified"] += 1
             if pick is None:

@@ -143,7 +143,7 @@ def test_containers_it_does_not_read_are_refused(target_dir, dspark_dir, tmp_pat
         LLM(model=str(target_dir), speculative_config=spec(exl3))
     nvfp4 = _variant(dspark_dir, tmp_path / "nvfp4", quantization_config={
         "quant_method": "modelopt", "quant_algo": "NVFP4"})
-    with pytest.raises(ModelFormatError, match="an NVFP4 DSpark drafter is not implemented"):
+    with pytest.raises(ModelFormatError, match="fc is declared NVFP4 \\(modelopt\\) but has no"):
         LLM(model=str(target_dir), speculative_config=spec(nvfp4))
     gguf = tmp_path / "d.gguf"  # a GGUF goes to the GGUF reader, which names the damage
     gguf.write_bytes(b"GGUF" + bytes(64))
