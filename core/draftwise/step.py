@@ -68,6 +68,9 @@ class StepDrafts:
         """
         if keep == list(self.num_draft_tokens):
             return self
+        if len(keep) != len(self.num_draft_tokens):
+            raise ValueError(f"cut takes one count per row: {len(keep)} for "
+                             f"{len(self.num_draft_tokens)} rows")
         if any(not 0 <= n <= c for n, c in zip(keep, self.num_draft_tokens)):
             raise ValueError(f"cannot cut drafts of {self.num_draft_tokens} to {keep}")
         cu = self.cu_num_draft_tokens
