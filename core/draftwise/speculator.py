@@ -334,7 +334,10 @@ class Drafts:
     #: per row, how strong the drafter's reason for the draft is, as a small integer
     #: (n-gram: the length of the suffix match it followed), or None: no such signal.
     #: Adaptive depth keeps acceptance per value, so a draft on strong evidence is
-    #: verified deeper than one on weak evidence (rows without a draft: any value)
+    #: verified deeper than one on weak evidence (rows without a draft: any value).
+    #: It must be fixed before the row's tokens are drawn (from the context, as n-gram's
+    #: match length is): the drafts verified are cut on it, and a cut that reads a
+    #: sampled draft's own value changes the output distribution (``StepDrafts.cut``)
     evidence: list[int] | None = None
 
     @property

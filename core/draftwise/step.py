@@ -63,11 +63,17 @@ class StepDrafts:
         """Each row cut to its first ``keep[i]`` drafts (the same object when nothing is
         cut): a draft that will not pay, or cannot be accepted, is never fed to the target.
 
-        A shorter draft only changes how many tokens a step emits, never their
-        distribution, so cutting is lossless.
+        Lossless when ``keep[i]`` depends only on what precedes the dropped drafts (the
+        context, the earlier drafts, a drafter's evidence fixed before it drafted): a
+        shorter draft then only changes how many tokens a step emits. A cut decided on a
+        dropped draft's own sampled value changes the distribution when its q is not
+        one-hot (``structured.drafts`` keeps such a token instead).
         """
         if keep == list(self.num_draft_tokens):
             return self
+        if len(keep) != len(self.num_draft_tokens):
+            raise ValueError(f"cut takes one count per row: {len(keep)} for "
+                             f"{len(self.num_draft_tokens)} rows")
         if any(not 0 <= n <= c for n, c in zip(keep, self.num_draft_tokens)):
             raise ValueError(f"cannot cut drafts of {self.num_draft_tokens} to {keep}")
         cu = self.cu_num_draft_tokens

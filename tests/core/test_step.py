@@ -34,3 +34,11 @@ def test_cut_to_nothing_and_to_everything() -> None:
 def test_cut_never_lengthens() -> None:
     with pytest.raises(ValueError, match="cannot cut"):
         drafts().cut([4, 0, 2])
+
+
+@pytest.mark.parametrize("keep", [[1, 0], [1, 0, 2, 0]])
+def test_cut_refuses_a_keep_list_of_another_length(keep: list[int]) -> None:
+    """One count per row: a shorter list would drop the last rows' drafts silently (zip
+    stops early) and leave the step with fewer rows than it schedules."""
+    with pytest.raises(ValueError, match="one count per row"):
+        drafts().cut(keep)

@@ -34,6 +34,7 @@ dtype's rounding of ``e2m1 * scale * global``).
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -195,6 +196,16 @@ def check_scales(name: str, scale: torch.Tensor, path: str) -> None:
                          "checkpoint", key=name)
 
 
+def check_global_scale(name: str, scale: torch.Tensor, path: str) -> None:
+    """Refuse a global scale that is not a positive finite number, by name: both conventions
+    define it from the module's amax as a positive ratio, and a zero divisor (or a NaN or
+    inf) turns every weight of the module into inf or NaN."""
+    value = float(scale.to(torch.float32).reshape(-1)[0])
+    if not (value > 0.0 and math.isfinite(value)):
+        raise NvFp4Error(path, f"{name} is {value!r}, not a positive finite global scale; "
+                         "re-export the checkpoint", key=name)
+
+
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
                convention: str) -> torch.Tensor:  # -> [N, K] float32
     """The module doc's formula: nibbles low then high, e2m1, block scale, global scale."""
@@ -209,4 +220,5 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
 
 
 __all__ = ["CT", "DTYPES", "E2M1", "GROUP", "MODELOPT", "SUFFIXES", "NvFp4Declaration",
-           "NvFp4Error", "check_scales", "declaration", "dequantize", "plan", "side_tensors"]
+           "NvFp4Error", "check_global_scale", "check_scales", "declaration", "dequantize",
+           "plan", "side_tensors"]

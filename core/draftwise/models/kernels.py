@@ -210,7 +210,6 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _kernel("rope").rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                          t, h, d, x.stride(0))
     return x
-    return x
 
 
 @dataclass(frozen=True, slots=True)

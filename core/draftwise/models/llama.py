@@ -5,8 +5,9 @@ weight each at load (two matmuls per layer instead of five), RoPE tables are bui
 RoPE runs on q and k together, and the final norm and LM head only see the rows whose
 logits are wanted. With the C kernels a layer is C calls only (``DecoderLayer._run_native``):
 RoPE and attention read q, k and v as offsets into the fused projection output, and each
-layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). The numerics follow transformers' op for op (RMSNorm in fp32 cast
-back before the weight, cos/sin in the model dtype) so the oracle tests stay tight.
+layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). The
+numerics follow transformers' op for op (RMSNorm in fp32 cast back before the weight,
+cos/sin in the model dtype) so the oracle tests stay tight.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from draftwise.formats.nvfp4 import (
     MODELOPT,
     SUFFIXES,
     NvFp4Declaration,
+    check_global_scale,
     check_scales,
     declaration,
     dequantize,
@@ -133,11 +134,13 @@ def _nbytes(ckpt: SafetensorsCheckpoint, name: str) -> int:
 
 
 def _read(ckpt: SafetensorsCheckpoint, nv: NvFp4Plan, weight: str) -> tuple[torch.Tensor, ...]:
-    """A packed module's codes, block scales and global scale (NaN scales refused)."""
+    """A packed module's codes, block scales and global scale (NaN block scales and a
+    global scale that is not a positive number refused)."""
     module = weight.removesuffix(".weight")
     names = _stored(nv, module)
     got = dict(ckpt.iter_raw(names))
     check_scales(names[1], got[names[1]], ckpt.path)
+    check_global_scale(names[2], got[names[2]], ckpt.path)
     return got[names[0]], got[names[1]], got[names[2]]
 
 

@@ -343,10 +343,8 @@ def dequant_rows(
             continue
         which = inside.nonzero().reshape(-1)
         local = (ids[which] - seg.start).contiguous()
-        part = out if len(weight.segments) == 1 else torch.empty(
-            local.numel(), weight.in_features, dtype=dtype)
+        part = torch.empty(local.numel(), weight.in_features, dtype=dtype)
         kernels.quant_dequant_rows(int(seg.qtype), seg.data, local, seg.rows,
                                    weight.in_features, part)
-        if part is not out:
-            out[which] = part
+        out[which] = part
     return out

@@ -6,9 +6,16 @@ Feeding them to the target is pure cost: on CPU each extra position of a decode 
 a few milliseconds. So after propose, each grammar row keeps only its longest prefix the
 grammar accepts (``LLMatcher.validate_tokens``: no state change, tens of microseconds).
 
-Losslessness is untouched: verification is lossless for any draft, and a shorter draft
-only changes how many tokens this step emits, not their distribution. The cut drafts are
-never verified, so the spec-decode metrics do not count them as drafted.
+Losslessness: verification is lossless for any draft, and dropping drafts is lossless when
+the decision depends only on what comes before them. A refused token drawn from a q that
+is not one-hot breaks that: verifying it rejects it for certain and samples position j
+from the residual ``max(p - q, 0)``, while cutting it samples position j from p, so the
+cut would make the token's own random draw decide the distribution (q = (.8, 0, .2) with
+token 2 refused gave p(0) = .6 instead of .5). Such a row keeps the refused token (one
+dead position, verified and rejected) and loses only what follows it, which verification
+never reaches. A one-hot q (greedy or n-gram drafts) is cut at the refused token: its
+residual is p itself. The cut drafts are never verified, so the spec-decode metrics do
+not count them as drafted.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ def trim_to_grammar(
         len(r) if m is None or not len(r) else m.valid_prefix(r.tolist())
         for m, r in zip(matchers, rows)
     ]
+    q, cu = drafts.draft_probs, drafts.cu_num_draft_tokens
+    if q is not None:  # a sampled refused token stays, to be rejected (module doc)
+        keep = [n + 1 if n < len(r) and float(q[cu[i] + n, int(r[n])]) != 1.0 else n
+                for i, (n, r) in enumerate(zip(keep, rows))]
     return drafts.cut(keep)
 
 

@@ -217,6 +217,21 @@ def test_nan_scales_are_refused(nvfp4_dirs, tmp_path) -> None:
         load_model(str(dst))
 
 
+@pytest.mark.parametrize("value", [0.0, float("inf"), float("nan"), -2.0])
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_a_global_scale_that_is_not_a_positive_number_is_refused(nvfp4_dirs, tmp_path,
+                                                                 convention, value) -> None:
+    """A zero compressed-tensors divisor made every weight of the module inf (and a NaN or
+    inf scale NaN), which loaded and decoded garbage: refused by name instead."""
+    dst, t = _copy(nvfp4_dirs, tmp_path, convention)
+    scale2 = "weight_scale_2" if convention == "modelopt" else "weight_global_scale"
+    name = f"model.layers.0.self_attn.v_proj.{scale2}"
+    t[name] = torch.full_like(t[name], value)
+    _save(dst, t)
+    with pytest.raises(ModelFormatError, match=f"{name} is .*not a positive finite"):
+        load_model(str(dst))
+
+
 def test_an_algorithm_without_quant_method_is_refused(nvfp4_dirs, tmp_path) -> None:
     dst, _ = _copy(nvfp4_dirs, tmp_path, "compressed-tensors")
     cfg = json.loads((dst / "config.json").read_text())

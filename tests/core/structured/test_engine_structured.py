@@ -119,6 +119,23 @@ def test_sampled_distribution_spec_on_equals_off(target: Path) -> None:
     assert stat < CHI2_9999[dof], (stat, dof, off, on)
 
 
+def test_sampled_draft_model_refused_tokens_are_verified(target: Path, draft: Path) -> None:
+    """A probabilistic draft model samples from a q the grammar does not mask, so it draws
+    refused tokens: they reach verify (masks past them unwritten, rejected for certain)
+    and the law of the outputs stays speculation off's. (Here q puts almost nothing on
+    the allowed letters, so the old cut was nearly harmless; its bias is shown exactly in
+    ``test_drafts.py``. The old cut never let a draft of this model reach verify.)"""
+    n = 1500
+    off = sampled(LLM(model=str(target), dtype="bfloat16", max_num_seqs=256), n)
+    llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=256, speculative_config={
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic"})
+    on = sampled(llm, n)
+    assert llm.engine.spec.metrics.num_draft_tokens > 0
+    stat, dof = chi2_two_sample(*pool_rare(off, on))
+    assert stat < CHI2_9999[dof], (stat, dof, off, on)
+
+
 def test_rejected_drafts_roll_back(target: Path) -> None:
     """Every draft rejected or accepted, the matcher ends at exactly the committed tokens:
     it accepts the output again from a fresh copy and stands at the same place."""
