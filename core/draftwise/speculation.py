@@ -118,7 +118,8 @@ class Speculation:
         # what the drafters process: the drafts asked for, plus the backlog an own-KV
         # drafter feeds first (positions it skipped while the row was at k = 0, or a
         # prompt), so the cost per token is not a catch-up pass over one probe token
-        t0, num_asked = time.perf_counter(), sum(r.max_draft for r in rows)
+        clock = self.policy.cost.clock if self.policy is not None else time.perf_counter
+        t0, num_asked = clock(), sum(r.max_draft for r in rows)
         num_backlog = 0
         for pid, drafter in enumerate(self.drafters):
             if not pending:
@@ -148,7 +149,7 @@ class Speculation:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
         if self.policy is not None:
-            self.policy.cost.observe_draft(time.perf_counter() - t0, num_asked + num_backlog)
+            self.policy.cost.observe_draft(clock() - t0, num_asked + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
