@@ -69,6 +69,10 @@ class CostModel:
     #: grid measurement time (0 when cached or given)
     measure_seconds: float = 0.0
     _draft_observed: bool = field(default=False, repr=False)
+    #: the clock the grid was timed on, which the drafters' cost must be timed on too (a
+    #: draft cost on the wall clock against a forward on the thread's CPU clock reads
+    #: dearer under other processes' load, steering depth shallow)
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
         if not self.rows or not self.tokens_per_row:
@@ -159,17 +163,17 @@ def measure_costs(
     full_key = {**cache_key, "rows": rows, "tokens": tokens, "format": CACHE_FORMAT,
                 "clock": clock_name} if cache_key else None
     path = _cache_path(full_key) if full_key else None
+    clock = time.thread_time if clock_name == "thread" else time.perf_counter
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            return CostModel(rows, tokens, data["seconds"], source="cache")
+            return CostModel(rows, tokens, data["seconds"], source="cache", clock=clock)
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("cost model cache %s unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    clock = time.thread_time if clock_name == "thread" else time.perf_counter
     grid = monotone(_time_grid(runner, kv, rows, tokens, clock))
     model = CostModel(rows, tokens, grid, source="measured",
-                      measure_seconds=time.perf_counter() - start)
+                      measure_seconds=time.perf_counter() - start, clock=clock)
     logger.info("cost model: timed %d forwards in %.2f s", len(rows) * len(tokens),
                 model.measure_seconds)
     if path is not None:

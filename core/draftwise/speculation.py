@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.scheduler import ScheduledRow
 
+#: the largest ``Drafts.evidence`` value a drafter may give (n-gram: its match length)
+MAX_EVIDENCE = 65_535
+
 
 class ProposerOutputError(DraftwiseError, ValueError):
     """A proposer returned drafts that do not fit its batch; names the method."""
@@ -118,7 +121,8 @@ class Speculation:
         # what the drafters process: the drafts asked for, plus the backlog an own-KV
         # drafter feeds first (positions it skipped while the row was at k = 0, or a
         # prompt), so the cost per token is not a catch-up pass over one probe token
-        t0, num_asked = time.perf_counter(), sum(r.max_draft for r in rows)
+        clock = self.policy.cost.clock if self.policy is not None else time.perf_counter
+        t0, num_asked = clock(), sum(r.max_draft for r in rows)
         num_backlog = 0
         for pid, drafter in enumerate(self.drafters):
             if not pending:
@@ -148,12 +152,13 @@ class Speculation:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
         if self.policy is not None:
-            self.policy.cost.observe_draft(time.perf_counter() - t0, num_asked + num_backlog)
+            self.policy.cost.observe_draft(clock() - t0, num_asked + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
         drafts = StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs),
                             kv_valid, evidence)
+        evidence = evidence_to_cut_on(evidence, probs)
         if self.policy is not None and any(v is not None for v in evidence):
             # adaptive depth, the drafts and their evidence known: verify what pays
             drafts = drafts.cut(self.policy.cut(
@@ -216,6 +221,10 @@ class Speculation:
             bad = f"draft_probs has shape {tuple(out.draft_probs.shape)}, not ({total}, {vocab})"
         elif out.evidence is not None and len(out.evidence) != rows:
             bad = f"{len(out.evidence)} evidence values for {rows} rows"
+        elif out.evidence is not None and any(
+            type(v) is not int or not 0 <= v <= MAX_EVIDENCE for v in out.evidence
+        ):  # adaptive depth keeps an estimate per value: a float or a huge id grows it for ever
+            bad = f"an evidence value that is not an integer in 0..{MAX_EVIDENCE}"
         elif out.kv_valid is not None and len(out.kv_valid) != rows:
             bad = f"{len(out.kv_valid)} kv_valid entries for {rows} rows"
         elif out.kv_valid is not None and any(
@@ -357,6 +366,20 @@ class Speculation:
     def num_tracked_requests(self) -> int:
         """Requests with draft state (0 once every request left: nothing leaks)."""
         return len(self._states)
+
+
+def evidence_to_cut_on(
+    evidence: Sequence[int | None], probs: Sequence[torch.Tensor | None]
+) -> list[int | None]:
+    """The evidence adaptive depth may cut each row's draft on: None for a sampled row.
+
+    Cutting is lossless only on a value fixed before the draft was drawn. A drafter's
+    evidence is documented so (``Drafts.evidence``), but with q not one-hot a value that
+    secretly followed the drawn tokens would make the cut depend on the draw; so only
+    one-hot rows (greedy drafts, n-gram) are cut on evidence, and a sampled row keeps its
+    drafts (they still weigh on the step time).
+    """
+    return [None if q is not None else v for v, q in zip(evidence, probs)]
 
 
 def _may_use(drafter: Drafter, row: ScheduledRow) -> bool:

@@ -380,3 +380,14 @@ def test_a_probe_is_verified_whatever_its_evidence_reads() -> None:
     assert pol.cut([other], [1], [4]) == [0]
     pol.observe(est, 1, 1, 1, evidence=4)
     assert pol.pooled[4].rates[0] > 0.6 and est.by_evidence[4].rates[0] > 0.6
+
+
+def test_a_sampled_draft_is_never_cut_on_its_evidence() -> None:
+    """Only one-hot rows are cut on evidence: a sampled row's value could follow its own
+    draw, and a cut decided on the draw is not lossless."""
+    import torch
+
+    from draftwise.speculation import evidence_to_cut_on
+
+    q = torch.full((2, 4), 0.25)
+    assert evidence_to_cut_on([3, 1, None], [None, q, None]) == [3, None, None]

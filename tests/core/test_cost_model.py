@@ -100,3 +100,29 @@ def test_one_thread_is_timed_on_its_own_cpu_clock(tmp_path: Path, monkeypatch) -
     wall = measure_costs(llm.engine.runner, llm.engine.kv, 2, 2, threads=2)
     assert all(s < 0.5 for row in wall.seconds for s in row)
     assert llm.engine.kv.num_used_blocks == 0
+
+
+def test_drafting_is_timed_on_the_grids_clock(tmp_path: Path, monkeypatch) -> None:
+    """The drafters' cost per token is set against the forward grid, so both read one
+    clock: the thread's CPU clock at one thread (a wall-clock draft cost under another
+    process's load read dearer than the CPU-clock forward it was weighed against)."""
+    import time
+
+    from draftwise import LLM, SamplingParams
+    from draftwise.cost_model import measure_costs
+
+    path = save_tiny("llama", tmp_path / "m", seed=1)
+    llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2)
+    assert measure_costs(llm.engine.runner, llm.engine.kv, 2, 2, threads=1).clock is time.thread_time
+    assert measure_costs(llm.engine.runner, llm.engine.kv, 2, 2, threads=2).clock is time.perf_counter
+    sc = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+          "prompt_lookup_max": 2, "draftwise": {"adaptive": True}}
+    spec_llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2, num_threads=1,
+                   speculative_config=sc)
+    cost = spec_llm.engine.spec.policy.cost
+    assert cost.clock is time.thread_time
+    ticks = iter(range(10_000))
+    cost.clock = lambda: float(next(ticks))  # every proposing call reads 1 "second"
+    spec_llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}],
+                      SamplingParams(temperature=0, max_tokens=8))
+    assert cost.draft_seconds_per_token >= 0.25  # 1 s over at most 2 + backlog tokens

@@ -63,7 +63,8 @@ class Probe:
             ids += [int(row.token_ids[-1])] * m
             counts.append(m)
             valid.append(n - 1 if MODE["valid"] == "last" else n + m - 1)
-        evidence = None if MODE["evidence"] is None else [1] * (len(counts) + MODE["evidence"])
+        value = MODE.get("evidence_value", 1)
+        evidence = None if MODE["evidence"] is None else [value] * (len(counts) + MODE["evidence"])
         return Drafts(np.asarray(ids, dtype=np.int64), counts, kv_valid=valid,
                       evidence=evidence)
 
@@ -97,7 +98,8 @@ def probe(make_dist: Any) -> Any:
 
     acme_probe.SEEN.clear()
     acme_probe.OUTCOMES.clear()
-    acme_probe.MODE.update(kv_layout=True, valid="last", too_many=False, evidence=None)
+    acme_probe.MODE.update(kv_layout=True, valid="last", too_many=False, evidence=None,
+                           evidence_value=1)
     return acme_probe
 
 
@@ -176,3 +178,16 @@ def test_evidence_that_does_not_fit_the_batch_names_the_method(tiny: Path, probe
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy(6))[0]
     assert out.outputs[0].finish_reason == "error"
     assert "method 'kvprobe' returned 2 evidence values for 1 rows" in (out.error or "")
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, 70_000])
+def test_evidence_that_is_not_a_small_integer_names_the_method(
+    tiny: Path, probe: Any, value: Any
+) -> None:
+    """Adaptive depth keeps an estimate per evidence value: a float, a bool, a negative
+    or a huge value is a plugin bug, refused by name (not a dict that grows for ever)."""
+    probe.MODE.update(evidence=0, evidence_value=value)
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config={"method": "kvprobe"})
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy(6))[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert "method 'kvprobe' returned an evidence value that is not an integer" in (out.error or "")

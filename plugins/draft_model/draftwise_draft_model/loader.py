@@ -78,6 +78,8 @@ class DraftModelLoader:
             f"{checkpoint.architecture}, {dm.num_layers} layers, vocab {draft.config.vocab_size}"
             + (f", {mapping.num_shared} tokens shared with the target" if mapping else "")
             + (f", LM head over {head.num_tokens} tokens" if head else "")
+            + (f", lm_head_tokens={options.lm_head_tokens} keeps every token: the full LM "
+               "head runs" if options.lm_head_tokens is not None and head is None else "")
         )
         return LoadedDraft(
             weights=DraftModel(draft, mapping, head),

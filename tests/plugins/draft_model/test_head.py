@@ -77,6 +77,16 @@ def test_a_prefix_covering_the_vocabulary_keeps_the_models_head(draft_dir: Path)
     assert build_subset_head(load_model(str(draft_dir), dtype="bfloat16"), 10_000) is None
 
 
+def test_a_prefix_covering_the_vocabulary_says_so_at_startup(
+    target_dir: Path, draft_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Accepted, but not silently: the startup line says the full head runs."""
+    with caplog.at_level("INFO", logger="draftwise"):
+        LLM(model=str(target_dir), dtype="bfloat16",
+            speculative_config=spec(draft_dir, 2, lm_head_tokens=10_000))
+    assert "lm_head_tokens=10000 keeps every token: the full LM head runs" in caplog.text
+
+
 def spec(draft: Path, k: int, **extra: Any) -> dict[str, Any]:
     return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k, **extra}
 
