@@ -21,6 +21,7 @@ setup(
             sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c",
                      "core/csrc/gemm_bf16.c", "core/csrc/threadpool.c",
                      "core/csrc/gemm_quant.c", "core/csrc/gemm_quant_avx2.c",
+                     "core/csrc/gemm_quant_avx512.c",
                      "core/csrc/quant_pack.c", "core/csrc/gemm_nvfp4.c",
                      "core/csrc/gemm_nvfp4_avx2.c"],
             depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h",

@@ -134,6 +134,42 @@ dw_tile_fn dw_tile_kernel_scalar(int qtype) {
     }
 }
 
+/* The one place that chooses a tile kernel (quant.h, DW_PATH_*). */
+dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name) {
+    if (path == DW_PATH_AUTO) {
+        const char *env = getenv("DRAFTWISE_QUANT_SIMD");
+        if (!env || !*env || !strcmp(env, "auto")) path = -1;
+        else if (!strcmp(env, "avx2")) path = DW_PATH_AVX2;
+        else if (!strcmp(env, "scalar")) path = DW_PATH_SCALAR;
+        else {
+            *name = "DRAFTWISE_QUANT_SIMD must be auto, avx2 or scalar (unset: the best the CPU has)";
+            return NULL;
+        }
+    }
+    dw_tile_fn fn = NULL;
+    switch (path) {
+    case -1: /* the best this CPU has for the type */
+        if ((fn = dw_tile_kernel_avx512(qtype))) *name = "avx512vnni";
+        else if ((fn = dw_tile_kernel_avx2(qtype))) *name = "avx2";
+        else fn = dw_tile_kernel_scalar(qtype), *name = "scalar";
+        break;
+    case DW_PATH_SCALAR: fn = dw_tile_kernel_scalar(qtype), *name = "scalar"; break;
+    case DW_PATH_AVX2:
+        fn = dw_tile_kernel_avx2(qtype), *name = "avx2";
+        if (!fn) *name = "the AVX2 quantized GEMM needs a CPU with avx2, fma and f16c";
+        break;
+    case DW_PATH_AVX512:
+        fn = dw_tile_kernel_avx512(qtype), *name = "avx512vnni";
+        if (!fn)
+            *name = dw_cpu_has_avx512vnni()
+                        ? "the AVX512-VNNI quantized GEMM does not cover this type (it runs AVX2)"
+                        : "the AVX512-VNNI quantized GEMM needs a CPU with avx512f/bw/vl/vnni";
+        break;
+    default: *name = "linear_quant: unknown kernel path"; break;
+    }
+    return fn;
+}
+
 /* One weight segment: output columns [start, start + rows) of y, in one type. */
 typedef struct {
     dw_tile_fn fn;
@@ -232,8 +268,9 @@ static void *act_buffer(int which, size_t bytes) {
 }
 
 /* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
- * threads, scalar): segments is int64 [nseg, 4] of (ggml type, packed data pointer,
- * first output column, output columns), together covering [0, n) in order. */
+ * threads, path): segments is int64 [nseg, 4] of (ggml type, packed data pointer, first
+ * output column, output columns), together covering [0, n) in order; path a DW_PATH_*
+ * (quant.h: 0 the best the CPU has, 1 scalar, 2 avx2, 3 avx512vnni). */
 PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[4];
@@ -241,7 +278,7 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (dw_parse(args, nargs, 13, 4, p, v, "linear_quant") < 0) return NULL;
     const int64_t *table = p[1];
     const int64_t nseg = v[0], m = v[1], k = v[2], n = v[3], x_stride = v[4], y_stride = v[5];
-    const int64_t threads = v[7], scalar = v[8];
+    const int64_t threads = v[7], path = v[8], scalar = path == DW_PATH_SCALAR;
     if (nseg < 1 || nseg > MAX_SEGMENTS || m < 0 || k <= 0 || k % DW_CHUNK || n <= 0 ||
         x_stride < k || y_stride < n) {
         PyErr_SetString(PyExc_ValueError, "linear_quant: bad sizes, strides or segment count");
@@ -272,8 +309,11 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
             return NULL;
         }
         g->act = dw_qtype_act_block((int)e[0]) == DW_SUPER ? ACT256 : ACT32;
-        g->fn = scalar ? dw_tile_kernel_scalar((int)e[0]) : dw_tile_kernel_simd((int)e[0]);
-        if (!g->fn) g->fn = dw_tile_kernel_scalar((int)e[0]);
+        const char *why = NULL;
+        if (!(g->fn = dw_tile_kernel_for((int)e[0], (int)path, &why))) {
+            PyErr_Format(PyExc_ValueError, "linear_quant: %s", why);
+            return NULL;
+        }
         g->data = (const uint8_t *)(intptr_t)e[1];
         g->start = e[2], g->rows = e[3], g->first_tile = tiles;
         g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;
@@ -377,10 +417,27 @@ PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* quant_simd(): which kernel the build runs ("avx2" or "scalar"). */
+/* quant_simd([type[, path]]): the tile kernel a call runs ("avx512vnni", "avx2" or
+ * "scalar"): for ``type`` (a GGML type, or 256 for NVFP4), or with no type the best path
+ * of the machine (DRAFTWISE_QUANT_SIMD applied); path as linear_quant's last argument. */
 PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self, (void)args, (void)nargs;
-    return PyUnicode_FromString(dw_quant_simd_name());
+    (void)self;
+    long long qtype = -1, path = DW_PATH_AUTO;
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "quant_simd takes at most 2 arguments");
+        return NULL;
+    }
+    if (nargs >= 1 && (qtype = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred()) return NULL;
+    if (nargs == 2 && (path = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred()) return NULL;
+    if (qtype == DW_NVFP4)
+        return PyUnicode_FromString(path != DW_PATH_SCALAR && dw_nvfp4_kernel_simd() ? "avx2" : "scalar");
+    /* no type: Q4_K stands for the machine (every SIMD path covers it) */
+    const char *name = NULL;
+    if (!dw_tile_kernel_for(qtype < 0 ? DW_Q4_K : (int)qtype, (int)path, &name)) {
+        PyErr_Format(PyExc_ValueError, "quant_simd: %s", name ? name : "not a type the kernels run");
+        return NULL;
+    }
+    return PyUnicode_FromString(name);
 }
 
 /* quant_act_block(type): 32 or 256, the activation block (one scale) the type takes. */
