@@ -135,7 +135,8 @@ dw_tile_fn dw_tile_kernel_scalar(int qtype) {
 }
 
 /* The one place that chooses a tile kernel (quant.h, DW_PATH_*). */
-dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name) {
+dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name, dw_tile2_fn *pair) {
+    if (pair) *pair = NULL;
     if (path == DW_PATH_AUTO) {
         const char *env = getenv("DRAFTWISE_QUANT_SIMD");
         if (!env || !*env || !strcmp(env, "auto")) path = -1;
@@ -149,7 +150,7 @@ dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name) {
     dw_tile_fn fn = NULL;
     switch (path) {
     case -1: /* the best this CPU has for the type */
-        if ((fn = dw_tile_kernel_avx512(qtype))) *name = "avx512vnni";
+        if ((fn = dw_tile_kernel_avx512(qtype, pair))) *name = "avx512vnni";
         else if ((fn = dw_tile_kernel_avx2(qtype))) *name = "avx2";
         else fn = dw_tile_kernel_scalar(qtype), *name = "scalar";
         break;
@@ -159,7 +160,7 @@ dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name) {
         if (!fn) *name = "the AVX2 quantized GEMM needs a CPU with avx2, fma and f16c";
         break;
     case DW_PATH_AVX512:
-        fn = dw_tile_kernel_avx512(qtype), *name = "avx512vnni";
+        fn = dw_tile_kernel_avx512(qtype, pair), *name = "avx512vnni";
         if (!fn)
             *name = dw_cpu_has_avx512vnni()
                         ? "the AVX512-VNNI quantized GEMM does not cover this type (it runs AVX2)"
@@ -173,6 +174,7 @@ dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name) {
 /* One weight segment: output columns [start, start + rows) of y, in one type. */
 typedef struct {
     dw_tile_fn fn;
+    dw_tile2_fn fn2; /* two adjacent tiles at once, where the kernel has it (else NULL) */
     const uint8_t *data;
     int64_t start, rows, tiles, tile_bytes, first_tile; /* first_tile: global tile index */
     int act; /* the activations it takes: ACT32 (dw_act), ACT256 (dw_act256), ACT_F32 */
@@ -200,12 +202,16 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r0 = 0; r0 < j->m; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < j->m ? r0 + ROW_BLOCK : j->m;
         int s = 0;
-        for (int64_t t = begin; t < end; t++) {
+        for (int64_t t = begin; t < end;) {
             while (t >= j->seg[s].first_tile + j->seg[s].tiles) s++;
             const segment *g = &j->seg[s];
             const int64_t lt = t - g->first_tile, col = g->start + lt * DW_TILE;
-            const int cols = (int)(g->rows - lt * DW_TILE < DW_TILE ? g->rows - lt * DW_TILE : DW_TILE);
-            float bias[DW_TILE] = {0};
+            /* two tiles at once where the kernel has it and both are this thread's and this
+             * segment's (the same bits as one at a time: threads still split whole tiles) */
+            const int span = g->fn2 && t + 1 < end && lt + 1 < g->tiles ? 2 : 1;
+            const int64_t left = g->rows - lt * DW_TILE;
+            const int cols = (int)(left < span * DW_TILE ? left : span * DW_TILE);
+            float bias[2 * DW_TILE] = {0};
             if (j->bias)
                 for (int n = 0; n < cols; n++) bias[n] = bf16_to_f32(j->bias[col + n]);
             /* the block's rows in passes of as equal a size as DW_MAX_ROWS allows (16 rows:
@@ -218,19 +224,23 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
                     x[i] = g->act == ACT256 ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
                            : g->act == ACT_F32 ? (const void *)(j->actf + (r + i) * j->chunks * DW_CHUNK)
                                                : (const void *)(j->act + (r + i) * j->chunks);
-                float out[DW_MAX_ROWS][DW_TILE];
-                g->fn(g->data + lt * g->tile_bytes, j->chunks, x, rows, out);
+                float two[DW_MAX_ROWS][2 * DW_TILE], one[DW_MAX_ROWS][DW_TILE];
+                const uint8_t *tile = g->data + lt * g->tile_bytes;
+                if (span == 2) g->fn2(tile, g->tile_bytes, j->chunks, x, rows, two);
+                else g->fn(tile, j->chunks, x, rows, one);
                 for (int i = 0; i < rows; i++) {
+                    const float *o = span == 2 ? two[i] : one[i];
                     if (j->y_f32) {
                         float *y = (float *)j->y + (r + i) * j->y_stride + col;
-                        for (int n = 0; n < cols; n++) y[n] = out[i][n] + bias[n];
+                        for (int n = 0; n < cols; n++) y[n] = o[n] + bias[n];
                     } else {
                         uint16_t *y = (uint16_t *)j->y + (r + i) * j->y_stride + col;
-                        for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(out[i][n] + bias[n]);
+                        for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(o[n] + bias[n]);
                     }
                 }
                 r += rows;
             }
+            t += span;
         }
     }
 }
@@ -310,7 +320,7 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         g->act = dw_qtype_act_block((int)e[0]) == DW_SUPER ? ACT256 : ACT32;
         const char *why = NULL;
-        if (!(g->fn = dw_tile_kernel_for((int)e[0], (int)path, &why))) {
+        if (!(g->fn = dw_tile_kernel_for((int)e[0], (int)path, &why, &g->fn2))) {
             PyErr_Format(PyExc_ValueError, "linear_quant: %s", why);
             return NULL;
         }
@@ -348,8 +358,11 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
      * chunk is long: the last one is what a thread that finished first waits for, and
      * a smaller one keeps its tiles in L2 between the 32-row blocks */
     const int64_t per_thread = m > 8 ? 16 : 4;
-    dw_parallel_for_grain(nt, tiles, (tiles + per_thread * nt - 1) / (per_thread * nt), run_tiles,
-                          &j);
+    int64_t grain = (tiles + per_thread * nt - 1) / (per_thread * nt);
+    /* a kernel that takes two tiles at once gets whole pairs (an odd chunk runs one alone) */
+    for (int i = 0; i < nseg; i++)
+        if (j.seg[i].fn2 && grain % 2) grain++;
+    dw_parallel_for_grain(nt, tiles, grain, run_tiles, &j);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -433,7 +446,7 @@ PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyUnicode_FromString(path != DW_PATH_SCALAR && dw_nvfp4_kernel_simd() ? "avx2" : "scalar");
     /* no type: Q4_K stands for the machine (every SIMD path covers it) */
     const char *name = NULL;
-    if (!dw_tile_kernel_for(qtype < 0 ? DW_Q4_K : (int)qtype, (int)path, &name)) {
+    if (!dw_tile_kernel_for(qtype < 0 ? DW_Q4_K : (int)qtype, (int)path, &name, NULL)) {
         PyErr_Format(PyExc_ValueError, "quant_simd: %s", name ? name : "not a type the kernels run");
         return NULL;
     }

@@ -130,7 +130,12 @@ typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const void *cons
  * follow the contract above bit for bit. */
 dw_tile_fn dw_tile_kernel_scalar(int qtype);
 dw_tile_fn dw_tile_kernel_avx2(int qtype);
-dw_tile_fn dw_tile_kernel_avx512(int qtype);
+/* Two adjacent tiles of a segment at once (the second ``tile_bytes`` after the first):
+ * 16 outputs x ``rows``, results to out[r][0..15]; the bits of two dw_tile_fn calls. */
+typedef void (*dw_tile2_fn)(const uint8_t *tile, int64_t tile_bytes, int64_t chunks,
+                            const void *const *x, int rows, float (*out)[2 * DW_TILE]);
+/* *pair (when not NULL): the two-tile kernel of the type (512 bits), or NULL */
+dw_tile_fn dw_tile_kernel_avx512(int qtype, dw_tile2_fn *pair);
 int dw_cpu_has_avx2(void);       /* avx2 + fma + f16c */
 int dw_cpu_has_avx512vnni(void); /* the above + avx512f/bw/vl/vnni */
 
@@ -141,8 +146,9 @@ int dw_cpu_has_avx512vnni(void); /* the above + avx512f/bw/vl/vnni */
  * refused where the CPU lacks it. Every path gives the same bits. */
 enum { DW_PATH_AUTO = 0, DW_PATH_SCALAR = 1, DW_PATH_AVX2 = 2, DW_PATH_AVX512 = 3 };
 /* The kernel of ``qtype`` on ``path`` (AUTO resolved as above), its name ("avx512vnni",
- * "avx2", "scalar") to *name; NULL with *name an error message when refused. */
-dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name);
+ * "avx2", "scalar") to *name; NULL with *name an error message when refused. *pair (when
+ * not NULL): the path's two-tile kernel where it has one, else NULL. */
+dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name, dw_tile2_fn *pair);
 
 /* ---- NVFP4 (W4A16): 4-bit e2m1 weights, bf16 activations, fp32 arithmetic ----
  *

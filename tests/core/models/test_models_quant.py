@@ -285,20 +285,28 @@ needs_vnni = pytest.mark.skipif(not _has_path("avx512vnni"),
 @pytest.mark.parametrize("qtype", VNNI_TYPES, ids=lambda t: t.name)
 def test_vnni_kernel_equals_scalar_and_avx2_bitwise(qtype: Q, extreme: bool) -> None:
     """Every row count 1..17 (passes of one to five rows, and the even split of more),
-    a partial last tile (44 outputs) and a lone one (8), K of one and of several blocks:
-    the three kernels give the same bits, in fp32 and with a bias in bf16."""
-    for k, n in ((512, 44), (256, 8), (1024, 20)):
-        raw = blocks(qtype, n, k, seed=int(qtype) + k, extreme=extreme)
-        w = q.pack_quant([q.QuantPart(qtype, raw)], k)
-        bias = torch.randn(n, generator=torch.Generator().manual_seed(k)).bfloat16()
-        x = activations(17, k, seed=k)
-        for rows in range(1, 18):
-            xs = x[:rows]
-            vnni = q.linear_quant(xs, w, out_f32=True, path="avx512vnni")
-            assert torch.equal(vnni, q.linear_quant(xs, w, out_f32=True, scalar=True)), (k, rows)
-            assert torch.equal(vnni, q.linear_quant(xs, w, out_f32=True, path="avx2")), (k, rows)
-        assert torch.equal(q.linear_quant(x, w, bias, path="avx512vnni"),
-                           q.linear_quant(x, w, bias, scalar=True))
+    a partial last tile (44 outputs: three pairs of tiles, the 512-bit kernel), a lone
+    tile (8: the 256-bit one) and a pair and a lone tile (20), K of one and of several
+    blocks, one thread and two: the three kernels give the same bits, in fp32 and with a
+    bias in bf16."""
+    before = kernels._threads
+    try:
+        for threads, (k, n) in ((1, (512, 44)), (2, (512, 44)), (1, (256, 8)), (2, (1024, 20))):
+            kernels.set_kernel_threads(threads)
+            raw = blocks(qtype, n, k, seed=int(qtype) + k, extreme=extreme)
+            w = q.pack_quant([q.QuantPart(qtype, raw)], k)
+            bias = torch.randn(n, generator=torch.Generator().manual_seed(k)).bfloat16()
+            x = activations(17, k, seed=k)
+            for rows in range(1, 18):
+                xs = x[:rows]
+                vnni = q.linear_quant(xs, w, out_f32=True, path="avx512vnni")
+                scalar = q.linear_quant(xs, w, out_f32=True, scalar=True)
+                assert torch.equal(vnni, scalar), (threads, k, rows)
+                assert torch.equal(vnni, q.linear_quant(xs, w, out_f32=True, path="avx2")), rows
+            assert torch.equal(q.linear_quant(x, w, bias, path="avx512vnni"),
+                               q.linear_quant(x, w, bias, scalar=True))
+    finally:
+        kernels.set_kernel_threads(before)
 
 
 @needs_vnni
