@@ -214,17 +214,19 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
             float bias[2 * DW_TILE] = {0};
             if (j->bias)
                 for (int n = 0; n < cols; n++) bias[n] = bf16_to_f32(j->bias[col + n]);
-            /* the block's rows in passes of as equal a size as DW_MAX_ROWS allows (16 rows:
-             * 4 x 4, not 5 + 5 + 5 + 1: a one-row pass is nearly a whole decode's work) */
-            const int64_t passes = (r1 - r0 + DW_MAX_ROWS - 1) / DW_MAX_ROWS;
+            /* the block's rows in passes of as equal a size as the kernel's row limit
+             * allows (16 rows: 4 x 4, not 5 + 5 + 5 + 1: a one-row pass is nearly a whole
+             * decode's work) */
+            const int64_t most = span == 2 ? DW_MAX_ROWS2 : DW_MAX_ROWS;
+            const int64_t passes = (r1 - r0 + most - 1) / most;
             for (int64_t pi = 0, r = r0; pi < passes; pi++) {
                 const int rows = (int)((r1 - r0) / passes + (pi < (r1 - r0) % passes));
-                const void *x[DW_MAX_ROWS];
+                const void *x[DW_MAX_ROWS2];
                 for (int i = 0; i < rows; i++)
                     x[i] = g->act == ACT256 ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
                            : g->act == ACT_F32 ? (const void *)(j->actf + (r + i) * j->chunks * DW_CHUNK)
                                                : (const void *)(j->act + (r + i) * j->chunks);
-                float two[DW_MAX_ROWS][2 * DW_TILE], one[DW_MAX_ROWS][DW_TILE];
+                float two[DW_MAX_ROWS2][2 * DW_TILE], one[DW_MAX_ROWS][DW_TILE];
                 const uint8_t *tile = g->data + lt * g->tile_bytes;
                 if (span == 2) g->fn2(tile, g->tile_bytes, j->chunks, x, rows, two);
                 else g->fn(tile, j->chunks, x, rows, one);

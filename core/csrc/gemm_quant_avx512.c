@@ -63,7 +63,7 @@ ALWAYS int block_bytes(const int T) {
 }
 
 /* one variable per row (FOR_ROWS, rows past R compiled away): see gemm_quant_avx2.c */
-#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4)
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
 ALWAYS int32_t ld32(const void *p) {
     int32_t v;
@@ -154,19 +154,23 @@ ALWAYS int32_t ld32(const void *p) {
     _mm512_shuffle_epi8(v, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pat))))
 #include "gemm_quant_avx512_body.h"
 
-/* one function per row count and width (as gemm_quant_avx2.c) */
-#define KERNEL_R(T, R)                                                                            \
+/* one function per row count and width (as gemm_quant_avx2.c): 1..5 rows on one tile,
+ * 1..8 on two */
+#define KERNEL8_R(T, R)                                                                           \
     static TARGET __attribute__((noinline)) void tile_vnni8_##T##_##R(                           \
         const uint8_t *t, int64_t c, const void *const *x, float (*out)[DW_TILE]) {              \
         tile_kernel_8(T, R, t, 0, c, x, &out[0][0]);                                              \
-    }                                                                                             \
+    }
+#define KERNEL16_R(T, R)                                                                          \
     static TARGET __attribute__((noinline)) void tile_vnni16_##T##_##R(                          \
         const uint8_t *t, int64_t ts, int64_t c, const void *const *x,                            \
         float (*out)[2 * DW_TILE]) {                                                              \
         tile_kernel_16(T, R, t, ts, c, x, &out[0][0]);                                            \
     }
 #define KERNEL(T)                                                                                 \
-    KERNEL_R(T, 1) KERNEL_R(T, 2) KERNEL_R(T, 3) KERNEL_R(T, 4) KERNEL_R(T, 5)                    \
+    KERNEL8_R(T, 1) KERNEL8_R(T, 2) KERNEL8_R(T, 3) KERNEL8_R(T, 4) KERNEL8_R(T, 5)               \
+    KERNEL16_R(T, 1) KERNEL16_R(T, 2) KERNEL16_R(T, 3) KERNEL16_R(T, 4) KERNEL16_R(T, 5)          \
+    KERNEL16_R(T, 6) KERNEL16_R(T, 7) KERNEL16_R(T, 8)                                            \
     static TARGET void tile_vnni8_##T(const uint8_t *t, int64_t c, const void *const *x,          \
                                       int rows, float (*out)[DW_TILE]) {                          \
         switch (rows) {                                                                           \
@@ -185,7 +189,10 @@ ALWAYS int32_t ld32(const void *p) {
         case 2: tile_vnni16_##T##_2(t, ts, c, x, out); break;                                     \
         case 3: tile_vnni16_##T##_3(t, ts, c, x, out); break;                                     \
         case 4: tile_vnni16_##T##_4(t, ts, c, x, out); break;                                     \
-        default: tile_vnni16_##T##_5(t, ts, c, x, out); break;                                    \
+        case 5: tile_vnni16_##T##_5(t, ts, c, x, out); break;                                     \
+        case 6: tile_vnni16_##T##_6(t, ts, c, x, out); break;                                     \
+        case 7: tile_vnni16_##T##_7(t, ts, c, x, out); break;                                     \
+        default: tile_vnni16_##T##_8(t, ts, c, x, out); break;                                    \
         }                                                                                         \
     }
 KERNEL(DW_Q4_0)

@@ -75,7 +75,7 @@ ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
     if (R > r) {                                                                                  \
         VI xb = V_B4(x##r[ci].q + 4 * s);                                                         \
         if (T == DW_Q8_0) xb = V_SIGN8(xb, v);                                                    \
-        if (s % 2) { o##r = V_DPBUSD(o##r, va, xb); KEEP(o##r); }                                 \
+        if (s % 2 && R <= 4) { o##r = V_DPBUSD(o##r, va, xb); KEEP(o##r); }                                 \
         else { e##r = V_DPBUSD(e##r, va, xb); KEEP(e##r); }                                       \
     }
             FOR_ROWS(STEP)
@@ -143,16 +143,25 @@ ALWAYS void SFX(tile_kernel256)(const int T, const int R, const uint8_t *tile,
 #define STEP(r)                                                                                   \
     if (R > r) {                                                                                  \
         const VI xb = V_B4(x##r[bi].q + 32 * c + 4 * s);                                          \
-        if (s < 4) { h0_##r = V_DPBUSD(h0_##r, v, xb); KEEP(h0_##r); }                            \
+        if (s < 4 || R > 4) { h0_##r = V_DPBUSD(h0_##r, v, xb); KEEP(h0_##r); }                            \
         else { h1_##r = V_DPBUSD(h1_##r, v, xb); KEEP(h1_##r); }                                  \
     }
                     FOR_ROWS(STEP)
 #undef STEP
+                    if (R > 4 && s == 3) {
+#define HALF(r)                                                                                   \
+    if (R > r) {                                                                                  \
+        isum##r = V_DPWSSD(isum##r, h0_##r, p);                                                   \
+        h0_##r = V_ZI();                                                                          \
+    }
+                        FOR_ROWS(HALF)
+#undef HALF
+                    }
                 }
 #define SCALE(r)                                                                                  \
     if (R > r) {                                                                                  \
         isum##r = V_DPWSSD(isum##r, h0_##r, p);                                                   \
-        isum##r = V_DPWSSD(isum##r, h1_##r, p);                                                   \
+        if (R <= 4) isum##r = V_DPWSSD(isum##r, h1_##r, p);                                       \
         KEEP(isum##r);                                                                            \
     }
                 FOR_ROWS(SCALE)

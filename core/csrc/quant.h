@@ -131,7 +131,9 @@ typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const void *cons
 dw_tile_fn dw_tile_kernel_scalar(int qtype);
 dw_tile_fn dw_tile_kernel_avx2(int qtype);
 /* Two adjacent tiles of a segment at once (the second ``tile_bytes`` after the first):
- * 16 outputs x ``rows``, results to out[r][0..15]; the bits of two dw_tile_fn calls. */
+ * 16 outputs x ``rows`` (1..DW_MAX_ROWS2: 32 registers hold more rows' sums), results to
+ * out[r][0..15]; the bits of two dw_tile_fn calls. */
+#define DW_MAX_ROWS2 8
 typedef void (*dw_tile2_fn)(const uint8_t *tile, int64_t tile_bytes, int64_t chunks,
                             const void *const *x, int rows, float (*out)[2 * DW_TILE]);
 /* *pair (when not NULL): the two-tile kernel of the type (512 bits), or NULL */
