@@ -7,8 +7,9 @@
  *
  * Layout and arithmetic: quant.h (tiles of eight output rows, int8 activation blocks of
  * 32, the per-chunk contract). This file holds the entry point, the row and tile loops,
- * and the scalar kernel (the portable path and the reference the SIMD kernel is tested
- * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel.
+ * and the scalar kernel (the portable path and the reference the SIMD kernels are tested
+ * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel, gemm_quant_avx512.c the
+ * AVX512-VNNI one (dw_tile_kernel_for, below, chooses).
  *
  * Activations: each row is quantized to int8 per block of 32 with an fp32 scale (as
  * llama.cpp does, Q8_0-style but with an fp32 scale), and for Q4_K and Q6_K per block
@@ -20,7 +21,7 @@
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
- * grouped up to five at a time only to share the weight decode, never the arithmetic; threads
+ * grouped up to five (eight on the VNNI two-tile kernel) at a time only to share the weight decode, never the arithmetic; threads
  * split whole tiles. So an output's bits never depend on the row count, the row's
  * position or the thread count.
  */

@@ -1,23 +1,30 @@
 /*
- * The AVX512-VNNI tile kernel of the quantized GEMM: the contract of quant.h, eight
- * outputs at a time (one int32 / fp32 lane each) and up to five activation rows per pass
- * over a tile, for the types where it matters most: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks
- * of 32) and Q4_K, Q6_K (super-blocks of 256). The other types run the AVX2 kernel
- * (dw_tile_kernel_for in gemm_quant.c is the one place that chooses).
+ * The AVX512-VNNI tile kernels of the quantized GEMM: the contract of quant.h for the
+ * types where it matters most: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q4_K, Q6_K
+ * (super-blocks of 256). The other types run the AVX2 kernel (dw_tile_kernel_for in
+ * gemm_quant.c is the one place that chooses).
  *
  * Why: the AVX2 kernel spends per step and row a broadcast, a vpmaddubsw and a 16-bit add,
  * plus a vpmaddwd flush every few steps. vpdpbusd (u8 codes x s8 activations, four
- * products summed straight into int32) takes the row's four int8 values as an embedded
- * broadcast, so a step costs one instruction per row; the decode of a step's codes (a
- * load, a shift and a mask or two) is shared by the rows of a pass as before. The vectors
- * stay 256 bits (AVX512-VL): a tile is eight rows x four bytes per step, and 256-bit EVEX
- * instructions also get the 32 registers five rows' sums need.
+ * products summed straight into int32) makes a step one instruction per row (the row's
+ * four int8 values are a broadcast load); the decode of a step's codes (a load, a shift
+ * and a mask or two) is shared by the rows of a pass as before.
+ *
+ * Two widths, one body (gemm_quant_avx512_body.h): 512 bits hold TWO adjacent tiles of a
+ * segment (16 outputs, the second tile's bytes in the upper half), which run_tiles takes
+ * wherever a thread's range has a pair, with up to DW_MAX_ROWS2 (8) rows a pass: on this
+ * class of CPU a 512-bit vpdpbusd issues as fast as a 256-bit one (measured: two per
+ * cycle either way), so the pair costs about what one tile did, and the 32 registers hold
+ * eight rows' sums, so 8 rows decode the weights once. A lone tile runs the 256-bit body
+ * (eight outputs, up to five rows, like the AVX2 kernel).
  *
  * Integer sums per type (all exact int32, so any order gives the contract's I):
- *   32-blocks: the chunk's 32 products in two vpdpbusd chains (even / odd steps), added.
- *     Q8_0's signed codes take |w| x sign(x, w), as in the AVX2 kernel.
+ *   32-blocks: the chunk's 32 products in two vpdpbusd chains (even / odd steps), added
+ *     (one chain past four rows: registers). Q8_0's signed codes take |w| x sign(x, w),
+ *     as in the AVX2 kernel (512 bits: a masked negate, AVX-512 has no vpsignb).
  *   Q4_K: per chunk two 16-k sums (<= 15 * 127 * 16, so each fits int16) scaled by the
  *     chunk's 6-bit scale with vpdpwssd into the super-block's sum; the mins as AVX2.
+ *     (Q4_K and Q6_K spill some registers at eight rows; still faster than 4 + 4.)
  *   Q6_K: per 16-k sub-block one sum (<= 63 * 127 * 16, not int16) times its signed scale
  *     by vpmulld; the -32 offset against the row's 16-sums as AVX2.
  * The float steps are the same IEEE operations per lane in the same order as the scalar
