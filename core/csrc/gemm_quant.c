@@ -21,9 +21,9 @@
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
- * grouped up to five (eight on the VNNI two-tile kernel) at a time only to share the weight decode, never the arithmetic; threads
- * split whole tiles. So an output's bits never depend on the row count, the row's
- * position or the thread count.
+ * grouped up to five (eight on the VNNI two-tile kernel) at a time only to share the
+ * weight decode, never the arithmetic; threads split whole tiles. So an output's bits
+ * never depend on the row count, the row's position or the thread count.
  */
 #include "kernels.h"
 #include "quant_codes.h"
