@@ -52,9 +52,12 @@ ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
     const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
     for (int64_t ci = 0; ci < chunks; ci++) {
         const uint8_t *b = tile + ci * tb;
+        /* two tiles: past its tile's end a stream asks for the NEXT pair's tile (the
+         * bytes right after the first tile are the second's, already streaming) */
+        const int64_t skip = V_TILES == 2 && ci * tb + ahead >= ts ? ts : 0;
         for (int64_t line = 0; line < tb; line += 64) {
-            _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
-            if (V_TILES == 2) _mm_prefetch((const char *)b + ts + ahead + line, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + skip + ahead + line, _MM_HINT_T0);
+            if (V_TILES == 2) _mm_prefetch((const char *)b + skip + ts + ahead + line, _MM_HINT_T0);
         }
         VF d, m = V_ZF();
         switch (T) {
@@ -108,9 +111,12 @@ ALWAYS void SFX(tile_kernel256)(const int T, const int R, const uint8_t *tile,
     const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
     for (int64_t bi = 0; bi < supers; bi++) {
         const uint8_t *b = tile + bi * tb;
+        /* two tiles: past its tile's end a stream asks for the NEXT pair's tile (the
+         * bytes right after the first tile are the second's, already streaming) */
+        const int64_t skip = V_TILES == 2 && bi * tb + ahead >= ts ? ts : 0;
         for (int64_t line = 0; line < tb; line += 64) {
-            _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
-            if (V_TILES == 2) _mm_prefetch((const char *)b + ts + ahead + line, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + skip + ahead + line, _MM_HINT_T0);
+            if (V_TILES == 2) _mm_prefetch((const char *)b + skip + ts + ahead + line, _MM_HINT_T0);
         }
         VI sc[4];
         VF d, dmin = V_ZF();
