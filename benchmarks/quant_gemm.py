@@ -9,6 +9,10 @@ speculative verify of ``rows - 1`` drafts costs against a decode step). Shapes d
 Qwen2.5-1.5B's MLP down projection (1536 x 8960), whose weights (7-12 MB) do not stay in
 cache, as in a real forward. Row counts are interleaved round by round, so a load change
 on a shared machine touches every count alike; the load average is in the report.
+
+``--paths avx2,avx512vnni`` times each tile kernel side by side (``kernels.QUANT_PATHS``),
+interleaved within every round, on the thread's own CPU time at ``--threads 1``; a path a
+type does not run on this CPU is left out of that type.
 """
 
 from __future__ import annotations
