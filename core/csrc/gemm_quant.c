@@ -207,11 +207,9 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
             while (t >= j->seg[s].first_tile + j->seg[s].tiles) s++;
             const segment *g = &j->seg[s];
             const int64_t lt = t - g->first_tile, col = g->start + lt * DW_TILE;
-            /* two tiles at once where the kernel has it, both are this thread's and this
-             * segment's, and there are two rows or more (the same bits as one at a time:
-             * threads still split whole tiles). One row runs one tile at a time: measured
-             * faster there (1 x 3072 x 576 Q4_1: 0.059 ms against the pair's 0.09) */
-            const int span = g->fn2 && r1 - r0 > 1 && t + 1 < end && lt + 1 < g->tiles ? 2 : 1;
+            /* two tiles at once where the kernel has it and both are this thread's and this
+             * segment's (the same bits as one at a time: threads still split whole tiles) */
+            const int span = g->fn2 && t + 1 < end && lt + 1 < g->tiles ? 2 : 1;
             const int64_t left = g->rows - lt * DW_TILE;
             const int cols = (int)(left < span * DW_TILE ? left : span * DW_TILE);
             float bias[2 * DW_TILE] = {0};
