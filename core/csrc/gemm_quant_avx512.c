@@ -84,8 +84,8 @@ ALWAYS int32_t ld32(const void *p) {
 #define SFX(f) f##_8
 #define VI __m256i
 #define VF __m256
-#define V_LD(ts, p) _mm256_loadu_si256((const __m256i *)(p))
-#define V_HALF(ts, p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define V_LD(ts, p) ((void)(ts), _mm256_loadu_si256((const __m256i *)(p)))
+#define V_HALF(ts, p) ((void)(ts), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define V_B4(p) _mm256_set1_epi32(ld32(p))
 #define V_BPAIR(p) _mm256_set1_epi32(ld32(p))
 #define V_B8(m) _mm256_set1_epi8((char)(m))
