@@ -21,10 +21,12 @@ setup(
             sources=["core/csrc/module.c", "core/csrc/paged_attention.c", "core/csrc/elementwise.c",
                      "core/csrc/gemm_bf16.c", "core/csrc/threadpool.c",
                      "core/csrc/gemm_quant.c", "core/csrc/gemm_quant_avx2.c",
+                     "core/csrc/gemm_quant_avx512.c",
                      "core/csrc/quant_pack.c", "core/csrc/gemm_nvfp4.c",
                      "core/csrc/gemm_nvfp4_avx2.c"],
             depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h",
-                     "core/csrc/quant.h", "core/csrc/quant_layout.h", "core/csrc/quant_codes.h"],
+                     "core/csrc/quant.h", "core/csrc/quant_layout.h", "core/csrc/quant_codes.h",
+                     "core/csrc/gemm_quant_avx512_body.h"],
             extra_compile_args=flags,
             extra_link_args=["-pthread"],
             optional=True,  # no compiler: the torch attention path runs instead

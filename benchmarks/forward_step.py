@@ -8,6 +8,7 @@ pieces off to compare them in the same minute::
     DRAFTWISE_ATTENTION=torch python benchmarks/forward_step.py            # torch attention + ops
     DRAFTWISE_ATTENTION=torch DRAFTWISE_PACK_WEIGHTS=0 python benchmarks/forward_step.py
     DRAFTWISE_QUANT=0 python benchmarks/forward_step.py          # GGUF widened to bf16 (old)
+    DRAFTWISE_QUANT_SIMD=avx2 python benchmarks/forward_step.py  # the AVX2 GEMM, not VNNI
     python benchmarks/forward_step.py --model qwen-1.5b-q4_k_m.gguf --threads 2 \
         --llama-bench /path/to/llama-bench        # llama.cpp's tg on the same file, same run
 

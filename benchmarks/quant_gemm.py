@@ -9,6 +9,10 @@ speculative verify of ``rows - 1`` drafts costs against a decode step). Shapes d
 Qwen2.5-1.5B's MLP down projection (1536 x 8960), whose weights (7-12 MB) do not stay in
 cache, as in a real forward. Row counts are interleaved round by round, so a load change
 on a shared machine touches every count alike; the load average is in the report.
+
+``--paths avx2,avx512vnni`` times each tile kernel side by side (``kernels.QUANT_PATHS``),
+interleaved within every round, on the thread's own CPU time at ``--threads 1``; a path a
+type does not run on this CPU is left out of that type.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--copies", type=int, default=4, help="weights cycled (defeats the cache)")
+    ap.add_argument("--paths", default="auto",
+                    help="tile kernels to compare, interleaved round by round (kernels.QUANT_PATHS:"
+                         " e.g. avx2,avx512vnni); a type a path does not cover is skipped there")
     args = ap.parse_args()
     kernels.set_kernel_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
@@ -69,28 +76,45 @@ def main() -> None:
                     "simd": q.quant_simd(), "loadavg_before": os.getloadavg(), "types": {}}
     for name in args.types.split(","):
         ws = _weight(name, args.n, args.k, args.copies)
+        qtype = q.NVFP4 if name == "NVFP4" else Q[name]
+        paths = []
+        for p in args.paths.split(","):
+            try:
+                paths.append((p, q.quant_simd(int(qtype), p)))
+            except ValueError:  # not on this CPU, or not a type the path covers
+                continue
         xs = {m: torch.randn(m, args.k).bfloat16() for m in rows}
-        times: dict[int, list[float]] = {m: [] for m in rows}
-        cpu: dict[int, list[float]] = {m: [] for m in rows}
+        keys = [(p, m) for p, _ in paths for m in rows]
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+        cpu: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
         for _ in range(2):
-            for m in rows:
-                q.linear_quant(xs[m], ws[0])
+            for p, m in keys:
+                q.linear_quant(xs[m], ws[0], path=p)
         for _ in range(args.rounds):
-            for m in rows:
-                t0, c0 = time.perf_counter(), time.process_time()
+            for p, m in keys:
+                # the thread's own CPU time at one thread (a shared machine's other
+                # processes do not count), the process's with more
+                clock = time.thread_time if args.threads == 1 else time.process_time
+                t0, c0 = time.perf_counter(), clock()
                 for w in ws:
-                    q.linear_quant(xs[m], w)
-                times[m].append((time.perf_counter() - t0) / len(ws))
-                cpu[m].append((time.process_time() - c0) / len(ws))
-        wall = {m: statistics.median(times[m]) for m in rows}
-        med = {m: statistics.median(cpu[m]) for m in rows}
-        report["types"][name] = {
-            str(m): {"cpu_ms": round(med[m] * 1e3, 4), "wall_ms": round(wall[m] * 1e3, 4),
-                     "gmac_per_cpu_s": round(m * args.n * args.k / med[m] / 1e9, 2),
-                     "vs_1_row": round(med[m] / med[rows[0]], 3)}
-            for m in rows}
-        print(name, " ".join(f"{m}:{med[m]*1e3:.3f}ms({med[m]/med[rows[0]]:.2f}x)" for m in rows),
-              flush=True)
+                    q.linear_quant(xs[m], w, path=p)
+                times[p, m].append((time.perf_counter() - t0) / len(ws))
+                cpu[p, m].append((clock() - c0) / len(ws))
+        for p, ran in paths:
+            wall = {m: statistics.median(times[p, m]) for m in rows}
+            med = {m: statistics.median(cpu[p, m]) for m in rows}
+            entry = {
+                str(m): {"cpu_ms": round(med[m] * 1e3, 4), "wall_ms": round(wall[m] * 1e3, 4),
+                         "gmac_per_cpu_s": round(m * args.n * args.k / med[m] / 1e9, 2),
+                         "vs_1_row": round(med[m] / med[rows[0]], 3)}
+                for m in rows}
+            base = statistics.median(cpu[paths[0][0], rows[0]])
+            for m in rows:  # against the first path's one row: what a verify costs
+                entry[str(m)]["vs_first_path_1_row"] = round(med[m] / base, 3)
+            report["types"].setdefault(name, {})[ran if len(paths) > 1 else "all"] = entry
+            print(f"{name:6s} {ran:10s}",
+                  " ".join(f"{m}:{med[m]*1e3:.3f}ms({med[m]/med[rows[0]]:.2f}x)" for m in rows),
+                  flush=True)
     report["loadavg_after"] = os.getloadavg()
     print(json.dumps(report))
 

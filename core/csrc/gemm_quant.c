@@ -7,8 +7,9 @@
  *
  * Layout and arithmetic: quant.h (tiles of eight output rows, int8 activation blocks of
  * 32, the per-chunk contract). This file holds the entry point, the row and tile loops,
- * and the scalar kernel (the portable path and the reference the SIMD kernel is tested
- * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel.
+ * and the scalar kernel (the portable path and the reference the SIMD kernels are tested
+ * bitwise against); gemm_quant_avx2.c holds the AVX2 kernel, gemm_quant_avx512.c the
+ * AVX512-VNNI one (dw_tile_kernel_for, below, chooses).
  *
  * Activations: each row is quantized to int8 per block of 32 with an fp32 scale (as
  * llama.cpp does, Q8_0-style but with an fp32 scale), and for Q4_K and Q6_K per block
@@ -20,9 +21,9 @@
  *
  * Batch invariance by construction: a row's int8 blocks depend only on that row; each
  * output is one fp32 accumulator taking the chunks of K in order (quant.h); rows are
- * grouped up to five at a time only to share the weight decode, never the arithmetic; threads
- * split whole tiles. So an output's bits never depend on the row count, the row's
- * position or the thread count.
+ * grouped up to five (eight on the VNNI two-tile kernel) at a time only to share the
+ * weight decode, never the arithmetic; threads split whole tiles. So an output's bits
+ * never depend on the row count, the row's position or the thread count.
  */
 #include "kernels.h"
 #include "quant_codes.h"
@@ -134,9 +135,47 @@ dw_tile_fn dw_tile_kernel_scalar(int qtype) {
     }
 }
 
+/* The one place that chooses a tile kernel (quant.h, DW_PATH_*). */
+dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name, dw_tile2_fn *pair) {
+    if (pair) *pair = NULL;
+    if (path == DW_PATH_AUTO) {
+        const char *env = getenv("DRAFTWISE_QUANT_SIMD");
+        if (!env || !*env || !strcmp(env, "auto")) path = -1;
+        else if (!strcmp(env, "avx2")) path = DW_PATH_AVX2;
+        else if (!strcmp(env, "scalar")) path = DW_PATH_SCALAR;
+        else {
+            *name = "DRAFTWISE_QUANT_SIMD must be auto, avx2 or scalar (unset: the best the CPU has)";
+            return NULL;
+        }
+    }
+    dw_tile_fn fn = NULL;
+    switch (path) {
+    case -1: /* the best this CPU has for the type */
+        if ((fn = dw_tile_kernel_avx512(qtype, pair))) *name = "avx512vnni";
+        else if ((fn = dw_tile_kernel_avx2(qtype))) *name = "avx2";
+        else fn = dw_tile_kernel_scalar(qtype), *name = "scalar";
+        break;
+    case DW_PATH_SCALAR: fn = dw_tile_kernel_scalar(qtype), *name = "scalar"; break;
+    case DW_PATH_AVX2:
+        fn = dw_tile_kernel_avx2(qtype), *name = "avx2";
+        if (!fn) *name = "the AVX2 quantized GEMM needs a CPU with avx2, fma and f16c";
+        break;
+    case DW_PATH_AVX512:
+        fn = dw_tile_kernel_avx512(qtype, pair), *name = "avx512vnni";
+        if (!fn)
+            *name = dw_cpu_has_avx512vnni()
+                        ? "the AVX512-VNNI quantized GEMM does not cover this type (it runs AVX2)"
+                        : "the AVX512-VNNI quantized GEMM needs a CPU with avx512f/bw/vl/vnni";
+        break;
+    default: *name = "linear_quant: unknown kernel path"; break;
+    }
+    return fn;
+}
+
 /* One weight segment: output columns [start, start + rows) of y, in one type. */
 typedef struct {
     dw_tile_fn fn;
+    dw_tile2_fn fn2; /* two adjacent tiles at once, where the kernel has it (else NULL) */
     const uint8_t *data;
     int64_t start, rows, tiles, tile_bytes, first_tile; /* first_tile: global tile index */
     int act; /* the activations it takes: ACT32 (dw_act), ACT256 (dw_act256), ACT_F32 */
@@ -164,37 +203,47 @@ static void run_tiles(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r0 = 0; r0 < j->m; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < j->m ? r0 + ROW_BLOCK : j->m;
         int s = 0;
-        for (int64_t t = begin; t < end; t++) {
+        for (int64_t t = begin; t < end;) {
             while (t >= j->seg[s].first_tile + j->seg[s].tiles) s++;
             const segment *g = &j->seg[s];
             const int64_t lt = t - g->first_tile, col = g->start + lt * DW_TILE;
-            const int cols = (int)(g->rows - lt * DW_TILE < DW_TILE ? g->rows - lt * DW_TILE : DW_TILE);
-            float bias[DW_TILE] = {0};
+            /* two tiles at once where the kernel has it and both are this thread's and this
+             * segment's (the same bits as one at a time: threads still split whole tiles) */
+            const int span = g->fn2 && t + 1 < end && lt + 1 < g->tiles ? 2 : 1;
+            const int64_t left = g->rows - lt * DW_TILE;
+            const int cols = (int)(left < span * DW_TILE ? left : span * DW_TILE);
+            float bias[2 * DW_TILE] = {0};
             if (j->bias)
                 for (int n = 0; n < cols; n++) bias[n] = bf16_to_f32(j->bias[col + n]);
-            /* the block's rows in passes of as equal a size as DW_MAX_ROWS allows (16 rows:
-             * 4 x 4, not 5 + 5 + 5 + 1: a one-row pass is nearly a whole decode's work) */
-            const int64_t passes = (r1 - r0 + DW_MAX_ROWS - 1) / DW_MAX_ROWS;
+            /* the block's rows in passes of as equal a size as the kernel's row limit
+             * allows (16 rows: 4 x 4, not 5 + 5 + 5 + 1: a one-row pass is nearly a whole
+             * decode's work) */
+            const int64_t most = span == 2 ? DW_MAX_ROWS2 : DW_MAX_ROWS;
+            const int64_t passes = (r1 - r0 + most - 1) / most;
             for (int64_t pi = 0, r = r0; pi < passes; pi++) {
                 const int rows = (int)((r1 - r0) / passes + (pi < (r1 - r0) % passes));
-                const void *x[DW_MAX_ROWS];
+                const void *x[DW_MAX_ROWS2];
                 for (int i = 0; i < rows; i++)
                     x[i] = g->act == ACT256 ? (const void *)(j->act256 + (r + i) * (j->chunks / 8))
                            : g->act == ACT_F32 ? (const void *)(j->actf + (r + i) * j->chunks * DW_CHUNK)
                                                : (const void *)(j->act + (r + i) * j->chunks);
-                float out[DW_MAX_ROWS][DW_TILE];
-                g->fn(g->data + lt * g->tile_bytes, j->chunks, x, rows, out);
+                float two[DW_MAX_ROWS2][2 * DW_TILE], one[DW_MAX_ROWS][DW_TILE];
+                const uint8_t *tile = g->data + lt * g->tile_bytes;
+                if (span == 2) g->fn2(tile, g->tile_bytes, j->chunks, x, rows, two);
+                else g->fn(tile, j->chunks, x, rows, one);
                 for (int i = 0; i < rows; i++) {
+                    const float *o = span == 2 ? two[i] : one[i];
                     if (j->y_f32) {
                         float *y = (float *)j->y + (r + i) * j->y_stride + col;
-                        for (int n = 0; n < cols; n++) y[n] = out[i][n] + bias[n];
+                        for (int n = 0; n < cols; n++) y[n] = o[n] + bias[n];
                     } else {
                         uint16_t *y = (uint16_t *)j->y + (r + i) * j->y_stride + col;
-                        for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(out[i][n] + bias[n]);
+                        for (int n = 0; n < cols; n++) y[n] = f32_to_bf16(o[n] + bias[n]);
                     }
                 }
                 r += rows;
             }
+            t += span;
         }
     }
 }
@@ -232,8 +281,9 @@ static void *act_buffer(int which, size_t bytes) {
 }
 
 /* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
- * threads, scalar): segments is int64 [nseg, 4] of (ggml type, packed data pointer,
- * first output column, output columns), together covering [0, n) in order. */
+ * threads, path): segments is int64 [nseg, 4] of (ggml type, packed data pointer, first
+ * output column, output columns), together covering [0, n) in order; path a DW_PATH_*
+ * (quant.h: 0 the best the CPU has, 1 scalar, 2 avx2, 3 avx512vnni). */
 PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[4];
@@ -241,7 +291,7 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (dw_parse(args, nargs, 13, 4, p, v, "linear_quant") < 0) return NULL;
     const int64_t *table = p[1];
     const int64_t nseg = v[0], m = v[1], k = v[2], n = v[3], x_stride = v[4], y_stride = v[5];
-    const int64_t threads = v[7], scalar = v[8];
+    const int64_t threads = v[7], path = v[8], scalar = path == DW_PATH_SCALAR;
     if (nseg < 1 || nseg > MAX_SEGMENTS || m < 0 || k <= 0 || k % DW_CHUNK || n <= 0 ||
         x_stride < k || y_stride < n) {
         PyErr_SetString(PyExc_ValueError, "linear_quant: bad sizes, strides or segment count");
@@ -272,8 +322,11 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
             return NULL;
         }
         g->act = dw_qtype_act_block((int)e[0]) == DW_SUPER ? ACT256 : ACT32;
-        g->fn = scalar ? dw_tile_kernel_scalar((int)e[0]) : dw_tile_kernel_simd((int)e[0]);
-        if (!g->fn) g->fn = dw_tile_kernel_scalar((int)e[0]);
+        const char *why = NULL;
+        if (!(g->fn = dw_tile_kernel_for((int)e[0], (int)path, &why, &g->fn2))) {
+            PyErr_Format(PyExc_ValueError, "linear_quant: %s", why);
+            return NULL;
+        }
         g->data = (const uint8_t *)(intptr_t)e[1];
         g->start = e[2], g->rows = e[3], g->first_tile = tiles;
         g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;
@@ -308,8 +361,11 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
      * chunk is long: the last one is what a thread that finished first waits for, and
      * a smaller one keeps its tiles in L2 between the 32-row blocks */
     const int64_t per_thread = m > 8 ? 16 : 4;
-    dw_parallel_for_grain(nt, tiles, (tiles + per_thread * nt - 1) / (per_thread * nt), run_tiles,
-                          &j);
+    int64_t grain = (tiles + per_thread * nt - 1) / (per_thread * nt);
+    /* a kernel that takes two tiles at once gets whole pairs (an odd chunk runs one alone) */
+    for (int i = 0; i < nseg; i++)
+        if (j.seg[i].fn2 && grain % 2) grain++;
+    dw_parallel_for_grain(nt, tiles, grain, run_tiles, &j);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -377,10 +433,27 @@ PyObject *dw_quant_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* quant_simd(): which kernel the build runs ("avx2" or "scalar"). */
+/* quant_simd([type[, path]]): the tile kernel a call runs ("avx512vnni", "avx2" or
+ * "scalar"): for ``type`` (a GGML type, or 256 for NVFP4), or with no type the best path
+ * of the machine (DRAFTWISE_QUANT_SIMD applied); path as linear_quant's last argument. */
 PyObject *dw_quant_simd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self, (void)args, (void)nargs;
-    return PyUnicode_FromString(dw_quant_simd_name());
+    (void)self;
+    long long qtype = -1, path = DW_PATH_AUTO;
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "quant_simd takes at most 2 arguments");
+        return NULL;
+    }
+    if (nargs >= 1 && (qtype = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred()) return NULL;
+    if (nargs == 2 && (path = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred()) return NULL;
+    if (qtype == DW_NVFP4)
+        return PyUnicode_FromString(path != DW_PATH_SCALAR && dw_nvfp4_kernel_simd() ? "avx2" : "scalar");
+    /* no type: Q4_K stands for the machine (every SIMD path covers it) */
+    const char *name = NULL;
+    if (!dw_tile_kernel_for(qtype < 0 ? DW_Q4_K : (int)qtype, (int)path, &name, NULL)) {
+        PyErr_Format(PyExc_ValueError, "quant_simd: %s", name ? name : "not a type the kernels run");
+        return NULL;
+    }
+    return PyUnicode_FromString(name);
 }
 
 /* quant_act_block(type): 32 or 256, the activation block (one scale) the type takes. */

@@ -534,7 +534,7 @@ static int cpu_has_avx2(void) {
            __builtin_cpu_supports("f16c");
 }
 
-dw_tile_fn dw_tile_kernel_simd(int qtype) {
+dw_tile_fn dw_tile_kernel_avx2(int qtype) {
     if (!cpu_has_avx2()) return NULL;
     switch (qtype) {
     case DW_Q4_0: return tile_avx2_DW_Q4_0;
@@ -551,19 +551,19 @@ dw_tile_fn dw_tile_kernel_simd(int qtype) {
     }
 }
 
-const char *dw_quant_simd_name(void) { return cpu_has_avx2() ? "avx2" : "scalar"; }
+int dw_cpu_has_avx2(void) { return cpu_has_avx2(); }
 
 dw_act_fn dw_act_row_simd(void) { return cpu_has_avx2() ? act_row_avx2 : NULL; }
 dw_act256_fn dw_act256_row_simd(void) { return cpu_has_avx2() ? act256_row_avx2 : NULL; }
 
 #else
 
-dw_tile_fn dw_tile_kernel_simd(int qtype) {
+dw_tile_fn dw_tile_kernel_avx2(int qtype) {
     (void)qtype;
     return NULL;
 }
 
-const char *dw_quant_simd_name(void) { return "scalar"; }
+int dw_cpu_has_avx2(void) { return 0; }
 
 dw_act_fn dw_act_row_simd(void) { return NULL; }
 dw_act256_fn dw_act256_row_simd(void) { return NULL; }

@@ -23,7 +23,7 @@ static PyMethodDef methods[] = {
      "argmax_f32(x, out_int64, rows, cols): torch.argmax(x, -1) of contiguous fp32 rows"},
     {"linear_quant", (PyCFunction)(void (*)(void))dw_linear_quant, METH_FASTCALL,
      "linear_quant(x, segments, bias_or_0, y, nseg, rows, in_features, out_features, "
-     "x_stride, y_stride, y_f32, threads, scalar): y = x @ W^T + b, W GGUF-quantized in "
+     "x_stride, y_stride, y_f32, threads, path): y = x @ W^T + b, W GGUF-quantized in "
      "tiles (quant.h); segments int64 [nseg, 4] = (ggml type, data, first column, columns)"},
     {"quant_pack", (PyCFunction)(void (*)(void))dw_quant_pack_py, METH_FASTCALL,
      "quant_pack(ggml_type, row_pointers, dst, rows, k, threads): GGUF rows (int64 "
@@ -32,7 +32,7 @@ static PyMethodDef methods[] = {
      "quant_dequant_rows(ggml_type, packed, ids, out, count, k, out_f32): rows of a packed "
      "weight to bf16 (or fp32)"},
     {"quant_simd", (PyCFunction)(void (*)(void))dw_quant_simd, METH_FASTCALL,
-     "quant_simd(): the quantized GEMM's SIMD path in this build (avx2 or scalar)"},
+     "quant_simd([ggml_type[, path]]): the tile kernel the quantized GEMM runs (avx512vnni, avx2 or scalar)"},
     {"quant_act_block", (PyCFunction)(void (*)(void))dw_quant_act_block_py, METH_FASTCALL,
      "quant_act_block(ggml_type): values per int8 activation block (and scale) the type's "
      "kernel multiplies with: 32, or 256 for the super-block types"},

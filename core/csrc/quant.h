@@ -124,12 +124,33 @@ int dw_qtype_act_block(int qtype);
 typedef void (*dw_tile_fn)(const uint8_t *tile, int64_t chunks, const void *const *x, int rows,
                            float (*out)[DW_TILE]);
 
-/* The portable C implementation of every type (the reference), and the SIMD one where
- * the build has it (NULL otherwise); both follow the contract above bit for bit. */
+/* The portable C implementation of every type (the reference), and the SIMD ones where
+ * the build and CPU have them (NULL otherwise): AVX2 (gemm_quant_avx2.c, every type) and
+ * AVX512-VNNI (gemm_quant_avx512.c: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K). All
+ * follow the contract above bit for bit. */
 dw_tile_fn dw_tile_kernel_scalar(int qtype);
-dw_tile_fn dw_tile_kernel_simd(int qtype);
-/* "avx2" or "scalar": what dw_tile_kernel_simd runs in this build */
-const char *dw_quant_simd_name(void);
+dw_tile_fn dw_tile_kernel_avx2(int qtype);
+/* Two adjacent tiles of a segment at once (the second ``tile_bytes`` after the first):
+ * 16 outputs x ``rows`` (1..DW_MAX_ROWS2: 32 registers hold more rows' sums), results to
+ * out[r][0..15]; the bits of two dw_tile_fn calls. */
+#define DW_MAX_ROWS2 8
+typedef void (*dw_tile2_fn)(const uint8_t *tile, int64_t tile_bytes, int64_t chunks,
+                            const void *const *x, int rows, float (*out)[2 * DW_TILE]);
+/* *pair (when not NULL): the two-tile kernel of the type (512 bits), or NULL */
+dw_tile_fn dw_tile_kernel_avx512(int qtype, dw_tile2_fn *pair);
+int dw_cpu_has_avx2(void);       /* avx2 + fma + f16c */
+int dw_cpu_has_avx512vnni(void); /* the above + avx512f/bw/vl/vnni */
+
+/* Which tile kernel a call runs (gemm_quant.c, dw_tile_kernel_for, is the one place that
+ * chooses). DW_PATH_AUTO: the best the CPU has for the type (AVX512-VNNI, else AVX2, else
+ * scalar), unless the environment variable DRAFTWISE_QUANT_SIMD names a path ("avx2",
+ * "scalar" or "auto"): the A/B switch of the benchmarks. The others force a path and are
+ * refused where the CPU lacks it. Every path gives the same bits. */
+enum { DW_PATH_AUTO = 0, DW_PATH_SCALAR = 1, DW_PATH_AVX2 = 2, DW_PATH_AVX512 = 3 };
+/* The kernel of ``qtype`` on ``path`` (AUTO resolved as above), its name ("avx512vnni",
+ * "avx2", "scalar") to *name; NULL with *name an error message when refused. *pair (when
+ * not NULL): the path's two-tile kernel where it has one, else NULL. */
+dw_tile_fn dw_tile_kernel_for(int qtype, int path, const char **name, dw_tile2_fn *pair);
 
 /* ---- NVFP4 (W4A16): 4-bit e2m1 weights, bf16 activations, fp32 arithmetic ----
  *

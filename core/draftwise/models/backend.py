@@ -46,7 +46,8 @@ class Backend:
     #: GGUF-quantized weights stay quantized (``models.quant``); else why not (for a notice)
     quantized: bool
     quantized_why_not: str
-    #: stored weight type -> the GEMM that runs it, e.g. ``("Q4_K", "quant-avx2")``
+    #: stored weight type -> the GEMM that runs it, e.g. ``("Q4_K", "quant-avx512vnni")``,
+    #: ``("Q4_K+Q5_K", "quant-avx512vnni+avx2")`` (a fused weight's kernels per segment)
     gemm: tuple[tuple[str, str], ...] = ()
     #: the C kernels' worker threads, and torch's intra-op threads beside them
     threads: int | None = None
@@ -137,7 +138,8 @@ def gemm_kind(weight: Any) -> tuple[str, str]:
     from draftwise.models.quant import QuantWeight
 
     if isinstance(weight, QuantWeight):
-        return "+".join(dict.fromkeys(weight.qtypes)), f"quant-{kernels.quant_simd()}"
+        paths = dict.fromkeys(kernels.quant_simd(int(s.qtype)) for s in weight.segments)
+        return "+".join(dict.fromkeys(weight.qtypes)), "quant-" + "+".join(paths)
     if isinstance(weight, BlockedWeight):
         return "bf16", f"native-{kernels.bf16_isa()}"
     dtype = str(weight.dtype).removeprefix("torch.")

@@ -84,11 +84,25 @@ def bf16_isa() -> str:
     return str(getattr(KERNELS, "linear_bf16_isa", "none"))
 
 
-def quant_simd() -> str:
-    """``avx2`` or ``scalar``: the quantized GEMM this build runs (``none``: not built)."""
+#: The tile-kernel paths of :func:`linear_quant` (``core/csrc/quant.h``, ``DW_PATH_*``):
+#: ``auto`` runs the best the CPU has for the weight's type (``avx512vnni`` for Q4_0, Q4_1,
+#: Q5_0, Q5_1, Q8_0, Q4_K and Q6_K where the CPU has avx512f/bw/vl/vnni, else ``avx2``,
+#: else ``scalar``); the others force one (refused where the CPU lacks it). Every path
+#: gives the same bits. The environment variable ``DRAFTWISE_QUANT_SIMD`` (``avx2``,
+#: ``scalar`` or ``auto``, read by the C dispatch at each call) turns ``auto`` into a
+#: forced path for a whole process: the A/B switch of the benchmarks.
+QUANT_PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3}
+
+
+def quant_simd(qtype: int | None = None, path: str = "auto") -> str:
+    """The tile kernel the quantized GEMM runs (``avx512vnni``, ``avx2`` or ``scalar``)
+    for GGML type ``qtype`` (256: NVFP4), or with no type the machine's best; ``none``:
+    not built. ``ValueError`` where ``path`` (or ``DRAFTWISE_QUANT_SIMD``) is refused."""
     if KERNELS is None or not hasattr(KERNELS, "quant_simd"):
         return "none"
-    return str(KERNELS.quant_simd())
+    if qtype is None:
+        return str(KERNELS.quant_simd(-1, QUANT_PATHS[path]))
+    return str(KERNELS.quant_simd(int(qtype), QUANT_PATHS[path]))
 
 
 def quant_act_block(qtype: int) -> int:
@@ -304,17 +318,20 @@ def linear_quant(
     bias: torch.Tensor | None = None,  # [out] bf16
     out_f32: bool = False,
     scalar: bool = False,
+    path: str = "auto",
 ) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
     """``x @ W^T + b`` on a GGUF-quantized weight packed in tiles (``models.quant``): the
-    weight's segment table was checked when it was packed, ``x`` and ``bias`` are here."""
+    weight's segment table was checked when it was packed, ``x`` and ``bias`` are here.
+    ``scalar`` is ``path="scalar"``; ``path``: :data:`QUANT_PATHS`."""
     kern = _kernel("linear_quant")
+    code = QUANT_PATHS["scalar"] if scalar else QUANT_PATHS[path]
     k, n = weight.in_features, weight.out_features
     x, stride, out = _gemm_io("quantized linear", x, k, n, bias, out_f32)
     if out.shape[0]:
         kern.linear_quant(x.data_ptr(), weight.table_address,
                           0 if bias is None else bias.data_ptr(), out.data_ptr(),
                           weight.num_segments, out.shape[0], k, n, stride, n, int(out_f32),
-                          kernel_threads(), int(scalar))
+                          kernel_threads(), code)
     return out
 
 

@@ -69,9 +69,10 @@ def quant_kernels_available() -> bool:
     return kernels.available("linear_quant")
 
 
-def quant_simd() -> str:
-    """``avx2`` or ``scalar``: the kernel this build runs (``none`` without the C kernels)."""
-    return kernels.quant_simd()
+def quant_simd(qtype: int | None = None, path: str = "auto") -> str:
+    """``avx512vnni``, ``avx2`` or ``scalar``: the kernel this build runs for ``qtype``
+    (no type: the machine's best; ``none`` without the C kernels): ``kernels.quant_simd``."""
+    return kernels.quant_simd(qtype, path)
 
 
 def activation_block(qtype: GGMLQuantizationType) -> int:
@@ -313,9 +314,11 @@ def linear_quant(
     bias: torch.Tensor | None = None,  # [out] bf16
     out_f32: bool = False,
     scalar: bool = False,
+    path: str = "auto",
 ) -> torch.Tensor:  # [T, out] bf16 (fp32 when out_f32)
-    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel."""
-    return kernels.linear_quant(x, weight, bias, out_f32, scalar)
+    """``x @ W^T + b`` on the packed weight; ``scalar`` runs the portable reference kernel,
+    ``path`` forces a tile kernel (``kernels.QUANT_PATHS``: the A/B of the SIMD paths)."""
+    return kernels.linear_quant(x, weight, bias, out_f32, scalar, path)
 
 
 def dequant_rows(

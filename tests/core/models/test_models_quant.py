@@ -261,3 +261,103 @@ def test_inf_or_nan_in_a_row_makes_that_row_nan_in_both_paths(qtype: Q) -> None:
         assert got[1:3].isnan().all()
         assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=scalar))
         assert torch.equal(got[[0, 3]], q.linear_quant(x[[0, 3]], w, out_f32=True, scalar=not scalar))
+
+
+# ---- the SIMD paths against each other (kernels.QUANT_PATHS) ----
+
+#: the types the AVX512-VNNI kernel covers (core/csrc/gemm_quant_avx512.c); the rest run AVX2
+VNNI_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+
+
+def _has_path(path: str) -> bool:
+    try:
+        return q.quant_simd(int(Q.Q4_K), path) == path
+    except ValueError:  # refused: the CPU lacks it
+        return False
+
+
+needs_vnni = pytest.mark.skipif(not _has_path("avx512vnni"),
+                                reason="the CPU has no avx512f/bw/vl/vnni (the AVX2 kernel runs)")
+
+
+@needs_vnni
+@pytest.mark.parametrize("extreme", [False, True], ids=["normal", "extreme-scales"])
+@pytest.mark.parametrize("qtype", VNNI_TYPES, ids=lambda t: t.name)
+def test_vnni_kernel_equals_scalar_and_avx2_bitwise(qtype: Q, extreme: bool) -> None:
+    """Every row count 1..17 (passes of one to five rows, and the even split of more),
+    a partial last tile (44 outputs: three pairs of tiles, the 512-bit kernel), a lone
+    tile (8: the 256-bit one) and a pair and a lone tile (20), K of one and of several
+    blocks, one thread and two: the three kernels give the same bits, in fp32 and with a
+    bias in bf16."""
+    before = kernels._threads
+    try:
+        for threads, (k, n) in ((1, (512, 44)), (2, (512, 44)), (1, (256, 8)), (2, (1024, 20))):
+            kernels.set_kernel_threads(threads)
+            raw = blocks(qtype, n, k, seed=int(qtype) + k, extreme=extreme)
+            w = q.pack_quant([q.QuantPart(qtype, raw)], k)
+            bias = torch.randn(n, generator=torch.Generator().manual_seed(k)).bfloat16()
+            x = activations(17, k, seed=k)
+            for rows in range(1, 18):
+                xs = x[:rows]
+                vnni = q.linear_quant(xs, w, out_f32=True, path="avx512vnni")
+                scalar = q.linear_quant(xs, w, out_f32=True, scalar=True)
+                assert torch.equal(vnni, scalar), (threads, k, rows)
+                assert torch.equal(vnni, q.linear_quant(xs, w, out_f32=True, path="avx2")), rows
+            assert torch.equal(q.linear_quant(x, w, bias, path="avx512vnni"),
+                               q.linear_quant(x, w, bias, scalar=True))
+    finally:
+        kernels.set_kernel_threads(before)
+
+
+@needs_vnni
+def test_vnni_kernel_bits_do_not_depend_on_threads() -> None:
+    """Threads split whole tiles; a fused weight mixes covered types (Q4_K, Q6_K) with one
+    that runs AVX2 (Q5_K) in one call."""
+    k = 512
+    parts = [q.QuantPart(t, blocks(t, rows, k, seed=rows)) for t, rows in
+             ((Q.Q4_K, 40), (Q.Q6_K, 24), (Q.Q5_K, 16), (Q.Q8_0, 13))]
+    w = q.pack_quant(parts, k)
+    x = activations(17, k, seed=2)
+    ref = q.linear_quant(x, w, out_f32=True, scalar=True)
+    before = kernels._threads
+    try:
+        for threads in (1, 2, 3, 7):
+            kernels.set_kernel_threads(threads)
+            for rows in (1, 2, 5, 8, 16, 17):
+                assert torch.equal(q.linear_quant(x[:rows], w, out_f32=True), ref[:rows]), threads
+    finally:
+        kernels.set_kernel_threads(before)
+
+
+@needs_vnni
+def test_auto_runs_vnni_where_it_covers_the_type_and_names_it() -> None:
+    for t in TYPES:
+        assert q.quant_simd(int(t)) == ("avx512vnni" if t in VNNI_TYPES else "avx2"), t.name
+    assert q.quant_simd() == "avx512vnni"
+    with pytest.raises(ValueError, match="does not cover"):
+        q.quant_simd(int(Q.Q5_K), "avx512vnni")
+    w = q.pack_quant([q.QuantPart(Q.Q5_K, blocks(Q.Q5_K, 8, 256, 0))], 256)
+    with pytest.raises(ValueError, match="does not cover"):
+        q.linear_quant(activations(1, 256, 0), w, path="avx512vnni")
+
+
+@pytest.mark.skipif(not _has_path("avx2"), reason="the CPU has no avx2/fma/f16c")
+def test_environment_forces_a_path_for_the_ab(monkeypatch) -> None:
+    """DRAFTWISE_QUANT_SIMD turns ``auto`` into the named path (the benchmarks' A/B);
+    a value it does not know is refused, naming what works."""
+    k = 256
+    w = q.pack_quant([q.QuantPart(Q.Q4_1, blocks(Q.Q4_1, 16, k, 1))], k)
+    x = activations(5, k, seed=3)
+    ref = q.linear_quant(x, w, out_f32=True, scalar=True)
+    monkeypatch.setenv("DRAFTWISE_QUANT_SIMD", "avx2")
+    assert q.quant_simd() == "avx2" and q.quant_simd(int(Q.Q4_1)) == "avx2"
+    assert torch.equal(q.linear_quant(x, w, out_f32=True), ref)
+    monkeypatch.setenv("DRAFTWISE_QUANT_SIMD", "scalar")
+    assert q.quant_simd(int(Q.Q4_1)) == "scalar"
+    monkeypatch.setenv("DRAFTWISE_QUANT_SIMD", "avx9")
+    with pytest.raises(ValueError, match="auto, avx2 or scalar"):
+        q.linear_quant(x, w)
+    with pytest.raises(ValueError, match="auto, avx2 or scalar"):
+        q.quant_simd()
+    monkeypatch.setenv("DRAFTWISE_QUANT_SIMD", "auto")
+    assert q.quant_simd(int(Q.Q4_1)) == ("avx512vnni" if _has_path("avx512vnni") else "avx2")

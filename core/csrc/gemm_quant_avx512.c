@@ -1,0 +1,251 @@
+/*
+ * The AVX512-VNNI tile kernels of the quantized GEMM: the contract of quant.h for the
+ * types where it matters most: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q4_K, Q6_K
+ * (super-blocks of 256). The other types run the AVX2 kernel (dw_tile_kernel_for in
+ * gemm_quant.c is the one place that chooses).
+ *
+ * Why: the AVX2 kernel spends per step and row a broadcast, a vpmaddubsw and a 16-bit add,
+ * plus a vpmaddwd flush every few steps. vpdpbusd (u8 codes x s8 activations, four
+ * products summed straight into int32) makes a step one instruction per row (the row's
+ * four int8 values are a broadcast load); the decode of a step's codes (a load, a shift
+ * and a mask or two) is shared by the rows of a pass as before.
+ *
+ * Two widths, one body (gemm_quant_avx512_body.h): 512 bits hold TWO adjacent tiles of a
+ * segment (16 outputs, the second tile's bytes in the upper half), which run_tiles takes
+ * wherever a thread's range has a pair, with up to DW_MAX_ROWS2 (8) rows a pass: on this
+ * class of CPU a 512-bit vpdpbusd issues as fast as a 256-bit one (measured: two per
+ * cycle either way), so the pair costs about what one tile did, and the 32 registers hold
+ * eight rows' sums, so 8 rows decode the weights once. A lone tile runs the 256-bit body
+ * (eight outputs, up to five rows, like the AVX2 kernel).
+ *
+ * Integer sums per type (all exact int32, so any order gives the contract's I):
+ *   32-blocks: the chunk's 32 products in two vpdpbusd chains (even / odd steps), added
+ *     (one chain past four rows: registers). Q8_0's signed codes take |w| x sign(x, w),
+ *     as in the AVX2 kernel (512 bits: a masked negate, AVX-512 has no vpsignb).
+ *   Q4_K: per chunk two 16-k sums (<= 15 * 127 * 16, so each fits int16) scaled by the
+ *     chunk's 6-bit scale with vpdpwssd into the super-block's sum; the mins as AVX2.
+ *     (Q4_K and Q6_K spill some registers at eight rows; still faster than 4 + 4.)
+ *   Q6_K: per 16-k sub-block one sum (<= 63 * 127 * 16, not int16) times its signed scale
+ *     by vpmulld; the -32 offset against the row's 16-sums as AVX2.
+ * The float steps are the same IEEE operations per lane in the same order as the scalar
+ * and AVX2 kernels (one convert and the fused multiply-adds of quant.h), so the three agree
+ * bitwise; the tests compare them with torch.equal.
+ */
+#include "quant_layout.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define ALWAYS static inline __attribute__((always_inline)) TARGET
+#define PREFETCH_BYTES 2048
+
+/* KEEP: pins a running sum to a register here (see gemm_quant_avx2.c); "v": any of the 32 */
+#define KEEP(v) __asm__("" : "+v"(v))
+
+/* vpshufb patterns (as gemm_quant_avx2.c): PICK32[b] byte b of each row's four alone in
+ * the low byte of its lane; PICK32S[b] in the high byte; PAIR16[p] / PAIR16S[p] bytes
+ * (2p, 2p + 1) as zero-extended 16-bit pairs / in the pairs' high bytes. */
+#define Z (char)0x80
+#define LANES4(a, b, c, d) a, b, c, d, a + 4, b + 4, c + 4, d + 4, a + 8, b + 8, c + 8, d + 8, \
+                           a + 12, b + 12, c + 12, d + 12
+#define PAT(a, b, c, d) {LANES4(a, b, c, d), LANES4(a, b, c, d)}
+static const char PICK32[4][32] = {PAT(0, Z, Z, Z), PAT(1, Z, Z, Z), PAT(2, Z, Z, Z), PAT(3, Z, Z, Z)};
+static const char PICK32S[4][32] = {PAT(Z, Z, Z, 0), PAT(Z, Z, Z, 1), PAT(Z, Z, Z, 2), PAT(Z, Z, Z, 3)};
+static const char PAIR16[2][32] = {PAT(0, Z, 1, Z), PAT(2, Z, 3, Z)};
+static const char PAIR16S[2][32] = {PAT(Z, 0, Z, 1), PAT(Z, 2, Z, 3)};
+#undef PAT
+#undef LANES4
+#undef Z
+ALWAYS int block_bytes(const int T) {
+    switch (T) {
+    case DW_Q4_0: return Q4_0_BYTES;
+    case DW_Q4_1: return Q4_1_BYTES;
+    case DW_Q5_0: return Q5_0_BYTES;
+    case DW_Q5_1: return Q5_1_BYTES;
+    case DW_Q8_0: return Q8_0_BYTES;
+    case DW_Q4_K: return Q4_K_BYTES;
+    default: return Q6_K_BYTES;
+    }
+}
+
+/* one variable per row (FOR_ROWS, rows past R compiled away): see gemm_quant_avx2.c */
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+ALWAYS int32_t ld32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ---- one tile: 256 bits ---- */
+#define V_TILES 1
+#define V_OUT DW_TILE
+#define SFX(f) f##_8
+#define VI __m256i
+#define VF __m256
+#define V_LD(ts, p) ((void)(ts), _mm256_loadu_si256((const __m256i *)(p)))
+#define V_HALF(ts, p) ((void)(ts), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define V_B4(p) _mm256_set1_epi32(ld32(p))
+#define V_BPAIR(p) _mm256_set1_epi32(ld32(p))
+#define V_B8(m) _mm256_set1_epi8((char)(m))
+#define V_ZI() _mm256_setzero_si256()
+#define V_ZF() _mm256_setzero_ps()
+#define V_SET1F _mm256_set1_ps
+#define V_OR _mm256_or_si256
+#define V_AND _mm256_and_si256
+#define V_SRLI16 _mm256_srli_epi16
+#define V_SLLI16 _mm256_slli_epi16
+#define V_ADD32 _mm256_add_epi32
+#define V_SUB32 _mm256_sub_epi32
+#define V_SLLI32 _mm256_slli_epi32
+#define V_SRAI32 _mm256_srai_epi32
+#define V_SRAI16 _mm256_srai_epi16
+#define V_MULLO32 _mm256_mullo_epi32
+#define V_MADD16 _mm256_madd_epi16
+#define V_DPBUSD _mm256_dpbusd_epi32
+#define V_DPWSSD _mm256_dpwssd_epi32
+#define V_CVT _mm256_cvtepi32_ps
+#define V_MULF _mm256_mul_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_STORE _mm256_storeu_ps
+#define V_ABS8 _mm256_abs_epi8
+#define V_SIGN8 _mm256_sign_epi8
+#define V_NEG(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
+#define V_SHUF8(v, pat) _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)(pat)))
+#include "gemm_quant_avx512_body.h"
+
+/* ---- two adjacent tiles: 512 bits, the second tile's bytes ``ts`` after the first's ---- */
+#define V_TILES 2
+#define V_OUT (2 * DW_TILE)
+#define SFX(f) f##_16
+#define VI __m512i
+#define VF __m512
+#define V_LD(ts, p)                                                                               \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p))),          \
+                       _mm256_loadu_si256((const __m256i *)((p) + (ts))), 1)
+#define V_HALF(ts, p)                                                                             \
+    _mm512_cvtph_ps(_mm256_inserti128_si256(                                                      \
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p))),                            \
+        _mm_loadu_si128((const __m128i *)((p) + (ts))), 1))
+#define V_B4(p) _mm512_set1_epi32(ld32(p))
+#define V_BPAIR(p) _mm512_set1_epi32(ld32(p))
+#define V_B8(m) _mm512_set1_epi8((char)(m))
+#define V_ZI() _mm512_setzero_si512()
+#define V_ZF() _mm512_setzero_ps()
+#define V_SET1F _mm512_set1_ps
+#define V_OR _mm512_or_si512
+#define V_AND _mm512_and_si512
+#define V_SRLI16 _mm512_srli_epi16
+#define V_SLLI16 _mm512_slli_epi16
+#define V_ADD32 _mm512_add_epi32
+#define V_SUB32 _mm512_sub_epi32
+#define V_SLLI32 _mm512_slli_epi32
+#define V_SRAI32 _mm512_srai_epi32
+#define V_SRAI16 _mm512_srai_epi16
+#define V_MULLO32 _mm512_mullo_epi32
+#define V_MADD16 _mm512_madd_epi16
+#define V_DPBUSD _mm512_dpbusd_epi32
+#define V_DPWSSD _mm512_dpwssd_epi32
+#define V_CVT _mm512_cvtepi32_ps
+#define V_MULF _mm512_mul_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_STORE _mm512_storeu_ps
+#define V_ABS8 _mm512_abs_epi8
+/* x * sign(v) for the |v| x x products: where v = 0 the product is 0 either way */
+#define V_SIGN8(x, v) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(v), _mm512_setzero_si512(), x)
+#define V_NEG(v)                                                                                  \
+    _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)))
+/* the 32-byte patterns hold the same 16 bytes twice: repeated for the 128-bit lanes */
+#define V_SHUF8(v, pat)                                                                           \
+    _mm512_shuffle_epi8(v, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pat))))
+#include "gemm_quant_avx512_body.h"
+
+/* one function per row count and width (as gemm_quant_avx2.c): 1..5 rows on one tile,
+ * 1..8 on two */
+#define KERNEL8_R(T, R)                                                                           \
+    static TARGET __attribute__((noinline)) void tile_vnni8_##T##_##R(                           \
+        const uint8_t *t, int64_t c, const void *const *x, float (*out)[DW_TILE]) {              \
+        tile_kernel_8(T, R, t, 0, c, x, &out[0][0]);                                              \
+    }
+#define KERNEL16_R(T, R)                                                                          \
+    static TARGET __attribute__((noinline)) void tile_vnni16_##T##_##R(                          \
+        const uint8_t *t, int64_t ts, int64_t c, const void *const *x,                            \
+        float (*out)[2 * DW_TILE]) {                                                              \
+        tile_kernel_16(T, R, t, ts, c, x, &out[0][0]);                                            \
+    }
+#define KERNEL(T)                                                                                 \
+    KERNEL8_R(T, 1) KERNEL8_R(T, 2) KERNEL8_R(T, 3) KERNEL8_R(T, 4) KERNEL8_R(T, 5)               \
+    KERNEL16_R(T, 1) KERNEL16_R(T, 2) KERNEL16_R(T, 3) KERNEL16_R(T, 4) KERNEL16_R(T, 5)          \
+    KERNEL16_R(T, 6) KERNEL16_R(T, 7) KERNEL16_R(T, 8)                                            \
+    static TARGET void tile_vnni8_##T(const uint8_t *t, int64_t c, const void *const *x,          \
+                                      int rows, float (*out)[DW_TILE]) {                          \
+        switch (rows) {                                                                           \
+        case 1: tile_vnni8_##T##_1(t, c, x, out); break;                                          \
+        case 2: tile_vnni8_##T##_2(t, c, x, out); break;                                          \
+        case 3: tile_vnni8_##T##_3(t, c, x, out); break;                                          \
+        case 4: tile_vnni8_##T##_4(t, c, x, out); break;                                          \
+        default: tile_vnni8_##T##_5(t, c, x, out); break;                                         \
+        }                                                                                         \
+    }                                                                                             \
+    static TARGET void tile_vnni16_##T(const uint8_t *t, int64_t ts, int64_t c,                   \
+                                       const void *const *x, int rows,                            \
+                                       float (*out)[2 * DW_TILE]) {                               \
+        switch (rows) {                                                                           \
+        case 1: tile_vnni16_##T##_1(t, ts, c, x, out); break;                                     \
+        case 2: tile_vnni16_##T##_2(t, ts, c, x, out); break;                                     \
+        case 3: tile_vnni16_##T##_3(t, ts, c, x, out); break;                                     \
+        case 4: tile_vnni16_##T##_4(t, ts, c, x, out); break;                                     \
+        case 5: tile_vnni16_##T##_5(t, ts, c, x, out); break;                                     \
+        case 6: tile_vnni16_##T##_6(t, ts, c, x, out); break;                                     \
+        case 7: tile_vnni16_##T##_7(t, ts, c, x, out); break;                                     \
+        default: tile_vnni16_##T##_8(t, ts, c, x, out); break;                                    \
+        }                                                                                         \
+    }
+KERNEL(DW_Q4_0)
+KERNEL(DW_Q4_1)
+KERNEL(DW_Q5_0)
+KERNEL(DW_Q5_1)
+KERNEL(DW_Q8_0)
+KERNEL(DW_Q4_K)
+KERNEL(DW_Q6_K)
+
+int dw_cpu_has_avx512vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+dw_tile_fn dw_tile_kernel_avx512(int qtype, dw_tile2_fn *pair) {
+    if (pair) *pair = NULL;
+    if (!dw_cpu_has_avx512vnni()) return NULL;
+#define CASE(T)                                                                                   \
+    case T:                                                                                       \
+        if (pair) *pair = tile_vnni16_##T;                                                        \
+        return tile_vnni8_##T;
+    switch (qtype) {
+    CASE(DW_Q4_0)
+    CASE(DW_Q4_1)
+    CASE(DW_Q5_0)
+    CASE(DW_Q5_1)
+    CASE(DW_Q8_0)
+    CASE(DW_Q4_K)
+    CASE(DW_Q6_K)
+    default: return NULL; /* Q2_K, Q3_K, Q5_K: the AVX2 kernel */
+    }
+#undef CASE
+}
+
+#else
+
+int dw_cpu_has_avx512vnni(void) { return 0; }
+
+dw_tile_fn dw_tile_kernel_avx512(int qtype, dw_tile2_fn *pair) {
+    (void)qtype;
+    if (pair) *pair = NULL;
+    return NULL;
+}
+
+#endif
