@@ -97,7 +97,7 @@ def bench(
             "attention_backend": engine.loaded.model.backend.attention,
             "packed_weights": bool(getattr(engine.loaded.model, "packed", False)),
             "weight_backend": getattr(engine.loaded.model, "weight_backend", "dense"),
-            "quant_kernel": quant_simd(),  # avx2 or scalar, for GGUF weights kept quantized
+            "quant_kernel": quant_simd(),  # avx512vnni, avx2 or scalar: the GGUF GEMM
             # bytes one decode step streams, start-up and memory (GGUF stays quantized)
             "weight_bytes": getattr(engine.loaded.model, "weight_bytes", None),
             "load_seconds": engine.load_seconds,
