@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from draftwise.models.linear import BlockedWeight
 
-from draftwise_dspark.markov import MarkovHead
+from draftwise_dspark.markov import MarkovHead, store_pick
 
 #: rows of one W2 product past which a look-ahead row is no longer nearly free
 MAX_ROWS = 4
@@ -149,12 +149,7 @@ def lookahead_pass(
             prev_of[at] = guesses[d]
             x, qj = pick(logits.contiguous(), live)
             prev = x.to(dev)
-            tok[at] = prev
-            if q is not None:
-                if qj is None:
-                    q[at, prev] = 1.0
-                else:
-                    q[at] = qj
+            store_pick(tok, q, at, prev, qj)
             kept = d + 1
         counters["markov_steps"] += kept
         rate.update(min(kept, depth), kept - 1)

@@ -139,4 +139,22 @@ class MarkovHead:
         return cols[keep][corrected.argmax(dim=1)]
 
 
-__all__ = ["MarkovHead", "MarkovWeights"]
+def store_pick(
+    tok: torch.Tensor,  # [total_drafts] drafted tokens, flat over the rows
+    q: torch.Tensor | None,  # [total_drafts, vocab] draft probabilities, or None (greedy)
+    at: torch.Tensor,  # [live rows] the flat slots this position fills
+    pick: torch.Tensor,  # [live rows]
+    q_pick: torch.Tensor | None,  # [live rows, vocab], or None: a one-hot q at the pick
+) -> None:
+    """Record one position's picks and their q for the live rows (one place for the plain
+    pass and the look-ahead windows, whose outputs must be bitwise the same)."""
+    tok[at] = pick
+    if q is None:
+        return
+    if q_pick is None:
+        q[at, pick] = 1.0
+    else:
+        q[at] = q_pick
+
+
+__all__ = ["MarkovHead", "MarkovWeights", "store_pick"]

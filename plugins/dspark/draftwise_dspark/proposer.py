@@ -40,6 +40,7 @@ from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
 from draftwise_dspark.loader import LoadedDSpark
 from draftwise_dspark.lookahead import HitRate, can_look_ahead, lookahead_pass
+from draftwise_dspark.markov import store_pick
 
 
 #: consecutive failed certifications after which the pick is only retried now and then
@@ -179,12 +180,7 @@ class DSparkProposer(DFlashProposer):
                 pick, qj = pick_draft_tokens(logits.contiguous(), [params[r] for r in live],
                                              [gens[r] for r in live], self.probabilistic)
             prev = pick.to(dev)
-            tok[at] = prev
-            if q is not None:
-                if qj is None:
-                    q[at, prev] = 1.0
-                else:
-                    q[at] = qj
+            store_pick(tok, q, at, prev, qj)
         return tok, prev_of, q
 
     def _try_certify(self) -> bool:
