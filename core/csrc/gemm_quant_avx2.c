@@ -78,21 +78,6 @@ ALWAYS __m256i pick(const char (*pat)[32], __m256i v, int b) {
 
 ALWAYS int is_k(const int T) { return T == DW_Q2_K || T == DW_Q3_K || T == DW_Q4_K || T == DW_Q5_K || T == DW_Q6_K; }
 
-ALWAYS int block_bytes(const int T) {
-    switch (T) {
-    case DW_Q4_0: return Q4_0_BYTES;
-    case DW_Q4_1: return Q4_1_BYTES;
-    case DW_Q5_0: return Q5_0_BYTES;
-    case DW_Q5_1: return Q5_1_BYTES;
-    case DW_Q8_0: return Q8_0_BYTES;
-    case DW_Q2_K: return Q2_K_BYTES;
-    case DW_Q3_K: return Q3_K_BYTES;
-    case DW_Q4_K: return Q4_K_BYTES;
-    case DW_Q5_K: return Q5_K_BYTES;
-    default: return Q6_K_BYTES;
-    }
-}
-
 /* Steps whose 16-bit sums may be added before widening (see the header). */
 ALWAYS int flush_steps(const int T) {
     switch (T) {
@@ -257,7 +242,7 @@ ALWAYS __m256i bcast_pair(const int16_t *p) {
  * which lets five rows share a decoded code vector without spilling. */
 ALWAYS void tile_kernel_super(const int T, const int R, const uint8_t *tile, int64_t chunks,
                               const void *const *xv, float (*out)[DW_TILE]) {
-    const int64_t tb = (int64_t)DW_TILE * block_bytes(T), supers = chunks / 8;
+    const int64_t tb = (int64_t)DW_TILE * dw_block_bytes(T), supers = chunks / 8;
 #define DECL(r)                                                                                   \
     __m256 acc##r = _mm256_setzero_ps();                                                          \
     const dw_act256 *x##r = R > r ? (const dw_act256 *)xv[r] : NULL;
@@ -356,7 +341,7 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
     }
     const dw_act *const *x = (const dw_act *const *)xv;
     const int cpb = is_k(T) ? 8 : 1, fl = flush_steps(T), nm = min_terms(T);
-    const int64_t tb = (int64_t)DW_TILE * block_bytes(T);
+    const int64_t tb = (int64_t)DW_TILE * dw_block_bytes(T);
 #define DECL(r)                                                                                   \
     __m256 acc##r = _mm256_setzero_ps();                                                          \
     const dw_act *x##r = R > r ? x[r] : NULL;

@@ -57,17 +57,6 @@ static const char PAIR16S[2][32] = {PAT(Z, 0, Z, 1), PAT(Z, 2, Z, 3)};
 #undef PAT
 #undef LANES4
 #undef Z
-ALWAYS int block_bytes(const int T) {
-    switch (T) {
-    case DW_Q4_0: return Q4_0_BYTES;
-    case DW_Q4_1: return Q4_1_BYTES;
-    case DW_Q5_0: return Q5_0_BYTES;
-    case DW_Q5_1: return Q5_1_BYTES;
-    case DW_Q8_0: return Q8_0_BYTES;
-    case DW_Q4_K: return Q4_K_BYTES;
-    default: return Q6_K_BYTES;
-    }
-}
 
 /* one variable per row (FOR_ROWS, rows past R compiled away): see gemm_quant_avx2.c */
 #define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)

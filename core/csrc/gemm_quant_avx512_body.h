@@ -43,7 +43,7 @@ ALWAYS VI SFX(codes)(const int T, const int64_t ts, const uint8_t *b, const int 
 ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
                                const int64_t ts, int64_t chunks, const void *const *xv, float *out) {
     const dw_act *const *x = (const dw_act *const *)xv;
-    const int64_t tb = (int64_t)DW_TILE * block_bytes(T);
+    const int64_t tb = (int64_t)DW_TILE * dw_block_bytes(T);
 #define DECL(r)                                                                                   \
     VF acc##r = V_ZF();                                                                           \
     const dw_act *x##r = R > r ? x[r] : NULL;
@@ -102,7 +102,7 @@ ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
 /* The super-block types (Q4_K, Q6_K: dw_act256 rows). */
 ALWAYS void SFX(tile_kernel256)(const int T, const int R, const uint8_t *tile,
                                 const int64_t ts, int64_t chunks, const void *const *xv, float *out) {
-    const int64_t tb = (int64_t)DW_TILE * block_bytes(T), supers = chunks / 8;
+    const int64_t tb = (int64_t)DW_TILE * dw_block_bytes(T), supers = chunks / 8;
 #define DECL(r)                                                                                   \
     VF acc##r = V_ZF();                                                                           \
     const dw_act256 *x##r = R > r ? (const dw_act256 *)xv[r] : NULL;

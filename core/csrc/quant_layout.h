@@ -54,6 +54,23 @@
 #define Q6_K_D 208
 #define Q6_K_BYTES 210
 
+/* Bytes of one GGUF block of type T (one per-row copy; a tile block is DW_TILE of them):
+ * what the SIMD kernels step by, with T a compile-time constant there. */
+static inline __attribute__((always_inline)) int dw_block_bytes(const int T) {
+    switch (T) {
+    case DW_Q4_0: return Q4_0_BYTES;
+    case DW_Q4_1: return Q4_1_BYTES;
+    case DW_Q5_0: return Q5_0_BYTES;
+    case DW_Q5_1: return Q5_1_BYTES;
+    case DW_Q8_0: return Q8_0_BYTES;
+    case DW_Q2_K: return Q2_K_BYTES;
+    case DW_Q3_K: return Q3_K_BYTES;
+    case DW_Q4_K: return Q4_K_BYTES;
+    case DW_Q5_K: return Q5_K_BYTES;
+    default: return Q6_K_BYTES;
+    }
+}
+
 /* In a tile block, byte i of row n's copy of an array field at GGUF offset o: arrays are
  * interleaved four bytes per row (one 32-byte vector per four bytes of the field). */
 static inline uint8_t dw_tile_byte(const uint8_t *blk, int o, int n, int i) {
