@@ -6,7 +6,9 @@ shim, whose bash wrapper adds ~0.05 s CPU and more wall) with ``--max-tokens 1 -
 and records: ``first_token`` (the command's own ``first_token_after_start_seconds``,
 counted from the process's start in ``/proc``), ``wall`` (spawn to exit), ``cpu`` and
 ``sys`` (the child's user+system and system seconds: steadier than the wall clock on a
-shared machine), ``load`` (the engine's ``load_seconds``) and ``rss_gb`` (peak). Trees
+shared machine), ``load`` (the engine's ``load_seconds``) and ``rss_gb`` (the command's
+own ``peak_rss_bytes``, its ``VmHWM``: the child's ``ru_maxrss`` from ``wait4`` would
+include this script's own peak, inherited at exec). Trees
 (``--tree``, repeatable: a checkout whose ``core`` and ``plugins/*`` go first on
 PYTHONPATH, as ``env.sh`` does) are interleaved run by run, in reversed order every other
 round, so a load change touches each alike; the 1-minute load average is printed with
@@ -66,7 +68,7 @@ def one_run(script: str, env: dict[str, str], extra: list[str]) -> dict[str, flo
         "cpu": usage.ru_utime + usage.ru_stime,
         "sys": usage.ru_stime,
         "load": metrics["load_seconds"],
-        "rss_gb": usage.ru_maxrss / 2**20,  # KiB on Linux
+        "rss_gb": metrics["peak_rss_bytes"] / 2**30,
     }
 
 

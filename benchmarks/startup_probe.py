@@ -3,9 +3,10 @@
 A user waits for imports, weight loading and the first token's prefill. This script does
 exactly that once and prints one JSON line the moment the first token is out, then exits;
 ``compare_llamacpp.py`` spawns it and times the line's arrival from just before the spawn
-(the same clock it uses for ``llama-server``: spawn to first ``/completion`` token). Run in
-its own process, its ``peak_rss_mib`` is draftwise's alone (the comparison's own process
-holds several engines over its life).
+(the same clock it uses for ``llama-server``: spawn to first ``/completion`` token). Its
+``peak_rss_mib`` is this process's own ``VmHWM`` (``draftwise.peak_rss``): the comparison's
+own process holds several engines over its life, and ``ru_maxrss``, which an exec'd child
+inherits from its parent, once read 8668 MiB here for a run of 1.4 GB.
 
     python benchmarks/startup_probe.py --model M.gguf --threads 2 --prompt-ids '[1, 2, 3]'
 """
@@ -18,7 +19,6 @@ T_START = time.perf_counter()  # before the heavy imports: they are part of the 
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -34,6 +34,7 @@ def main() -> None:
 
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
+    from draftwise.peak_rss import peak_rss_mib
     from draftwise.sampling import SamplingParams
 
     t_imports = time.perf_counter()
@@ -62,7 +63,7 @@ def main() -> None:
                 "load_s": t_loaded - t_imports,
                 "first_token_s": t_first - t_loaded,
                 "in_process_total_s": t_first - T_START,
-                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "peak_rss_mib": peak_rss_mib(),
             }
         ),
         flush=True,

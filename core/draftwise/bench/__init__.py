@@ -7,11 +7,12 @@ comparison needs is measured in the same process run, peers included.
 from __future__ import annotations
 
 import json
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from draftwise.peak_rss import peak_rss_mib as peak_rss_mib  # re-exported for the reports
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
@@ -75,11 +76,6 @@ def prompt_ids(engine: LLMEngine, item: WorkloadItem) -> list[int]:
     if item.messages is not None:
         return engine.apply_chat_template(item.messages)
     return engine.tokenize_prompt(item.prompt or "")[1]
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far (MiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def summarize(results: list[PromptResult], wall: float | None = None) -> dict[str, Any]:

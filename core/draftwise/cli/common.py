@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+# generate's and bench's reports: the process's own VmHWM (ru_maxrss inherits a parent's)
+from draftwise.peak_rss import peak_rss_bytes as peak_rss_bytes
+
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
     from draftwise.sampling import SamplingParams
@@ -164,14 +167,6 @@ def process_started() -> float:
     started = time.monotonic() - since_start
     # a tick is 10 ms; never later than the module's own clock reading
     return min(started, STARTED)
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident set so far (Linux reports KiB, macOS bytes)."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def fail(exc: BaseException) -> NoReturn:
