@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from draftwise.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.draft_stage import DetectedDraft
+    from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
     from draftwise.speculation import Speculation
@@ -208,8 +209,24 @@ def build_depth_policy(
     return DepthPolicy(settings, k, cost)
 
 
-def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
-    """Config, draft detection, target weights, draft weights, one KV pool, proposers."""
+def build_engine_parts(
+    args: EngineArgs, progress: Any = None, reserved: PrefaultedArena | None = None
+) -> EngineParts:
+    """Config, draft detection, target weights, draft weights, one KV pool, proposers.
+
+    ``reserved``: memory for the target's quantized weights, faulting in since before the
+    imports (``models.arena``); handed back if a refusal comes first.
+    """
+    try:
+        return _build_engine_parts(args, progress, reserved)
+    finally:
+        if reserved is not None:
+            reserved.finish()
+
+
+def _build_engine_parts(
+    args: EngineArgs, progress: Any, reserved: PrefaultedArena | None
+) -> EngineParts:
     from draftwise.config import parse_speculative_config
     from draftwise.draft_stage import (
         build_speculation,
@@ -233,7 +250,7 @@ def build_engine_parts(args: EngineArgs, progress: Any = None) -> EngineParts:
         target_path = resolve_model_path(args.model)
         spec_config, detected = detect_drafts(spec_config, registry, target_path)
     torch.set_num_threads(args.num_threads or usable_cores())  # for loading
-    loaded = load_model(args.model, dtype=args.dtype, progress=progress)
+    loaded = load_model(args.model, dtype=args.dtype, progress=progress, reserved=reserved)
     drafts = load_drafts(detected, loaded)
     backend = finish_backend(loaded, args.num_threads)
     threads = backend.threads or backend.torch_threads or 1

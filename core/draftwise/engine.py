@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.drafts import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
+
+if TYPE_CHECKING:
+    from draftwise.models.arena import PrefaultedArena
 
 logger = logging.getLogger("draftwise.engine")
 
@@ -71,7 +74,12 @@ class EngineStats:
 class LLMEngine:
     """The step-level engine: one target model, one scheduler, optional speculation."""
 
-    def __init__(self, args: EngineArgs, progress: Any = None) -> None:
+    def __init__(
+        self, args: EngineArgs, progress: Any = None, reserved: PrefaultedArena | None = None
+    ) -> None:
+        """``progress``: called as weights load; ``reserved``: memory for the target's
+        quantized weights that a caller started faulting in before its imports
+        (``models.arena``; the CLI does)."""
         from draftwise.bootstrap import build_engine_parts
 
         self.args = args
@@ -83,7 +91,7 @@ class LLMEngine:
                 f"{', '.join(repr(m.value) for m in LogprobsMode)}"
             ) from None
         start = time.monotonic()
-        parts = build_engine_parts(args, progress=progress)
+        parts = build_engine_parts(args, progress=progress, reserved=reserved)
         #: seconds spent building the engine (weights, tokenizer, cache): reported apart
         #: from a request's time_to_first_token, which starts when the request arrives
         self.load_seconds = time.monotonic() - start

@@ -15,6 +15,7 @@ from draftwise.peak_rss import peak_rss_bytes as peak_rss_bytes
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
+    from draftwise.models.arena import PrefaultedArena
     from draftwise.sampling import SamplingParams
 
 
@@ -86,11 +87,40 @@ def load_progress() -> Any:
     return callback
 
 
+def prefault_weights(model: str | None, dtype: str) -> PrefaultedArena | None:
+    """Start faulting in the memory the target's quantized weights will be packed into,
+    on a thread, so the kernel does it while this process imports (``models.arena``).
+
+    Called first thing by a command that builds an engine, before its imports (torch,
+    ~1 s on one core). Only where the weights will stay quantized, as far as can be told
+    without torch: a GGUF file, dtype ``auto`` or ``bfloat16``, the C kernels built. A
+    path that does not resolve gets None here and its refusal from the load, by name.
+    """
+    if dtype not in ("auto", "bfloat16"):
+        return None
+    import importlib.util
+    import os
+
+    from draftwise.formats.default_model import resolve_model_path
+    from draftwise.formats.errors import FormatError
+    from draftwise.models.arena import prefault_for_gguf
+
+    try:
+        path = resolve_model_path(model)
+    except FormatError:
+        return None
+    if os.path.isdir(path) or importlib.util.find_spec("draftwise._cpu_kernels") is None:
+        return None
+    return prefault_for_gguf(path)
+
+
 def build_engine(
-    model: str | None, speculative_config: str | None, dtype: str, **kwargs: Any
+    model: str | None, speculative_config: str | None, dtype: str,
+    reserved: PrefaultedArena | None = None, **kwargs: Any,
 ) -> LLMEngine:
     """An engine with a progress display while weights load (the command then prints its
-    backend line, :func:`announce_backend`, where its output allows).
+    backend line, :func:`announce_backend`, where its output allows). ``reserved``: from
+    :func:`prefault_weights`, called before the command's imports.
 
     The engine's imports (torch, the model code) run here, inside :func:`startup_gc`:
     plugin loading no longer imports torch (``speculator.LazyLoader``), so this is where
@@ -102,7 +132,7 @@ def build_engine(
 
         args = EngineArgs(model=model, speculative_config=speculative_config, dtype=dtype,
                           **kwargs)
-        engine = LLMEngine(args, progress=load_progress())
+        engine = LLMEngine(args, progress=load_progress(), reserved=reserved)
     return engine
 
 

@@ -78,8 +78,11 @@ def generate(
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
         announce_backend, build_engine, check_text_option, fail, peak_rss_bytes,
-        process_started, sampling_params,
+        prefault_weights, process_started, sampling_params,
     )
+
+    # first: the weights' memory faults in on another core while the imports below run
+    reserved = prefault_weights(model, dtype)
 
     if (prompt is None) == (prompt_token_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
@@ -114,7 +117,7 @@ def generate(
     building = time.monotonic()  # start-up before this: interpreter, imports, options
     try:
         engine = build_engine(
-            model, speculative_config, dtype, max_num_seqs=1, num_threads=num_threads
+            model, speculative_config, dtype, reserved, max_num_seqs=1, num_threads=num_threads
         )
         announce_backend(engine)
         if ids is not None:

@@ -104,7 +104,12 @@ def serve(
     logprobs_mode: str | None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
-    from draftwise.cli.common import announce_backend, build_engine, check_text_option, fail
+    from draftwise.cli.common import (
+        announce_backend, build_engine, check_text_option, fail, prefault_weights,
+    )
+
+    # first: the weights' memory faults in on another core while the imports below run
+    reserved = prefault_weights(model, dtype)
     from draftwise.server.serving import check_api_key
 
     if api_key is None:
@@ -130,7 +135,7 @@ def serve(
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:
-        engine = build_engine(model, speculative_config, dtype, **kwargs)
+        engine = build_engine(model, speculative_config, dtype, reserved, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
         fail(exc)
 

@@ -126,9 +126,10 @@ class GGUFCheckpoint:
         """The stored bytes, one row per line, as a read-only view of the mapped file."""
         return self._file.raw(name)
 
-    def release(self, name: str) -> None:
-        """Drop a tensor's mapped pages from the process once its bytes were copied."""
-        self._file.release(name)
+    def release(self, name: str, rows: int | None = None) -> None:
+        """Drop a tensor's mapped pages from the process once its bytes were copied
+        (``rows``: only those of its first ``rows`` rows)."""
+        self._file.release(name, rows)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""

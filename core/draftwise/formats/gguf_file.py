@@ -10,7 +10,8 @@ dequantization, and the writer the tests use.
 
 This module only maps the data: :meth:`GGUFFile.raw` is a zero-copy view of one
 tensor's stored bytes (pages load on use) for the quantized kernels' packing, and
-:meth:`GGUFFile.release` drops them from the resident set once they were copied.
+:meth:`GGUFFile.release` drops them from the resident set once they were copied (a
+packer following its progress gives them back a few MB at a time).
 """
 
 from __future__ import annotations
@@ -51,13 +52,19 @@ class GGUFFile:
         flat = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return flat.reshape(-1, row_bytes(t)) if t.dims else flat
 
-    def release(self, name: str) -> None:
+    def release(self, name: str, rows: int | None = None) -> None:
         """Drop a tensor's pages from this process (after copying them elsewhere): the
-        page cache keeps them, the resident set no longer counts them."""
+        page cache keeps them, the resident set no longer counts them. ``rows``: only the
+        whole pages of its first ``rows`` rows (a packer giving back what it has read)."""
         t = self.tensors[name]
         start = t.offset - t.offset % mmap.PAGESIZE
-        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                self._map.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
-            except OSError:  # advice only
-                pass
+        end = t.offset + t.nbytes
+        if rows is not None:
+            end = t.offset + min(rows * row_bytes(t), t.nbytes)
+            end -= end % mmap.PAGESIZE
+        if end <= start or not hasattr(self._map, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except OSError:  # advice only
+            pass

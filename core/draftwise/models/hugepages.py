@@ -22,7 +22,9 @@ import mmap
 
 import torch
 
-HUGE_PAGE = 2 << 20
+from draftwise.models.arena import HUGE_PAGE, huge_page_region
+
+__all__ = ["HUGE_PAGE", "huge_page_tensor", "lazy_zeroed_tensor", "region_tensor"]
 
 
 def lazy_zeroed_tensor(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -38,17 +40,16 @@ def lazy_zeroed_tensor(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 def huge_page_tensor(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed 1-D tensor in 2 MB-aligned private anonymous memory advised for huge
-    pages; the tensor keeps the mapping alive. Plain ``torch.zeros`` where ``madvise``
-    is not available."""
+    pages (``models.arena.huge_page_region``); the tensor keeps the mapping alive. Plain
+    ``torch.zeros`` where ``madvise`` is not available."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if not hasattr(mmap, "MADV_HUGEPAGE") or nbytes == 0:
         return torch.zeros(numel, dtype=dtype)
-    # private: a shared anonymous mapping is shmem, which THP's "madvise" mode ignores
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    raw = torch.frombuffer(region, dtype=torch.uint8)
-    start = -raw.data_ptr() % HUGE_PAGE  # a multiple of the 4 KB page size
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
-    except OSError:  # THP unsupported here: ordinary pages, same results
-        pass
-    return raw[start : start + nbytes].view(dtype)
+    region, start = huge_page_region(nbytes)
+    return region_tensor(region, start, nbytes, dtype)
+
+
+def region_tensor(region: mmap.mmap, start: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes ``[start, start + nbytes)`` of a mapping as a 1-D tensor of ``dtype`` (no
+    copy); the tensor keeps the mapping alive."""
+    return torch.frombuffer(region, dtype=torch.uint8)[start : start + nbytes].view(dtype)

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.formats.default_model import default_model_path
-from draftwise.formats.errors import ModelFormatError
+from draftwise.formats.default_model import resolve_model_path
 from draftwise.formats.safetensors_dir import read_json
 from draftwise.models.config import ModelConfig
 from draftwise.models.registry import (
@@ -45,23 +44,6 @@ class ModelInfo:
     def is_hybrid(self) -> bool:
         """Linear-attention layers with recurrent state (models/qwen3_next.py)."""
         return self.architecture in HYBRID_ARCHITECTURES
-
-
-def resolve_model_path(path: str | os.PathLike[str] | None) -> str:
-    """A ``.gguf`` file or an HF directory; None is the default model."""
-    path = default_model_path() if path is None else os.fspath(path)
-    if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return path
-        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
-        if len(ggufs) != 1:
-            raise ModelFormatError(
-                path, "expected config.json + *.safetensors, or exactly one .gguf file"
-            )
-        path = os.path.join(path, ggufs[0])
-    if not os.path.exists(path):
-        raise ModelFormatError(path, "no such file or directory")
-    return path
 
 
 def inspect_model(path: str | os.PathLike[str] | None) -> ModelInfo:

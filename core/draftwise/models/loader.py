@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from draftwise.formats.chat import ChatTemplate, chat_template_from_dir
+from draftwise.formats.default_model import resolve_model_path
 from draftwise.formats.errors import (
     ConfigError,
     MissingTensorError,
@@ -39,6 +40,7 @@ from draftwise.formats.jsonfile import read_json
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
 from draftwise.formats.values import ConfigValues
+from draftwise.models.arena import PrefaultedArena
 from draftwise.models.backend import decide_backend
 from draftwise.models.config import ModelConfig
 from draftwise.models.gguf_weights import load_quantized, plan_quantized
@@ -125,6 +127,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     progress: ProgressFn | None = None,
+    reserved: PrefaultedArena | None = None,
 ) -> LoadedModel:
     """Load a ``.gguf`` file or an HF safetensors directory; ``None`` is the default model.
 
@@ -133,15 +136,20 @@ def load_model(
     :param dtype: ``auto`` (bfloat16), ``bfloat16``, ``float32`` or ``float16``.
     :param device: where weights live.
     :param progress: called after each tensor is loaded.
+    :param reserved: memory for a GGUF's quantized weights, faulting in since before the
+        imports (``models.arena``: the CLI's start-up); used where they fit, and its
+        unused pages handed back either way.
     :returns: the model with its config, tokenizer, chat template and stop ids.
     """
-    from draftwise.models.inspect import resolve_model_path
-
-    path = resolve_model_path(path)
-    target = resolve_dtype(dtype, device)
-    if os.path.isdir(path):
-        return _load_hf_dir(path, target, device, progress)
-    return _load_gguf(path, target, device, progress)
+    try:
+        path = resolve_model_path(path)
+        target = resolve_dtype(dtype, device)
+        if os.path.isdir(path):
+            return _load_hf_dir(path, target, device, progress)
+        return _load_gguf(path, target, device, progress, reserved)
+    finally:
+        if reserved is not None:
+            reserved.finish()
 
 
 @dataclass(slots=True)
@@ -200,7 +208,8 @@ _OVERLAP_SWITCH_S = 1e-4
 
 
 def _load_gguf(
-    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None
+    path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None,
+    reserved: PrefaultedArena | None = None,
 ) -> LoadedModel:
     """Everything :func:`plan_gguf` checks, then the weights.
 
@@ -226,7 +235,7 @@ def _load_gguf(
             quantized = quant.hf_names
             dense = [n for n in names if n not in quantized]
             tick = _ticker(len(names), progress)
-            load_quantized(ckpt, config, quant, available, model.set_quantized, tick)
+            load_quantized(ckpt, config, quant, available, model.set_quantized, tick, reserved)
             heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
             tensors = ((name, ckpt.load_hf(available[name][0], heads, kv_heads)) for name in dense)
             _copy_weights(model, tensors, tick)

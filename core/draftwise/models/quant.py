@@ -27,7 +27,7 @@ activation quantization), one fixed-order fp32 accumulation per output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -62,6 +62,10 @@ TILE = 8
 _NVFP4_HEADER, _NVFP4_BLOCK = 32, 144
 #: fused parts per call the kernel accepts
 MAX_SEGMENTS = 8
+#: stored bytes per packing call when a loader follows the packing (``pack_quant``'s
+#: ``rows_done``): with the arena faulted in before the load (``models.arena``), the
+#: stored pages not yet given back are what the load adds to the peak resident set
+PACK_CALL_BYTES = 8 << 20
 
 
 def quant_kernels_available() -> bool:
@@ -194,6 +198,7 @@ def pack_quant(
     k: int,
     out: torch.Tensor | None = None,
     threads: int | None = None,
+    rows_done: Callable[[int], None] | None = None,
 ) -> QuantWeight:
     """Repack stored GGUF rows (fused parts in column order) into the kernel's tiles.
 
@@ -201,6 +206,11 @@ def pack_quant(
     :param k: weights per row (``in_features``).
     :param out: uint8 memory of :func:`plan_bytes` bytes (an arena slice), or None.
     :param threads: for the copy (default: the kernels' thread count).
+    :param rows_done: called with the number of the weight's rows (over its parts, in
+        column order) packed so far, after each kernel call of about
+        :data:`PACK_CALL_BYTES` of stored rows, so a loader can give the stored pages
+        behind back as it goes; None packs each segment in one call. A tile is eight
+        rows, written whole by one call, so the bytes are the same either way.
     """
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
@@ -231,8 +241,18 @@ def pack_quant(
         rows = np.concatenate(pointers).astype(np.int64)
         nbytes = packed_bytes(qtype, len(rows), k)
         data = out[offset : offset + nbytes]
-        kernels.quant_pack(int(qtype), rows.ctypes.data, len(rows), k, data, nbytes,
-                           threads or kernel_threads())
+        row_bytes = k // block * size
+        step = len(rows)
+        if rows_done is not None:
+            step = max(TILE, PACK_CALL_BYTES // row_bytes // TILE * TILE)
+        for first in range(0, len(rows), step):  # each call: whole tiles
+            n = min(step, len(rows) - first)
+            part_bytes = packed_bytes(qtype, n, k)
+            at = first * row_bytes  # ``first`` is a multiple of TILE
+            kernels.quant_pack(int(qtype), rows.ctypes.data + rows.itemsize * first, n, k,
+                               data[at : at + part_bytes], part_bytes, threads or kernel_threads())
+            if rows_done is not None:
+                rows_done(start + first + n)
         segments.append(QuantSegment(qtype, start, len(rows), data))
         offset += nbytes
         start += len(rows)

@@ -158,6 +158,21 @@ def test_row_order_packs_rows_as_reordered() -> None:
     assert torch.equal(q.linear_quant(x, reordered), q.linear_quant(x, direct))
 
 
+def test_packing_in_calls_that_report_progress_gives_the_same_bytes(monkeypatch) -> None:
+    """``rows_done``: whole tiles per call, every row reported once, in order, bitwise the
+    one-call pack (fused segments too: the count runs over the weight's rows)."""
+    monkeypatch.setattr(q, "PACK_CALL_BYTES", 3 * 8 * 144 + 5)  # 24 Q4_K rows of k=256
+    k = 256
+    parts = [q.QuantPart(Q.Q4_K, blocks(Q.Q4_K, 60, k, seed=1)),
+             q.QuantPart(Q.Q6_K, blocks(Q.Q6_K, 21, k, seed=2))]
+    seen: list[int] = []
+    stepped = q.pack_quant(parts, k, rows_done=seen.append)
+    whole = q.pack_quant(parts, k)
+    assert seen == [24, 48, 60, 60 + 16, 81]  # Q6_K: 210 bytes a row, 16 rows a call
+    assert stepped.qtypes == whole.qtypes == ("Q4_K", "Q6_K")
+    assert all(torch.equal(a.data, b.data) for a, b in zip(stepped.segments, whole.segments))
+
+
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
 def test_rows_never_depend_on_the_batch(scalar: bool) -> None:
     """Alone, as any slice of a batch (across the passes of up to five rows, split evenly,
