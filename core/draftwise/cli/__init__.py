@@ -24,6 +24,7 @@ import click
 from draftwise import __version__
 
 if TYPE_CHECKING:
+    from draftwise.cli.common import Prefault
     from draftwise.plugins.errors import PluginError
     from draftwise.plugins.manager import PluginHost
     from draftwise.plugins.registry import SpeculatorRegistry
@@ -56,6 +57,10 @@ class CliState:
     gc_paused: bool = False
     #: what loading the plugins raised at startup (commands needing the registry refuse)
     startup_error: PluginError | None = None
+    #: set by :func:`main` for generate and serve: the weights' arena faulting in since
+    #: before the plugins' imports (``cli.common.prefault_from_argv``, claimed by the
+    #: command with ``claim_prefault``)
+    prefault: Prefault | None = None
     _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
 
     def plugin_host(self) -> PluginHost:
@@ -136,7 +141,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     A plugin error refuses (exit 1) only commands that need the registry; ``--help``,
     ``--version`` and ``plugins`` run and show it.
     """
-    from draftwise.cli.common import startup_gc
+    from draftwise.cli.common import PREFAULT_COMMANDS, prefault_from_argv, startup_gc
+
+    group = make_cli()
+    args = list(argv) if argv is not None else sys.argv[1:]
+    # the console script calls main() with no argv; a caller passing argv (a test) owns
+    # the process, and frozen objects are never collected (startup_gc)
+    state = CliState(own_process=argv is None)
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in PREFAULT_COMMANDS and not _SAFE_FLAGS.intersection(args):
+        # first: the weights' memory faults in on another core while everything imports
+        state.prefault = prefault_from_argv(args)
     from draftwise.plugins.errors import PluginError, PluginSelectionError
     from draftwise.plugins.manager import (
         ENV_VAR,
@@ -145,12 +160,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         register_commands,
     )
 
-    group = make_cli()
-    args = list(argv) if argv is not None else sys.argv[1:]
-    # the console script calls main() with no argv; a caller passing argv (a test) owns
-    # the process, and frozen objects are never collected (startup_gc)
-    state = CliState(own_process=argv is None)
-    command = next((a for a in args if not a.startswith("-")), None)
     builtin = command is None or command in COMMANDS
     # the script's own process running a built-in command keeps the collector paused
     # through the command's imports until its engine is built (startup_gc)

@@ -78,11 +78,12 @@ def generate(
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
         announce_backend, build_engine, check_text_option, fail, peak_rss_bytes,
-        prefault_weights, process_started, sampling_params,
+        claim_prefault, process_started, sampling_params,
     )
 
     # first: the weights' memory faults in on another core while the imports below run
-    reserved = prefault_weights(model, dtype)
+    # (started by cli.main, before the plugins' imports, where it read the same options)
+    reserved = claim_prefault(model, dtype)
 
     if (prompt is None) == (prompt_token_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")

@@ -105,11 +105,12 @@ def serve(
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import (
-        announce_backend, build_engine, check_text_option, fail, prefault_weights,
+        announce_backend, build_engine, check_text_option, fail, claim_prefault,
     )
 
     # first: the weights' memory faults in on another core while the imports below run
-    reserved = prefault_weights(model, dtype)
+    # (started by cli.main, before the plugins' imports, where it read the same options)
+    reserved = claim_prefault(model, dtype)
     from draftwise.server.serving import check_api_key
 
     if api_key is None:
