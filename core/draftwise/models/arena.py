@@ -19,9 +19,10 @@ importing (Python, holding the GIL).
 The CLI reserves the region before it knows the weights' exact size: the GGUF file's
 size bounds it (packed bytes are the stored bytes with rows padded to tiles of 8, and
 the header and dense tensors are part of the file). The loader takes what it needs
-(:meth:`PrefaultedArena.take`), from then on the thread faults no further, and
-:meth:`PrefaultedArena.finish` hands back every page beyond it before any dense weight
-is allocated, so the peak resident set does not grow by the unused part.
+(:meth:`PrefaultedArena.take`): from then on the thread faults no further, and the pages
+past it go back to the OS at once (and once more by :meth:`PrefaultedArena.finish`,
+after the thread, for a chunk that was in flight), before the loader allocates anything
+else, so the peak resident set does not grow by the unused part.
 """
 
 from __future__ import annotations
@@ -129,17 +130,17 @@ class PrefaultedArena:
     def take(self, nbytes: int) -> tuple[mmap.mmap, int] | None:
         """The region and the offset of its first ``nbytes`` for the caller to fill
         (None when they do not fit: then nothing is taken); the thread faults no further
-        than ``nbytes`` from now on. Once per arena."""
+        than ``nbytes`` from now on, and what it faulted past them goes back to the OS
+        now, before the caller allocates anything. Once per arena."""
         if self._asked or self._finished:
             raise RuntimeError("a prefaulted arena is taken once")
         self._asked = True
         fits = 0 < nbytes <= self.capacity
         with self._lock:
             self._limit = min(self._limit, nbytes if fits else 0)
-        if not fits:
-            return None
-        self.taken = nbytes
-        return self.region, self.start
+        self.taken = nbytes if fits else 0
+        self._release_past(self.taken)  # a chunk in flight may fault some again: finish
+        return (self.region, self.start) if fits else None
 
     def finish(self) -> None:
         """Wait for the thread and give the pages past the taken bytes back to the OS (all
@@ -150,7 +151,11 @@ class PrefaultedArena:
         with self._lock:
             self._limit = min(self._limit, self.taken)
         self._thread.join()
-        keep = -(-self.taken // HUGE_PAGE) * HUGE_PAGE  # a huge page is freed whole
+        self._release_past(self.taken)
+
+    def _release_past(self, nbytes: int) -> None:
+        """Give back the region's pages past its first ``nbytes`` (whole huge pages kept)."""
+        keep = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         if keep < self.capacity and hasattr(mmap, "MADV_DONTNEED"):
             try:
                 self.region.madvise(mmap.MADV_DONTNEED, self.start + keep, self.capacity - keep)

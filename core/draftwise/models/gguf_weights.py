@@ -154,8 +154,8 @@ def load_quantized(
     Each stored tensor's mapped pages are released once copied, so the file's bytes are
     resident once (in the arena), not twice. ``reserved``: memory faulted in ahead of the
     load (``models.arena``), used when the arena fits in it; its unused pages go back to
-    the OS before this returns (before any dense weight is allocated). Returns the
-    arena's size in bytes.
+    the OS before the arena is filled (all of them, when it does not fit, before a fresh
+    one is allocated). Returns the arena's size in bytes.
     """
     try:
         return _pack_groups(ckpt, config, plan, available, install, progress, reserved)

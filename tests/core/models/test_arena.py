@@ -84,7 +84,7 @@ def test_take_bounds_the_thread_and_is_once_only() -> None:
 
 
 @linux
-def test_finish_hands_back_the_pages_past_what_was_taken() -> None:
+def test_take_hands_back_the_pages_past_what_it_takes() -> None:
     arena = PrefaultedArena(16 * MIB)
     arena._thread.join()  # let it fault all 16 MiB first, as it does while torch imports
     if arena.populated < 16 * MIB:
@@ -92,8 +92,9 @@ def test_finish_hands_back_the_pages_past_what_was_taken() -> None:
     pages = 16 * MIB // mmap.PAGESIZE
     assert resident_pages(arena.region, arena.start, 16 * MIB) == pages
     region, start = arena.take(5 * MIB)
-    arena.finish()
     kept = -(-5 * MIB // HUGE_PAGE) * HUGE_PAGE  # 6 MiB: whole huge pages
+    assert resident_pages(region, start + kept, 16 * MIB - kept) == 0  # at once
+    arena.finish()
     assert resident_pages(region, start, kept) == kept // mmap.PAGESIZE
     assert resident_pages(region, start + kept, 16 * MIB - kept) == 0
 
