@@ -32,6 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     ids = [int(t) for t in json.loads(args.prompt_ids)]
 
+    # as ``draftwise generate`` does: the weights' arena faults in while torch imports
+    from draftwise.cli.common import prefault_weights
+
+    reserved = prefault_weights(args.model, args.dtype)
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
     from draftwise.peak_rss import peak_rss_mib
@@ -46,7 +50,8 @@ def main() -> None:
             max_num_seqs=1,
             enable_prefix_caching=False,
             num_threads=args.threads,
-        )
+        ),
+        reserved=reserved,
     )
     t_loaded = time.perf_counter()
     engine.add_request({"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=1))
