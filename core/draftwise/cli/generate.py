@@ -118,7 +118,8 @@ def generate(
     building = time.monotonic()  # start-up before this: interpreter, imports, options
     try:
         engine = build_engine(
-            model, speculative_config, dtype, reserved, max_num_seqs=1, num_threads=num_threads
+            model, speculative_config, dtype, reserved=reserved, max_num_seqs=1,
+            num_threads=num_threads,
         )
         announce_backend(engine)
         if ids is not None:

@@ -136,7 +136,7 @@ def serve(
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     try:
-        engine = build_engine(model, speculative_config, dtype, reserved, **kwargs)
+        engine = build_engine(model, speculative_config, dtype, reserved=reserved, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message
         fail(exc)
 

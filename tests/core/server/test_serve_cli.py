@@ -15,8 +15,9 @@ from server_fakes import FakeEngine
 def stubs(monkeypatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
-    def build_engine(model, speculative_config, dtype, **kwargs):
+    def build_engine(model, speculative_config, dtype, reserved=None, **kwargs):
         seen["build"] = (model, speculative_config, dtype, kwargs)
+        seen["reserved"] = reserved
         if speculative_config == "refuse":
             raise EngineConfigError("speculative_config: 'bogus' is not a known key")
         return FakeEngine()
@@ -39,6 +40,7 @@ def test_options_reach_engine_and_app(stubs):
     assert result.exit_code == 0, result.output
     assert stubs["build"] == ("/models/x.gguf", '{"method": "ngram"}', "float32",
                               {"max_num_seqs": 4, "max_model_len": 512})
+    assert stubs["reserved"] is None  # float32: nothing stays quantized, nothing prefaulted
     app, host, port, kwargs = stubs["run"]
     assert (host, port, kwargs["shutdown_timeout"]) == ("127.0.0.1", 9000, 3.0)
     config = app.state.serving.config
