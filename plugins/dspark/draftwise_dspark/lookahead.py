@@ -80,6 +80,19 @@ class HitRate:
         return max(0, min(want, MAX_ROWS // max(rows, 1) - 1, room))
 
 
+    def window(self, worth: float, room: int) -> int:
+        """``D`` for the native pass (:mod:`draftwise_dspark.native`): positions past the
+        first while the chance the d-th is kept, ``p ** d``, is at least ``worth``, within
+        ``room``; under a 5% rate one guess now and then, as :meth:`depth`."""
+        if self.p < 0.05:
+            self._idle += 1
+            return min(int(self._idle % RETRY == 0), room)
+        d = 0
+        while d < room and self.p ** (d + 1) >= worth:
+            d += 1
+        return d
+
+
 def guess(base: torch.Tensor, u: torch.Tensor, top: torch.Tensor, w2_rows: torch.Tensor
           ) -> torch.Tensor:  # [R] int64
     """The likely pick: the corrected maximum over each row's ``top`` base tokens, their

@@ -79,6 +79,15 @@ class MarkovHead:
         self.row_norms: torch.Tensor | None = None
         if isinstance(w.w2, BlockedWeight):
             self.row_norms = w.w2.unpack().float().norm(dim=1)
+        self._w2_rows: torch.Tensor | None = None
+
+    def w2_rows(self) -> torch.Tensor:  # [V, r]
+        """``W2`` dense, unpacked once on first use: the look-ahead guesses gather rows."""
+        if self._w2_rows is None:
+            if not isinstance(self.w.w2, BlockedWeight):
+                raise RuntimeError("W2's dense rows are only kept for a packed W2")
+            self._w2_rows = self.w.w2.unpack()
+        return self._w2_rows
 
     def init_state(self, rows: int, dtype: torch.dtype, device: torch.device
                    ) -> torch.Tensor | None:
