@@ -27,7 +27,9 @@ a wrong guess costs the wasted rows of that product and the window restarts ther
 positions on average), and the product's rows ``rows * (1 + D)`` stay within
 :data:`MAX_ROWS`, past which extra rows stop being nearly free; ``D = 0`` is the
 sequential pass. Used only where ``W2`` and ``joint_proj`` are packed for the native
-kernel (row invariance is what makes it exact); elsewhere the plain pass runs.
+kernel (row invariance is what makes it exact); elsewhere the plain pass runs. All-greedy
+passes run the same windows inside one C call instead (:mod:`draftwise_dspark.native`,
+its depth from :meth:`HitRate.window`); this torch version serves sampled rows.
 """
 
 from __future__ import annotations
