@@ -380,3 +380,14 @@ def test_greedy_on_the_native_pass_is_identical_to_speculation_off(target_dir, t
     stats = llm.engine.spec.proposer_stats()[0]
     assert stats["markov_native_picks"] == stats["markov_steps"] > 0
     assert_clean(llm)
+
+
+def test_the_torch_pass_runs_where_the_kernel_cannot(monkeypatch) -> None:
+    """One decision (``native_pass``): no built kernel, or a W2 not packed for it (fp32,
+    oneDNN, GGUF-quantized drafters), leaves the pass to torch."""
+    head = make_head("rnn")
+    assert native_pass(head, 47) is not None
+    dense = MarkovHead(MarkovWeights("vanilla", head.w.w1, head.w2_rows().float()))
+    assert native_pass(dense, 47) is None
+    monkeypatch.setattr(kernels, "available", lambda name: False)
+    assert native_pass(head, 47) is None
