@@ -29,17 +29,12 @@
  * it, is batch-invariant.
  */
 #include "kernels.h"
+#include "gemm_bf16.h"
 #include "threadpool.h"
 
-#define BLOCK_N 64
+#define BLOCK_N DW_BLOCK_N
 
-typedef struct {
-    const uint16_t *x;  /* [M, x_stride] bf16 */
-    const uint16_t *p;  /* packed weight */
-    const uint16_t *b;  /* [N] bf16 or NULL */
-    uint16_t *y;        /* [M, y_stride] bf16 */
-    int64_t m, k, n, x_stride, y_stride;
-} Gemm;
+typedef DwGemm Gemm;
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -60,10 +55,11 @@ static inline __m512 load_bias(const uint16_t *b, int64_t col, int64_t n) {
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)tmp)), 16));
 }
 
-/* Rows r0..r0+R-1 times one 64-output block. R is a constant in each instantiation, so
- * the accumulators live in registers. */
+/* Rows r0..r0+R-1 times one 64-output block, into y (row r0's first output of the block;
+ * row stride ys). R is a constant in each instantiation, so the accumulators live in
+ * registers. */
 static inline __attribute__((always_inline)) void block(const Gemm *g, int64_t nb, int64_t r0,
-                                                          const int R) {
+                                                          const int R, uint16_t *y, int64_t ys) {
     const int64_t kpairs = (g->k + 1) / 2, even = g->k / 2, col = nb * BLOCK_N;
     const uint16_t *w = g->p + nb * kpairs * (BLOCK_N * 2);
     __m512 acc[MAX_ROWS][4];
@@ -105,30 +101,28 @@ static inline __attribute__((always_inline)) void block(const Gemm *g, int64_t n
         if (c >= g->n) break;
         const __mmask16 mask = g->n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g->n - c)) - 1);
         for (int r = 0; r < R; r++)
-            _mm256_mask_storeu_epi16(g->y + (r0 + r) * g->y_stride + c, mask,
+            _mm256_mask_storeu_epi16(y + r * ys + 16 * j, mask,
                                      (__m256i)_mm512_cvtneps_pbh(acc[r][j]));
     }
 }
 
-static void block_rows(const Gemm *g, int64_t nb, int64_t r0, int64_t rows) {
+static void block_rows(const Gemm *g, int64_t nb, int64_t r0, int64_t rows, uint16_t *y,
+                       int64_t ys) {
     switch (rows) {
-    case 1: block(g, nb, r0, 1); break;
-    case 2: block(g, nb, r0, 2); break;
-    case 3: block(g, nb, r0, 3); break;
-    case 4: block(g, nb, r0, 4); break;
-    case 5: block(g, nb, r0, 5); break;
-    default: block(g, nb, r0, 6); break;
+    case 1: block(g, nb, r0, 1, y, ys); break;
+    case 2: block(g, nb, r0, 2, y, ys); break;
+    case 3: block(g, nb, r0, 3, y, ys); break;
+    case 4: block(g, nb, r0, 4, y, ys); break;
+    case 5: block(g, nb, r0, 5, y, ys); break;
+    default: block(g, nb, r0, 6, y, ys); break;
     }
 }
 
-/* Blocks [begin, end), block-major: a block's weights come from memory once and stay in
- * L1/L2 while every chunk of rows uses them. Threads split the blocks, so the thread
- * count changes who computes an output, never how. */
-static void run_blocks(void *ctx, int64_t begin, int64_t end) {
-    const Gemm *g = ctx;
-    for (int64_t nb = begin; nb < end; nb++)
-        for (int64_t r0 = 0; r0 < g->m; r0 += MAX_ROWS)
-            block_rows(g, nb, r0, g->m - r0 < MAX_ROWS ? g->m - r0 : MAX_ROWS);
+/* Every row of g times block nb, six rows at a time: the block's weights come from memory
+ * once and stay in L1/L2 while every chunk of rows uses them. */
+void dw_gemm_bf16_block(const Gemm *g, int64_t nb, uint16_t *y, int64_t ys) {
+    for (int64_t r0 = 0; r0 < g->m; r0 += MAX_ROWS)
+        block_rows(g, nb, r0, g->m - r0 < MAX_ROWS ? g->m - r0 : MAX_ROWS, y + r0 * ys, ys);
 }
 
 #else /* portable: vec.h's 16-lane vectors, same packed layout */
@@ -196,9 +190,10 @@ static inline void row_tile(v16f acc[4], const uint16_t *x, const uint16_t *wb, 
 }
 #endif
 
-/* One 64-output block for every row: rows in chunks of ROW_CHUNK, K in tiles of K_TILE
- * pairs; each output's accumulator takes the pairs in order whatever the chunking. */
-static void block_portable(const Gemm *g, int64_t nb) {
+/* One 64-output block for every row, into y (row stride ys): rows in chunks of ROW_CHUNK,
+ * K in tiles of K_TILE pairs; each output's accumulator takes the pairs in order whatever
+ * the chunking. */
+void dw_gemm_bf16_block(const Gemm *g, int64_t nb, uint16_t *y, int64_t ys) {
     const int64_t kpairs = (g->k + 1) / 2, even = g->k / 2, col = nb * BLOCK_N;
     const uint16_t *wb = g->p + nb * kpairs * (BLOCK_N * 2);
     v16f bias[4];
@@ -216,24 +211,33 @@ static void block_portable(const Gemm *g, int64_t nb) {
             }
         }
         for (int64_t r = 0; r < rc; r++) {
-            uint16_t *y = g->y + (r0 + r) * g->y_stride;
+            uint16_t *yr = y + (r0 + r) * ys;
             for (int j = 0; j < 4; j++) {
                 const int64_t c = col + LANES * j;
                 if (c >= g->n) break;
                 uint16_t tmp[LANES];
                 v16_store_bf16(tmp, acc[r][j]);
-                memcpy(y + c, tmp, sizeof(uint16_t) * (size_t)(g->n - c < LANES ? g->n - c : LANES));
+                memcpy(yr + LANES * j, tmp,
+                       sizeof(uint16_t) * (size_t)(g->n - c < LANES ? g->n - c : LANES));
             }
         }
     }
 }
 
+#endif
+
+/* Blocks [begin, end). Threads split the blocks, so the thread count changes who computes
+ * an output, never how. */
 static void run_blocks(void *ctx, int64_t begin, int64_t end) {
     const Gemm *g = ctx;
-    for (int64_t nb = begin; nb < end; nb++) block_portable(g, nb);
+    for (int64_t nb = begin; nb < end; nb++)
+        dw_gemm_bf16_block(g, nb, g->y + nb * BLOCK_N, g->y_stride);
 }
 
-#endif
+void dw_gemm_bf16(const Gemm *g, int threads) {
+    const int64_t blocks = (g->n + BLOCK_N - 1) / BLOCK_N;
+    dw_parallel_for(threads > 0 && threads < 64 ? threads : 1, blocks, run_blocks, (void *)g);
+}
 
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -246,8 +250,7 @@ PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "linear_bf16: bad sizes or strides");
         return NULL;
     }
-    const int64_t blocks = (g.n + BLOCK_N - 1) / BLOCK_N, threads = n[5];
-    Py_BEGIN_ALLOW_THREADS dw_parallel_for(threads > 0 && threads < 64 ? (int)threads : 1, blocks,
-                                           run_blocks, &g);
+    const int threads = (int)(n[5] > 0 && n[5] < 64 ? n[5] : 1);
+    Py_BEGIN_ALLOW_THREADS dw_gemm_bf16(&g, threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }

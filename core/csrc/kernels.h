@@ -28,6 +28,9 @@ PyObject *dw_nvfp4_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nar
 #define DW_HAVE_LINEAR_BF16 1
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* markov.c: DSpark's greedy Markov pass on the packed GEMM (every build: gemm_bf16.h) */
+PyObject *dw_markov_pass(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 /* Parse n leading pointer args then the rest as int64; returns 0 or -1 with an exception. */
 static inline int dw_parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
                            int n_ptrs, void **ptrs, int64_t *ints, const char *name) {

@@ -27,7 +27,9 @@ a wrong guess costs the wasted rows of that product and the window restarts ther
 positions on average), and the product's rows ``rows * (1 + D)`` stay within
 :data:`MAX_ROWS`, past which extra rows stop being nearly free; ``D = 0`` is the
 sequential pass. Used only where ``W2`` and ``joint_proj`` are packed for the native
-kernel (row invariance is what makes it exact); elsewhere the plain pass runs.
+kernel (row invariance is what makes it exact); elsewhere the plain pass runs. All-greedy
+passes run the same windows inside one C call instead (:mod:`draftwise_dspark.native`,
+its depth from :meth:`HitRate.window`); this torch version serves sampled rows.
 """
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ class HitRate:
             self._idle += 1
             want = int(self._idle % RETRY == 0)
         return max(0, min(want, MAX_ROWS // max(rows, 1) - 1, room))
+
+
+    def window(self, worth: float, room: int) -> int:
+        """``D`` for the native pass (:mod:`draftwise_dspark.native`): positions past the
+        first while the chance the d-th is kept, ``p ** d``, is at least ``worth``, within
+        ``room``; under a 5% rate one guess now and then, as :meth:`depth`."""
+        if self.p < 0.05:
+            self._idle += 1
+            return min(int(self._idle % RETRY == 0), room)
+        d = 0
+        while d < room and self.p ** (d + 1) >= worth:
+            d += 1
+        return d
 
 
 def guess(base: torch.Tensor, u: torch.Tensor, top: torch.Tensor, w2_rows: torch.Tensor

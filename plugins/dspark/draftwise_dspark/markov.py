@@ -29,6 +29,11 @@ maximum is the full argmax, ties included. When the bound leaves too many blocks
 bias large against the logit margin), or a value is not finite, it answers None and
 the caller runs the full product.
 
+All-greedy passes on packed weights run natively (:mod:`draftwise_dspark.native`, one C
+call with this screen, the windows of :mod:`draftwise_dspark.lookahead` and a fused
+product and argmax: bitwise these tokens); this module's pass is the reference, and what
+runs for sampled rows and where the C kernels are not built.
+
 For ``rnn`` it never answers: ``u = tanh(o)`` is dense with entries of order 1, so
 ``|u|`` is ~sqrt(r) times a ``W1`` row's and the bound ~sqrt(r) times looser than the
 bias it bounds (on ``benchmarks/dspark_step.py``'s drafter, r = 256: ``|u|`` ~7 against
@@ -79,6 +84,15 @@ class MarkovHead:
         self.row_norms: torch.Tensor | None = None
         if isinstance(w.w2, BlockedWeight):
             self.row_norms = w.w2.unpack().float().norm(dim=1)
+        self._w2_rows: torch.Tensor | None = None
+
+    def w2_rows(self) -> torch.Tensor:  # [V, r]
+        """``W2`` dense, unpacked once on first use: the look-ahead guesses gather rows."""
+        if self._w2_rows is None:
+            if not isinstance(self.w.w2, BlockedWeight):
+                raise RuntimeError("W2's dense rows are only kept for a packed W2")
+            self._w2_rows = self.w.w2.unpack()
+        return self._w2_rows
 
     def init_state(self, rows: int, dtype: torch.dtype, device: torch.device
                    ) -> torch.Tensor | None:

@@ -18,7 +18,10 @@ of ``n`` tokens (``shared/reference/drafter-formats.md`` §2.1-2.2):
    ``draft_sample_method: "probabilistic"`` samples from the request's processed
    distribution of the corrected logits and keeps it as q; the rnn head runs windows
    of positions per ``W2`` product under guessed previous tokens, kept only where the
-   guess was the pick (:mod:`draftwise_dspark.lookahead`: the same tokens and q);
+   guess was the pick (:mod:`draftwise_dspark.lookahead`: the same tokens and q). When
+   every row is greedy and the drafter is on the native GEMM, the whole pass is one C
+   call instead (:mod:`draftwise_dspark.native`: the same tokens, bitwise), decided once
+   at construction (``self.native``);
 4. with ``"draftwise": {"confidence_threshold": t}`` (t > 0) and a confidence head
    (:mod:`draftwise_dspark.confidence`), only the drafts before the first slot scored
    under t are returned (DeepSpec ``_confident_prefix_length``): lossless, since verify
@@ -41,6 +44,7 @@ from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 from draftwise_dspark.loader import LoadedDSpark
 from draftwise_dspark.lookahead import HitRate, can_look_ahead, lookahead_pass
 from draftwise_dspark.markov import store_pick
+from draftwise_dspark.native import NativeMarkov, native_pass
 
 
 #: consecutive failed certifications after which the pick is only retried now and then
@@ -59,6 +63,7 @@ class DSparkProposer(DFlashProposer):
         self.block = draft.cfg.block_size
         self.hidden_taps = tuple(t for t in self.taps if t >= 0)
         self.threshold = confidence_threshold
+        #: Markov picks: block positions (torch pass, rows batched), row positions (native)
         self.counters["markov_steps"] = 0
         #: Markov steps whose greedy picks the bound certified without the full W2 product
         self.counters["markov_certified"] = 0
@@ -72,7 +77,12 @@ class DSparkProposer(DFlashProposer):
         #: per product, as the other types
         self.look_ahead = True
         self._hits = HitRate()
-        self._w2_rows: torch.Tensor | None = None
+        #: the greedy pass as one C call (:mod:`draftwise_dspark.native`), decided here once;
+        #: None: the torch pass below runs (no kernels, or a drafter it cannot take)
+        self.native: NativeMarkov | None = native_pass(
+            draft.markov, draft.cfg.backbone.decoder.hidden_size)
+        #: Markov picks (row positions) the native pass made
+        self.counters["markov_native_picks"] = 0
 
     def _plans(self, rows: list[DraftRow]) -> list[BlockPlan]:
         """A row drafts only when its whole block fits its KV pages."""
@@ -125,7 +135,8 @@ class DSparkProposer(DFlashProposer):
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Rule 3, left to right: position ``j`` of every row still drafting is one batched
         bias and one pick (an rnn head on the native kernel: windows of positions per
-        bias, :func:`~draftwise_dspark.lookahead.lookahead_pass`). Returns the tokens,
+        bias, :func:`~draftwise_dspark.lookahead.lookahead_pass`); all-greedy rows on the
+        native pass: one C call (:meth:`_native_pass`). Returns the tokens,
         each slot's previous token (row-major ``[N]``) and q (``[N, V]``, probabilistic
         only)."""
         dev = hidden.device
@@ -133,15 +144,16 @@ class DSparkProposer(DFlashProposer):
         head = self.draft.markov
         params = [rows[p.index].params for p in plans]
         gens = [rows[p.index].generator for p in plans]
+        if self.native is not None and (not self.probabilistic
+                                        or all(p.is_greedy for p in params)):
+            return self._native_pass(hidden, base, counts, anchors)
         if self.look_ahead and head is not None and can_look_ahead(head):
             def pick(logits: torch.Tensor, live: list[int]
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
                 return pick_draft_tokens(logits, [params[r] for r in live],
                                          [gens[r] for r in live], self.probabilistic)
 
-            if self._w2_rows is None:  # W2 unpacked once, for the windows' guesses
-                self._w2_rows = head.w.w2.unpack()  # type: ignore[union-attr]
-            return lookahead_pass(head, hidden, base, counts, anchors, pick, self._w2_rows,
+            return lookahead_pass(head, hidden, base, counts, anchors, pick, head.w2_rows(),
                                   self._hits, self.counters, self.probabilistic)
         starts = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
         tok = torch.empty(base.shape[0], dtype=torch.int64, device=dev)
@@ -182,6 +194,27 @@ class DSparkProposer(DFlashProposer):
             prev = pick.to(dev)
             store_pick(tok, q, at, prev, qj)
         return tok, prev_of, q
+
+    def _native_pass(self, hidden: torch.Tensor, base: torch.Tensor, counts: list[int],
+                     anchors: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rule 3 for all-greedy rows in one C call (:mod:`draftwise_dspark.native`): the
+        same tokens and previous tokens as the torch pass; q one-hot when probabilistic."""
+        if self.native is None:
+            raise RuntimeError("the native Markov pass is not available for this drafter")
+        tok, prev, stats = self.native.run(hidden, base, counts, anchors,
+                                           screen=self._try_certify(), give_up=GIVE_UP)
+        self.counters["markov_steps"] += len(tok)
+        self.counters["markov_native_picks"] += len(tok)
+        self.counters["markov_certified"] += stats["certified"]
+        self.counters["markov_w2_products"] += stats["products"]
+        self._certify_misses = 0 if stats["certified"] else (
+            self._certify_misses + stats["screened"])
+        q = None
+        if self.probabilistic:  # every row greedy: one-hot q, as store_pick writes it
+            q = torch.zeros(base.shape, dtype=torch.float32)
+            q[torch.arange(len(tok)), tok] = 1.0
+        return tok, prev, q
 
     def _try_certify(self) -> bool:
         """Whether to try the certified pick this step: always, until it has failed

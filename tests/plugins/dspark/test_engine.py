@@ -233,6 +233,7 @@ def test_certified_greedy_pick_drafts_what_the_full_product_drafts(
     def run() -> tuple[list, dict]:
         llm = LLM(model=str(target_dir), dtype="bfloat16", max_num_seqs=4,
                   speculative_config=spec(trained_dir))
+        llm.engine.spec.proposers[0].native = None  # the torch pass's pick (test_native: C's)
         seen = record_drafts(llm)
         llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy())
         return seen, llm.engine.spec.proposer_stats()[0]

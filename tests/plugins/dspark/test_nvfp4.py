@@ -48,8 +48,8 @@ def want(target_dir: Path) -> list[list[int]]:
 
 def logits_of(target_dir: Path, drafter: Path, monkeypatch: pytest.MonkeyPatch
               ) -> tuple[list[list[int]], list[torch.Tensor], LLM]:
-    """Greedy outputs and every Markov step's corrected logits (the certified pick off,
-    so each step's full logits reach the pick)."""
+    """Greedy outputs and every Markov step's corrected logits (the certified pick and the
+    native pass off, so each step's full logits reach the torch pick)."""
     import draftwise_dspark.proposer as mod
 
     seen: list[torch.Tensor] = []
@@ -61,6 +61,7 @@ def logits_of(target_dir: Path, drafter: Path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(mod, "pick_draft_tokens", record)
     monkeypatch.setattr(mod.DSparkProposer, "_try_certify", lambda self: False)
+    monkeypatch.setattr(mod, "native_pass", lambda *a: None)
     got, llm = generate(target_dir, spec(drafter), PROMPTS, max_num_seqs=4)
     monkeypatch.undo()
     return got, seen, llm
