@@ -14,11 +14,11 @@ which for equal rates is the standard (1 - a^(k+1)) / (1 - a). Each step,
 tokens per second of step time against the measured cost model
 (:class:`~draftwise.cost_model.CostModel`: the forward's grid plus the rest of the step,
 measured as it runs): a draft token is worth adding while the cumulative acceptance it
-buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A row kept at 0 gets a probe of ``probe_depth`` drafts every
-``probe_interval`` steps, so a request whose text turns repetitive gets speculation back;
-each probe whose drafts are all rejected multiplies that interval by ``probe_backoff`` (up
-to ``max_probe_interval``), and an accepted draft resets it, so text that never repeats
-stops paying for probes.
+buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A row kept
+at 0 gets a probe of ``probe_depth`` drafts every ``probe_interval`` steps, so a request
+whose text turns repetitive gets speculation back; each probe whose drafts are all
+rejected multiplies that interval by ``probe_backoff`` (up to ``max_probe_interval``), and
+an accepted draft resets it, so text that never repeats stops paying for probes.
 
 A fresh request starts from the engine's population rates, but weakly: they count as
 ``prior_strength`` observations, so the request's own first outcomes move its estimate
@@ -275,10 +275,12 @@ class DepthPolicy:
         self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength,
                                 num_known)
         if evidence is not None and num_drafted:
+            # (only their acceptance is read: a reservation on evidence takes every slot
+            # as drafted, reserve_draft_rates, so their draft rates are not kept)
             own = self.evidence_estimate(est, evidence)
-            own.observe(w, num_drafted, num_drafted, num_accepted, strength, num_known)
-            self._pool(evidence).observe(w / 4, num_drafted, num_drafted, num_accepted,
-                                         strength, num_known)
+            own.observe(w, 0, num_drafted, num_accepted, strength, num_known)
+            self._pool(evidence).observe(w / 4, 0, num_drafted, num_accepted, strength,
+                                         num_known)
 
     def _pool(self, value: int) -> AcceptanceEstimate:
         """The engine-wide estimate for one evidence value (the prior until observed)."""

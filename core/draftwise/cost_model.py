@@ -62,8 +62,8 @@ logger = logging.getLogger("draftwise.cost_model")
 
 #: weight of the newest step in the drafters' cost per token
 DRAFT_COST_WEIGHT = 0.1
-#: weight of the newest engine step in the running time of the rest of a step, and of a
-#: grid point's forward
+#: weight of the newest engine step in a running time (the rest of a step, a grid
+#: point's forward), once its first ``MIN_STEPS`` readings set it
 STEP_WEIGHT = 0.05
 #: engine steps at a grid point before their running time replaces its start-up timing
 MIN_STEPS = 8
@@ -77,6 +77,30 @@ CONTEXT = 128
 _PROBE_ID = "draftwise-cost-probe"
 #: bumped when what a cached grid means changes (then old files are simply not found)
 CACHE_FORMAT = 2
+
+
+@dataclass(slots=True)
+class RunningTime:
+    """A time the engine measures over and over (a grid point's forward, the rest of a
+    step): the median of its first ``MIN_STEPS`` readings (a first step that faulted its
+    pages in is one reading, not the price), then an exponentially weighted mean whose
+    every move is bounded (``MAX_STEP_CHANGE``)."""
+
+    value: float = 0.0
+    count: int = 0
+    first: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float) -> None:
+        """One more reading."""
+        self.count += 1
+        if self.count <= MIN_STEPS:
+            self.first.append(seconds)
+            ordered = sorted(self.first)
+            self.value = ordered[len(ordered) // 2]
+            return
+        self.first.clear()
+        bound = MAX_STEP_CHANGE * self.value
+        self.value += STEP_WEIGHT * max(-bound, min(bound, seconds - self.value))
 
 
 @dataclass(slots=True)
@@ -97,13 +121,12 @@ class CostModel:
     measure_seconds: float = 0.0
     #: per batch size, exponentially weighted seconds of a decode step outside the target
     #: forward and the drafters (empty until a step was timed: then the forward alone)
-    overhead: dict[int, float] = field(default_factory=dict)
+    overhead: dict[int, RunningTime] = field(default_factory=dict)
     #: the start-up grid as timed (``seconds`` is what the rule reads: this, calibrated
     #: by the engine's own steps)
     measured: list[list[float]] = field(init=False)
-    #: per grid point, the running forward time of the engine's steps there and how many
-    steps_seconds: list[list[float]] = field(init=False)
-    steps_seen: list[list[int]] = field(init=False)
+    #: per grid point, the forward time of the engine's steps there
+    steps: list[list[RunningTime]] = field(init=False)
     #: bumped each time ``seconds`` changes (tables built from it are then stale)
     version: int = 0
     _draft_observed: bool = field(default=False, repr=False)
@@ -120,8 +143,7 @@ class CostModel:
         ):
             raise ValueError("seconds must be a rows x tokens_per_row grid")
         self.measured = [list(r) for r in self.seconds]
-        self.steps_seconds = [[0.0] * len(self.tokens_per_row) for _ in self.rows]
-        self.steps_seen = [[0] * len(self.tokens_per_row) for _ in self.rows]
+        self.steps = [[RunningTime() for _ in self.tokens_per_row] for _ in self.rows]
 
     def observe_step(self, num_rows: int, num_tokens: int, forward: float, rest: float) -> None:
         """One decode step of the engine, on this model's clock: ``forward`` seconds of
@@ -133,16 +155,9 @@ class CostModel:
         per_row = num_tokens // num_rows
         if per_row not in self.tokens_per_row:
             return
-        i, j = self.rows.index(num_rows), self.tokens_per_row.index(per_row)
-        n, old = self.steps_seen[i][j], self.steps_seconds[i][j]
-        if n == 0:
-            self.steps_seconds[i][j] = forward
-        else:
-            bound = MAX_STEP_CHANGE * old
-            self.steps_seconds[i][j] = old + STEP_WEIGHT * max(
-                -bound, min(bound, forward - old))
-        self.steps_seen[i][j] = n + 1
-        if n + 1 == MIN_STEPS or (n + 1 > MIN_STEPS and (n + 1) % MIN_STEPS == 0):
+        point = self.steps[self.rows.index(num_rows)][self.tokens_per_row.index(per_row)]
+        point.add(forward)
+        if point.count % MIN_STEPS == 0:  # an anchor now, or one that moved: recalibrate
             self.seconds = self.calibrated()
             self.version += 1
 
@@ -153,8 +168,8 @@ class CostModel:
         no anchor, its start-up timing scaled by the anchors' median ratio to theirs."""
         ts, out, ratios = self.tokens_per_row, [], []
         for i, measured in enumerate(self.measured):
-            got, seen = self.steps_seconds[i], self.steps_seen[i]
-            anchors = [j for j in range(len(ts)) if seen[j] >= MIN_STEPS]
+            got = [point.value for point in self.steps[i]]
+            anchors = [j for j, point in enumerate(self.steps[i]) if point.count >= MIN_STEPS]
             ratios += [got[j] / measured[j] for j in anchors if measured[j] > 0]
             row = list(measured)
             for j in range(len(ts)) if anchors else ():
@@ -186,18 +201,18 @@ class CostModel:
         if not over:
             return 0.0
         got = over.get(num_rows)
-        if got is not None:
-            return got
-        return over[min(over, key=lambda r: (abs(r - num_rows), r))]
+        if got is None:
+            got = over[min(over, key=lambda r: (abs(r - num_rows), r))]
+        return got.value
 
     def observe_overhead(self, num_rows: int, seconds: float) -> None:
         """One decode step's time outside the target forward and the drafters."""
         if num_rows <= 0:
             return
-        seconds = max(0.0, seconds)
-        old = self.overhead.get(num_rows)
-        self.overhead[num_rows] = (
-            seconds if old is None else old + STEP_WEIGHT * (seconds - old))
+        rest = self.overhead.get(num_rows)
+        if rest is None:
+            rest = self.overhead[num_rows] = RunningTime()
+        rest.add(max(0.0, seconds))
 
     def forward_seconds(self, num_rows: int, num_tokens: float) -> float:
         """Forward time of ``num_rows`` rows carrying ``num_tokens`` tokens in all."""
@@ -247,9 +262,9 @@ class CostModel:
             "tokens_per_row": list(self.tokens_per_row),
             "forward_seconds": [list(r) for r in self.seconds],
             "draft_seconds_per_token": self.draft_seconds_per_token,
-            "overhead_seconds": {str(r): v for r, v in sorted(self.overhead.items())},
+            "overhead_seconds": {str(r): v.value for r, v in sorted(self.overhead.items())},
             "measured_forward_seconds": [list(r) for r in self.measured],
-            "engine_steps": [list(r) for r in self.steps_seen],
+            "engine_steps": [[point.count for point in row] for row in self.steps],
         }
 
 
@@ -408,6 +423,6 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 __all__ = [
-    "CostModel", "cache_dir", "code_identity", "measure_costs", "model_identity", "monotone",
-    "rows_grid",
+    "CostModel", "RunningTime", "cache_dir", "code_identity", "measure_costs", "model_identity",
+    "monotone", "rows_grid",
 ]

@@ -306,15 +306,16 @@ def test_the_engine_times_its_decode_steps_for_the_cost_model(tiny: Path) -> Non
     cost = llm.engine.spec.policy.cost
     assert cost.overhead == {}
     llm.generate(prompts()[:1], greedy(8))
-    assert set(cost.overhead) == {1} and cost.overhead[1] > 0
+    assert set(cost.overhead) == {1} and cost.overhead_seconds(1) > 0
     # and each decode step's forward, at its grid point (1 row x 1 + drafts tokens): all
     # but the prefill step
-    assert sum(cost.steps_seen[0]) == llm.engine.stats.num_steps - 1
-    assert not any(map(any, cost.steps_seen[1:]))
+    steps = cost.summary()["engine_steps"]
+    assert sum(steps[0]) == llm.engine.stats.num_steps - 1 and not any(map(any, steps[1:]))
     ticks = iter(range(1_000_000))
     cost.clock = lambda: float(next(ticks))
     cost.overhead.clear()
     llm.generate(prompts()[:2], greedy(8))
     # a decode step reads the clock at its start and end, around its forward and, when it
     # drafts, around its drafting: its rest is 3 ticks when it drafts, 2 when not
-    assert set(cost.overhead) <= {1, 2} and all(2.0 <= v <= 3.0 for v in cost.overhead.values())
+    assert set(cost.overhead) <= {1, 2}
+    assert all(2.0 <= cost.overhead_seconds(r) <= 3.0 for r in cost.overhead)
