@@ -113,9 +113,9 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}
         self._seed_gen = torch.Generator().manual_seed(args.seed)
         self._last_log = time.monotonic()
-        #: this step's target forward on adaptive depth's clock and its tokens (None: not
-        #: timed)
-        self._forward_cost: tuple[float, int] | None = None
+        #: this step's target forward on adaptive depth's clock, its rows and its tokens
+        #: (None: not timed)
+        self._forward_cost: tuple[float, int, int] | None = None
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
         # as long as the engine: keep it out of the cyclic collector's full passes, which
         # otherwise walk it every few hundred steps (~5% of a decode step's time here).
@@ -293,10 +293,10 @@ class LLMEngine:
         if cost is not None and self._forward_cost is not None and all(
             row.num_new_tokens == 1 for row in sched.rows
         ):  # a decode step: its forward and the rest, for adaptive depth's prices
-            forward, tokens = self._forward_cost
+            # (the rows that ran: after a failure the guard re-runs a subset)
+            forward, rows, tokens = self._forward_cost
             drafting = self.spec.last_draft_seconds if self.spec is not None else 0.0
-            cost.observe_step(len(sched.rows), tokens, forward,
-                              cost.clock() - c0 - forward - drafting)
+            cost.observe_step(rows, tokens, forward, cost.clock() - c0 - forward - drafting)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
@@ -328,8 +328,8 @@ class LLMEngine:
         cost = self._depth_cost
         f0 = cost.clock() if cost is not None else 0.0
         output = self.runner.forward(batch)
-        if cost is not None:  # the forward on adaptive depth's clock, and its tokens
-            self._forward_cost = (cost.clock() - f0, int(batch.input_ids.shape[0]))
+        if cost is not None:  # the forward on adaptive depth's clock, its rows and tokens
+            self._forward_cost = (cost.clock() - f0, len(rows), int(batch.input_ids.shape[0]))
         t2 = time.perf_counter()
         prompt_logits, logits = prompt_lp.split_logits(
             output.logits, [len(r) for r in prompt_rows],
