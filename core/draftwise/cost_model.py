@@ -24,7 +24,7 @@ weighted mean over the steps that asked for drafts.
 The start-up grid is a few dozen forwards timed right after loading, and on a shared
 machine it is often off: five timings of the same 1-row grid here, minutes apart, read
 1 + 4 drafts at 1.06x to 1.38x a plain forward, and one cached grid priced 3 tokens at
-1.49x (the engine's own steps at that size ran 1.16x). So the engine also times its own
+1.49x one (the engine's own steps at those sizes ran 1.10x). So the engine also times its own
 decode steps' forwards (:meth:`CostModel.observe_step`): a step of R rows and T tokens
 in all, with R a timed batch size and T / R a timed tokens per row, is that grid point,
 and its running time (after ``MIN_STEPS`` such steps) replaces the start-up timing.
@@ -67,8 +67,8 @@ DRAFT_COST_WEIGHT = 0.1
 STEP_WEIGHT = 0.05
 #: engine steps at a grid point before their running time replaces its start-up timing
 MIN_STEPS = 8
-#: a step's forward moves its grid point's running time by at most this fraction (a
-#: step stalled by a page fault or another process is one step, not a new price)
+#: one reading moves a running time by at most this fraction of it (a step stalled by a
+#: page fault or another process is one step, not a new price)
 MAX_STEP_CHANGE = 0.25
 #: timed passes over the grid (each point's minimum is kept: other load only adds time)
 REPEATS = 4
@@ -119,8 +119,8 @@ class CostModel:
     source: str = "given"
     #: grid measurement time (0 when cached or given)
     measure_seconds: float = 0.0
-    #: per batch size, exponentially weighted seconds of a decode step outside the target
-    #: forward and the drafters (empty until a step was timed: then the forward alone)
+    #: per batch size, the running time of a decode step outside the target forward and
+    #: the drafters (empty until a step was timed: then the forward alone)
     overhead: dict[int, RunningTime] = field(default_factory=dict)
     #: the start-up grid as timed (``seconds`` is what the rule reads: this, calibrated
     #: by the engine's own steps)
