@@ -12,20 +12,20 @@ With rates p_1..p_k the expected output of a row verifying k drafts is
 which for equal rates is the standard (1 - a^(k+1)) / (1 - a). Each step,
 :func:`choose_depths` picks every row's k in 0..cap to maximise the batch's expected
 tokens per second of step time against the measured cost model
-(:class:`~draftwise.cost_model.CostModel`): a draft token is worth adding while the
-cumulative acceptance it buys outweighs the forward time it adds, and k = 0 (off) is
-one of the choices. A row kept at 0 gets a probe of ``probe_depth`` drafts every
-``probe_interval`` steps, so a request whose text turns repetitive gets speculation back;
-each probe whose drafts are all rejected multiplies that interval by ``probe_backoff`` (up
-to ``max_probe_interval``), and an accepted draft resets it, so text that never repeats
-stops paying for probes.
+(:class:`~draftwise.cost_model.CostModel`: the forward's grid plus the rest of the step,
+measured as it runs): a draft token is worth adding while the cumulative acceptance it
+buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A row kept
+at 0 gets a probe of ``probe_depth`` drafts every ``probe_interval`` steps, so a request
+whose text turns repetitive gets speculation back; each probe whose drafts are all
+rejected multiplies that interval by ``probe_backoff`` (up to ``max_probe_interval``), and
+an accepted draft resets it, so text that never repeats stops paying for probes.
 
 A fresh request starts from the engine's population rates, but weakly: they count as
 ``prior_strength`` observations, so the request's own first outcomes move its estimate
-at weight 1 / (n + 1 + prior_strength) until that falls to ``ew_weight``; and until one of
-its own drafts was verified it drafts at most ``probe_depth`` (its first decode step is
-such a probe). A prompt unlike the ones
-before it (open text after grounded edits) then wastes one draft token on its first
+at weight 1 / (n + 1 + prior_strength) until that falls to ``ew_weight``; and while the
+engine has seen no evidence (below), until one of its own drafts was verified it drafts
+at most ``probe_depth`` (its first decode step is such a probe). A prompt unlike the
+ones before it (open text after grounded edits) then wastes one draft token on its first
 step, not four, and stops drafting after a rejection or two instead of paying for the
 population's optimism for several steps.
 
@@ -37,7 +37,15 @@ request also keeps rates per evidence value, started from an engine-wide estimat
 that value, and once the drafts are made :meth:`DepthPolicy.cut` decides again on the
 rates of each row's evidence and cuts the draft to what pays. Such a request's depth is
 reserved on the best evidence seen (:meth:`DepthPolicy.reserve_rates`), so it keeps
-looking up and its strong matches are verified in full while its weak ones are cut.
+looking up and its strong matches are verified in full while its weak ones are cut. The
+evidence rates hold across prompts, so with them a fresh request needs no warm-up: it is
+reserved and cut on the engine's rates for its evidence from its first decode step.
+
+What the cut drops is still learned from: the token verify emits after a row's last kept
+draft is the target's own pick there, and a one-hot draft is accepted exactly when it
+equals it (:meth:`~draftwise.step.StepDrafts.made_outcome`), so the first dropped draft's
+outcome is known at no forward cost. A request whose short matches do hold learns it
+while the engine's rates for them would cut them for ever.
 
 Lossless by construction: only how many drafts are verified changes, never how.
 """
@@ -88,24 +96,31 @@ class AcceptanceEstimate:
         self.draft_seen = self.draft_seen or [0] * len(self.draft_rates)
 
     def observe(self, weight: float, num_asked: int, num_drafted: int, num_accepted: int,
-                prior_strength: float = float("inf")) -> None:
+                prior_strength: float = float("inf"), num_known: int | None = None) -> None:
         """One step that let the row draft ``num_asked``: ``num_drafted`` came,
-        ``num_accepted`` held.
+        ``num_accepted`` held, of the first ``num_known`` (default: all of them) whose
+        outcome is known (a draft cut before verify is known only one position past the
+        kept ones: :meth:`~draftwise.step.StepDrafts.made_outcome`).
 
         Position j's n-th observation weighs ``max(weight, 1 / (n + 1 + prior_strength))``:
         the starting rates count as ``prior_strength`` observations (infinitely many by
         default: a plain exponentially weighted mean), then the running mean becomes
         exponentially weighted.
         """
-        for j in range(min(num_asked, len(self.draft_rates))):
-            w = max(weight, 1.0 / (self.draft_seen[j] + 1 + prior_strength))
-            self.draft_rates[j] += w * (float(j < num_drafted) - self.draft_rates[j])
-            self.draft_seen[j] += 1
-        for j in range(min(num_accepted + 1, num_drafted)):
-            w = max(weight, 1.0 / (self.seen[j] + 1 + prior_strength))
-            self.rates[j] += w * (float(j < num_accepted) - self.rates[j])
-            self.seen[j] += 1
-        if self.probing and num_drafted:  # a probe that got no draft tells nothing
+        known = num_drafted if num_known is None else min(num_known, num_drafted)
+        rates, seen = self.draft_rates, self.draft_seen  # (runs every step: plain loops)
+        for j in range(min(num_asked, len(rates))):
+            w = 1.0 / (seen[j] + 1 + prior_strength)
+            w = weight if w < weight else w
+            rates[j] += w * ((1.0 if j < num_drafted else 0.0) - rates[j])
+            seen[j] += 1
+        rates, seen = self.rates, self.seen
+        for j in range(min(num_accepted + 1, known)):
+            w = 1.0 / (seen[j] + 1 + prior_strength)
+            w = weight if w < weight else w
+            rates[j] += w * ((1.0 if j < num_accepted else 0.0) - rates[j])
+            seen[j] += 1
+        if self.probing and known:  # a probe that got no draft (or none known) tells nothing
             self.probe_fails = 0 if num_accepted else self.probe_fails + 1
         elif num_accepted:
             self.probe_fails = 0
@@ -159,6 +174,8 @@ def choose_depths(
     and the tokens of position j by the chance ``d_ij`` that a draft is made there keeps
     the order and prices in the drafts the drafter does not make.
     """
+    # (this runs twice a step: plain loops and comparisons, not min/max calls, keep it a
+    # few microseconds)
     num_rows = len(caps)
     floor = list(floors) if floors is not None else [0] * num_rows
     if not any(caps):
@@ -167,29 +184,46 @@ def choose_depths(
     gain = tokens = float(num_rows)
     drafted = 0.0
     for i, cap in enumerate(caps):
-        cum = 1.0
+        cum, row_rates, row_drafts, kept = 1.0, rates[i], draft_rates[i], floor[i]
         for j in range(cap):
-            cum *= min(1.0, max(0.0, rates[i][j]))
-            d = max(0.0, min(1.0, draft_rates[i][j]))
-            if j < floor[i]:  # kept whatever: part of the step, not a choice
+            p, d = row_rates[j], row_drafts[j]
+            cum *= 1.0 if p > 1.0 else (p if p > 0.0 else 0.0)
+            d = 1.0 if d > 1.0 else (d if d > 0.0 else 0.0)
+            if j < kept:  # kept whatever: part of the step, not a choice
                 gain, tokens, drafted = gain + d * cum, tokens + d, drafted + d
             else:
                 cands.append((cum, i, d))
-    cands.sort(key=lambda c: -c[0])  # stable: a row's positions stay in order
-    start = step_seconds(tokens) + draft_seconds_per_token * drafted
-    best, best_n = gain / max(start, 1e-12), 0
+    if num_rows > 1:  # one row's are in order already: cumulative acceptance never grows
+        cands.sort(key=_by_gain)  # stable: a row's positions stay in order
+    seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
+    best, best_n = gain / (seconds if seconds > 1e-12 else 1e-12), 0
     for n, (cum, _i, d) in enumerate(cands, 1):
         gain += d * cum
         tokens += d
         drafted += d
         seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-        tput = gain / max(seconds, 1e-12)
+        tput = gain / (seconds if seconds > 1e-12 else 1e-12)
         if tput > best * (1.0 + MIN_GAIN):
             best, best_n = tput, n
     ks = [min(f, c) for f, c in zip(floor, caps)]
     for _, i, _d in cands[:best_n]:
         ks[i] += 1
     return ks
+
+
+def _lifted(rates: list[float], seen: list[int], pool_seen: list[int]) -> list[float]:
+    """``rates`` with each position that neither count reached reading at least the
+    position before it (:meth:`DepthPolicy.rates` says why)."""
+    out = list(rates)
+    for j in range(1, len(out)):
+        if out[j] < out[j - 1] and not seen[j] and not pool_seen[j]:
+            out[j] = out[j - 1]
+    return out
+
+
+def _by_gain(cand: tuple[float, int, float]) -> float:
+    """Sort key of :func:`choose_depths`'s candidates: largest cumulative acceptance first."""
+    return -cand[0]
 
 
 @dataclass(slots=True)
@@ -209,9 +243,14 @@ class DepthPolicy:
     #: per batch size R, the step time at R + t tokens for t = 0..R*max_k (the grid is
     #: fixed once measured, so each is interpolated once, not on every step)
     _step_tables: dict[int, list[float]] = field(init=False, default_factory=dict)
+    #: the cost model's version the tables were built from
+    _tables_version: int = field(init=False, default=0)
+    #: a draft rate of 1 at every position (shared, never written)
+    _ones: tuple[float, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         self.population = AcceptanceEstimate([self.config.prior] * self.max_k)
+        self._ones = (1.0,) * self.max_k
 
     def new_estimate(self) -> AcceptanceEstimate:
         """A fresh request's estimate, starting from what the population showed so far."""
@@ -220,19 +259,28 @@ class DepthPolicy:
 
     def observe(
         self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int,
-        evidence: int | None = None,
+        evidence: int | None = None, num_known: int | None = None,
     ) -> None:
         """A step that let the row draft: update its estimate and the population's, and
-        when its verified draft came with ``evidence``, both estimates for that value."""
+        when its draft came with ``evidence``, both estimates for that value.
+
+        ``num_drafted`` counts the drafts made, before any cut, and ``num_known`` the
+        leading ones whose outcome is known (None: all): a draft the cut dropped is still
+        learned from where verify's output tells (:meth:`~draftwise.step.StepDrafts.made_outcome`),
+        so a request whose short matches hold finds out although they are cut.
+        """
         w, strength = self.config.ew_weight, self.config.prior_strength
-        est.observe(w, num_asked, num_drafted, num_accepted, strength)
+        est.observe(w, num_asked, num_drafted, num_accepted, strength, num_known)
         # the population moves slower: it summarises many requests
-        self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength)
+        self.population.observe(w / 4, num_asked, num_drafted, num_accepted, strength,
+                                num_known)
         if evidence is not None and num_drafted:
+            # (only their acceptance is read: a reservation on evidence takes every slot
+            # as drafted, reserve_draft_rates, so their draft rates are not kept)
             own = self.evidence_estimate(est, evidence)
-            own.observe(w, num_drafted, num_drafted, num_accepted, strength)
-            self._pool(evidence).observe(w / 4, num_drafted, num_drafted, num_accepted,
-                                         strength)
+            own.observe(w, 0, num_drafted, num_accepted, strength, num_known)
+            self._pool(evidence).observe(w / 4, 0, num_drafted, num_accepted, strength,
+                                         num_known)
 
     def _pool(self, value: int) -> AcceptanceEstimate:
         """The engine-wide estimate for one evidence value (the prior until observed)."""
@@ -257,11 +305,7 @@ class DepthPolicy:
         the position before it (see :meth:`rates`)."""
         pool = self._pool(value)
         own = est.by_evidence.get(value, pool)  # not seen by the request: the pool's
-        out = list(own.rates)
-        for j in range(1, len(out)):
-            if not own.seen[j] and not pool.seen[j]:
-                out[j] = max(out[j], out[j - 1])
-        return out
+        return _lifted(own.rates, own.seen, pool.seen)
 
     def cut(
         self,
@@ -277,14 +321,16 @@ class DepthPolicy:
         drafts, which still count in the step time. The drafts are already made, so
         their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
 
-        A probe is never cut: it is how a request (and the engine's pool for its
-        evidence) learns. Cut on the rates it is meant to measure, a probe whose evidence
-        reads below the break-even is dropped, nothing is observed, and the rates stay at
-        the prior for ever: at 8 rows on one thread (a draft token costs ~9% of the step,
-        break-even ~75% acceptance, prior 60%) every probe of every request was cut and
-        adaptive depth verified no draft at all.
+        A probe is cut like any row: what the cut drops is still learned from one position
+        past the kept drafts (:meth:`~draftwise.step.StepDrafts.made_outcome`: verify's next
+        token is the target's own pick there), so a request, and the engine's pool for its
+        evidence, keep measuring the drafts the cut drops. (Before that, a cut probe
+        observed nothing: at 8 rows on one thread, with a draft token at ~9% of the step
+        and the prior below the break-even, every probe was cut and the rates stayed at
+        the prior for ever, so probes were never cut; and a request whose 1-token matches
+        did hold never learned it while the pool's 15% cut them.)
         """
-        decided = [e is not None and v is not None and n > 0 and not e.probing
+        decided = [e is not None and v is not None and n > 0
                    for e, v, n in zip(estimates, evidence, counts)]
         if not any(decided):
             return list(counts)
@@ -294,10 +340,9 @@ class DepthPolicy:
                 rates.append(self.evidence_rates(e, v))
             else:
                 rates.append(self.rates(e) if e is not None else list(self.population.rates))
-        ones = [[1.0] * self.max_k for _ in counts]
         floors = [0 if ok else n for ok, n in zip(decided, counts)]
-        return choose_depths(rates, ones, list(counts), self.step_seconds(len(counts)),
-                             floors=floors)
+        return choose_depths(rates, [self._ones] * len(counts), list(counts),
+                             self.step_seconds(len(counts)), floors=floors)
 
     def probe_interval(self, est: AcceptanceEstimate) -> int:
         """Steps at k = 0 before this request's next probe: backed off per failed probe."""
@@ -306,20 +351,27 @@ class DepthPolicy:
         return int(max(cfg.probe_interval, min(cfg.max_probe_interval, grown)))
 
     def step_seconds(self, num_rows: int) -> Callable[[float], float]:
-        """Forward seconds of ``num_rows`` rows as a function of their total tokens."""
+        """Step seconds of ``num_rows`` rows as a function of their total tokens: the
+        forward (a table interpolated once per batch size and grid version: the engine's
+        steps recalibrate the grid now and then) plus the step's measured rest (which
+        moves every step, so it is read per call)."""
+        if self._tables_version != self.cost.version:  # the engine's steps recalibrated it
+            self._step_tables.clear()
+            self._tables_version = self.cost.version
         table = self._step_tables.get(num_rows)
         if table is None:
-            table = [self.cost.step_seconds(num_rows, num_rows + t)
+            table = [self.cost.forward_seconds(num_rows, num_rows + t)
                      for t in range(num_rows * self.max_k + 1)]
             self._step_tables[num_rows] = table
         last = len(table) - 1
+        rest = self.cost.overhead_seconds(num_rows)
 
         def seconds(tokens: float) -> float:
             x = min(max(tokens - num_rows, 0.0), float(last))
             lo = int(x)
             if lo >= last:
-                return table[last]
-            return table[lo] + (x - lo) * (table[lo + 1] - table[lo])
+                return rest + table[last]
+            return rest + table[lo] + (x - lo) * (table[lo + 1] - table[lo])
 
         return seconds
 
@@ -336,11 +388,7 @@ class DepthPolicy:
         replaces it with the request's own measurement (optimism that pays for itself:
         one deeper step, then the truth).
         """
-        out = list(est.rates)
-        for j in range(1, len(out)):
-            if not est.seen[j]:
-                out[j] = max(out[j], out[j - 1])
-        return out
+        return _lifted(est.rates, est.seen, est.seen)
 
     def reserve_rates(self, est: AcceptanceEstimate) -> list[float]:
         """The rates a row's depth is reserved on before its drafter runs: per position
@@ -352,20 +400,29 @@ class DepthPolicy:
         matches are verified to the full depth (an edit prompt whose first short matches
         failed was otherwise off for 30 steps while its 4-token matches all held)."""
         out = self.rates(est)
-        if not est.by_evidence:  # its drafter gave no evidence (yet): its own rates
-            return out
-        for value in set(est.by_evidence) | set(self.pooled):
-            out = [max(a, b) for a, b in zip(out, self.evidence_rates(est, value))]
+        own = est.by_evidence
+        for value, pool in self.pooled.items():  # (every value a request saw is pooled)
+            e = own.get(value, pool)  # its evidence_rates, folded in without a list each
+            rates, seen, pool_seen = e.rates, e.seen, pool.seen
+            prev = rates[0]
+            if prev > out[0]:
+                out[0] = prev
+            for j in range(1, len(out)):
+                r = rates[j]
+                if r < prev and not seen[j] and not pool_seen[j]:
+                    r = prev
+                if r > out[j]:
+                    out[j] = r
+                prev = r
         return out
 
-    def reserve_draft_rates(self, est: AcceptanceEstimate) -> list[float]:
+    def reserve_draft_rates(self, est: AcceptanceEstimate) -> Sequence[float]:
         """The chance per position that a reserved slot gets a draft, as the reservation
         reads it: for a drafter that gives evidence, 1 (the cut decides on the drafts
-        made, so the question here is only whether a draft there would pay; the measured
-        rate also counts the cut's own drops, and a position last asked for long ago
-        keeps a stale low rate that kept a request whose 4-token matches all held at
-        depth 3), else the measured rate."""
-        return [1.0] * len(est.draft_rates) if est.by_evidence else est.draft_rates
+        made, so the question here is only whether a draft there would pay; a position
+        last asked for long ago keeps a stale low rate, which kept a request whose
+        4-token matches all held at depth 3), else the measured rate."""
+        return self._ones if est.by_evidence or self.pooled else est.draft_rates
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
@@ -374,16 +431,21 @@ class DepthPolicy:
             [self.reserve_draft_rates(e) for e in estimates],
             caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
         )
+        # a fresh request warms up at probe depth (below) only while the engine has seen
+        # no evidence: with evidence its drafts are cut on the engine's rates for theirs
+        # (:meth:`cut`), which hold across prompts where whole-request rates do not
+        warm_up = not self.pooled
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False
-            if not est.seen[0] and cap > 0 and not est.num_probes:
+            fresh = warm_up and not est.seen[0]  # nothing of its own verified yet
+            if fresh and cap > 0 and not est.num_probes:
                 # nothing of its own verified yet: its first decode step is a probe, at
                 # probe depth whatever the population says (a draft model also catches
                 # up on the prompt there, so its blocks become prefix-cacheable)
                 ks[i] = min(cap, self.config.probe_depth)
                 est.num_probes += 1
                 est.probing = True
-            elif not est.seen[0]:  # still nothing verified: no deeper than a probe
+            elif fresh:  # still nothing verified: no deeper than a probe
                 ks[i] = min(ks[i], self.config.probe_depth)
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1

@@ -16,10 +16,29 @@ processes do (on a 2-core machine at load 9, wall-clock minima over four passes 
 which steered adaptive depth shallow). With several threads the CPU clock sums them, so
 wall time is the measure there.
 
-Between grid points :meth:`CostModel.step_seconds` interpolates linearly in tokens, then
-in rows; beyond the largest measured batch it extrapolates per row. The drafters' cost per
-draft token is measured online (:meth:`CostModel.observe_draft`), as an exponentially
+Between grid points :meth:`CostModel.forward_seconds` interpolates linearly in tokens,
+then in rows; beyond the largest measured batch it extrapolates per row. The drafters' cost
+per draft token is measured online (:meth:`CostModel.observe_draft`), as an exponentially
 weighted mean over the steps that asked for drafts.
+
+The start-up grid is a few dozen forwards timed right after loading, and on a shared
+machine it is often off: five timings of the same 1-row grid here, minutes apart, read
+1 + 4 drafts at 1.06x to 1.38x a plain forward, and one cached grid priced 3 tokens at
+1.49x one (the engine's own steps at those sizes ran 1.10x). So the engine also times its own
+decode steps' forwards (:meth:`CostModel.observe_step`): a step of R rows and T tokens
+in all, with R a timed batch size and T / R a timed tokens per row, is that grid point,
+and its running time (after ``MIN_STEPS`` such steps) replaces the start-up timing.
+Points the engine has not run often enough are read between the ones it has (linearly)
+or, beyond them, scaled from the nearest one by the start-up grid's ratio, so one bad
+start-up point cannot price a depth out for good.
+
+A step is more than its forward: scheduling, building the batch, verify, commit and the
+outputs cost about the same whatever the depth (SmolLM2-135M, one thread: ~1 ms against a
+~6 ms forward). Priced against the forward alone a draft token looks that much dearer
+than it is (the extra share of the step it adds is smaller), which kept requests shallower
+than the fastest fixed depth. So the engine measures that rest online, per batch size, on
+the same clock (:meth:`CostModel.observe_overhead`), and :meth:`CostModel.step_seconds`
+is the forward plus it.
 """
 
 from __future__ import annotations
@@ -43,6 +62,14 @@ logger = logging.getLogger("draftwise.cost_model")
 
 #: weight of the newest step in the drafters' cost per token
 DRAFT_COST_WEIGHT = 0.1
+#: weight of the newest engine step in a running time (the rest of a step, a grid
+#: point's forward), once its first ``MIN_STEPS`` readings set it
+STEP_WEIGHT = 0.05
+#: engine steps at a grid point before their running time replaces its start-up timing
+MIN_STEPS = 8
+#: one reading moves a running time by at most this fraction of it (a step stalled by a
+#: page fault or another process is one step, not a new price)
+MAX_STEP_CHANGE = 0.25
 #: timed passes over the grid (each point's minimum is kept: other load only adds time)
 REPEATS = 4
 #: context each timed row attends over (a typical decode position, well inside any model)
@@ -50,6 +77,30 @@ CONTEXT = 128
 _PROBE_ID = "draftwise-cost-probe"
 #: bumped when what a cached grid means changes (then old files are simply not found)
 CACHE_FORMAT = 2
+
+
+@dataclass(slots=True)
+class RunningTime:
+    """A time the engine measures over and over (a grid point's forward, the rest of a
+    step): the median of its first ``MIN_STEPS`` readings (a first step that faulted its
+    pages in is one reading, not the price), then an exponentially weighted mean whose
+    every move is bounded (``MAX_STEP_CHANGE``)."""
+
+    value: float = 0.0
+    count: int = 0
+    first: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float) -> None:
+        """One more reading."""
+        self.count += 1
+        if self.count <= MIN_STEPS:
+            self.first.append(seconds)
+            ordered = sorted(self.first)
+            self.value = ordered[len(ordered) // 2]
+            return
+        self.first.clear()
+        bound = MAX_STEP_CHANGE * self.value
+        self.value += STEP_WEIGHT * max(-bound, min(bound, seconds - self.value))
 
 
 @dataclass(slots=True)
@@ -68,6 +119,16 @@ class CostModel:
     source: str = "given"
     #: grid measurement time (0 when cached or given)
     measure_seconds: float = 0.0
+    #: per batch size, the running time of a decode step outside the target forward and
+    #: the drafters (empty until a step was timed: then the forward alone)
+    overhead: dict[int, RunningTime] = field(default_factory=dict)
+    #: the start-up grid as timed (``seconds`` is what the rule reads: this, calibrated
+    #: by the engine's own steps)
+    measured: list[list[float]] = field(init=False)
+    #: per grid point, the forward time of the engine's steps there
+    steps: list[list[RunningTime]] = field(init=False)
+    #: bumped each time ``seconds`` changes (tables built from it are then stale)
+    version: int = 0
     _draft_observed: bool = field(default=False, repr=False)
     #: the clock the grid was timed on, which the drafters' cost must be timed on too (a
     #: draft cost on the wall clock against a forward on the thread's CPU clock reads
@@ -81,8 +142,79 @@ class CostModel:
             len(r) != len(self.tokens_per_row) for r in self.seconds
         ):
             raise ValueError("seconds must be a rows x tokens_per_row grid")
+        self.measured = [list(r) for r in self.seconds]
+        self.steps = [[RunningTime() for _ in self.tokens_per_row] for _ in self.rows]
+
+    def observe_step(self, num_rows: int, num_tokens: int, forward: float, rest: float) -> None:
+        """One decode step of the engine, on this model's clock: ``forward`` seconds of
+        target forward over ``num_tokens`` tokens in ``num_rows`` rows, and ``rest``
+        seconds outside the forward and the drafters."""
+        self.observe_overhead(num_rows, rest)
+        if num_rows not in self.rows or num_tokens % num_rows:
+            return
+        per_row = num_tokens // num_rows
+        if per_row not in self.tokens_per_row:
+            return
+        point = self.steps[self.rows.index(num_rows)][self.tokens_per_row.index(per_row)]
+        point.add(forward)
+        if point.count % MIN_STEPS == 0:  # an anchor now, or one that moved: recalibrate
+            self.seconds = self.calibrated()
+            self.version += 1
+
+    def calibrated(self) -> list[list[float]]:
+        """The grid the rule reads: per point its engine steps' running time once there
+        were ``MIN_STEPS`` of them (anchors); between a row's anchors, linear in tokens;
+        beyond them, the nearest anchor scaled by the start-up grid's ratio; a row with
+        no anchor, its start-up timing scaled by the anchors' median ratio to theirs."""
+        ts, out, ratios = self.tokens_per_row, [], []
+        for i, measured in enumerate(self.measured):
+            got = [point.value for point in self.steps[i]]
+            anchors = [j for j, point in enumerate(self.steps[i]) if point.count >= MIN_STEPS]
+            ratios += [got[j] / measured[j] for j in anchors if measured[j] > 0]
+            row = list(measured)
+            for j in range(len(ts)) if anchors else ():
+                below = [a for a in anchors if a <= j]
+                above = [a for a in anchors if a >= j]
+                if below and above and below[-1] != above[0]:
+                    lo, hi = below[-1], above[0]
+                    w = (ts[j] - ts[lo]) / (ts[hi] - ts[lo])
+                    row[j] = got[lo] + w * (got[hi] - got[lo])
+                else:
+                    a = below[-1] if below else above[0]
+                    row[j] = got[a] * measured[j] / measured[a] if measured[a] > 0 else got[a]
+            out.append(row if anchors else None)
+        scale = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
+        return monotone([row if row is not None else [x * scale for x in measured]
+                         for row, measured in zip(out, self.measured)])
 
     def step_seconds(self, num_rows: int, num_tokens: float) -> float:
+        """Step time of ``num_rows`` rows carrying ``num_tokens`` tokens in all: the
+        forward, plus the step's measured rest (:meth:`overhead_seconds`)."""
+        if num_rows <= 0:
+            return 0.0
+        return self.forward_seconds(num_rows, num_tokens) + self.overhead_seconds(num_rows)
+
+    def overhead_seconds(self, num_rows: int) -> float:
+        """The measured rest of a step of ``num_rows`` rows, else of the nearest batch
+        size measured (a step of one more or one fewer row costs about the same), else 0."""
+        over = self.overhead
+        if not over:
+            return 0.0
+        got = over.get(num_rows)
+        if got is None:
+            got = over[min(over, key=lambda r: (abs(r - num_rows), r))]
+        return got.value
+
+    def observe_overhead(self, num_rows: int, seconds: float) -> None:
+        """One decode step's time outside the target forward and the drafters."""
+        if num_rows <= 0:
+            return
+        rest = self.overhead.get(num_rows)
+        if rest is None:
+            rest = self.overhead[num_rows] = RunningTime()
+        rest.add(max(0.0, seconds))
+
+    def forward_seconds(self, num_rows: int, num_tokens: float) -> float:
         """Forward time of ``num_rows`` rows carrying ``num_tokens`` tokens in all."""
         if num_rows <= 0:
             return 0.0
@@ -130,6 +262,9 @@ class CostModel:
             "tokens_per_row": list(self.tokens_per_row),
             "forward_seconds": [list(r) for r in self.seconds],
             "draft_seconds_per_token": self.draft_seconds_per_token,
+            "overhead_seconds": {str(r): v.value for r, v in sorted(self.overhead.items())},
+            "measured_forward_seconds": [list(r) for r in self.measured],
+            "engine_steps": [[point.count for point in row] for row in self.steps],
         }
 
 
@@ -288,6 +423,6 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 __all__ = [
-    "CostModel", "cache_dir", "code_identity", "measure_costs", "model_identity", "monotone",
-    "rows_grid",
+    "CostModel", "RunningTime", "cache_dir", "code_identity", "measure_costs", "model_identity",
+    "monotone", "rows_grid",
 ]

@@ -44,6 +44,7 @@ from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 if TYPE_CHECKING:
+    from draftwise.cost_model import CostModel
     from draftwise.models.arena import PrefaultedArena
 
 logger = logging.getLogger("draftwise.engine")
@@ -118,6 +119,9 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}
         self._seed_gen = torch.Generator().manual_seed(args.seed)
         self._last_log = time.monotonic()
+        #: this step's target forward on adaptive depth's clock, its rows and its tokens
+        #: (None: not timed)
+        self._forward_cost: tuple[float, int, int] | None = None
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
         # as long as the engine: keep it out of the cyclic collector's full passes, which
         # otherwise walk it every few hundred steps (~5% of a decode step's time here).
@@ -274,8 +278,17 @@ class LLMEngine:
         with self._guard.one_driver():
             return self._step()
 
+    @property
+    def _depth_cost(self) -> CostModel | None:
+        """Adaptive depth's cost model, which times the step's parts (None: fixed depth)."""
+        policy = self.spec.policy if self.spec is not None else None
+        return policy.cost if policy is not None else None
+
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        cost = self._depth_cost
+        c0 = cost.clock() if cost is not None else 0.0
+        self._forward_cost = None
         sched = self.scheduler.schedule()
         for victim in sched.preempted:
             self.stats.num_preemptions += 1
@@ -283,6 +296,13 @@ class LLMEngine:
         if not sched.rows:
             return []
         outputs = self._guard.run(sched.rows, t0, self._run_rows)
+        if cost is not None and self._forward_cost is not None and all(
+            row.num_new_tokens == 1 for row in sched.rows
+        ):  # a decode step: its forward and the rest, for adaptive depth's prices
+            # (the rows that ran: after a failure the guard re-runs a subset)
+            forward, rows, tokens = self._forward_cost
+            drafting = self.spec.last_draft_seconds if self.spec is not None else 0.0
+            cost.observe_step(rows, tokens, forward, cost.clock() - c0 - forward - drafting)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
@@ -310,7 +330,12 @@ class LLMEngine:
         starts = [row.request.num_computed_tokens for row in rows]
         prompt_rows = [prompt_lp.logit_rows(row.request, s, row.num_new_tokens)
                        for row, s in zip(rows, starts)]
-        output = self.runner.forward(self._batch(rows, drafts, tables, starts, prompt_rows))
+        batch = self._batch(rows, drafts, tables, starts, prompt_rows)
+        cost = self._depth_cost
+        f0 = cost.clock() if cost is not None else 0.0
+        output = self.runner.forward(batch)
+        if cost is not None:  # the forward on adaptive depth's clock, its rows and tokens
+            self._forward_cost = (cost.clock() - f0, len(rows), int(batch.input_ids.shape[0]))
         t2 = time.perf_counter()
         prompt_logits, logits = prompt_lp.split_logits(
             output.logits, [len(r) for r in prompt_rows],

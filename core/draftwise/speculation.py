@@ -97,6 +97,8 @@ class Speculation:
         #: adaptive depth (``"draftwise": {"adaptive": ...}``), set by bootstrap once the
         #: cost model is measured; None: fixed depth
         self.policy: DepthPolicy | None = None
+        #: the last step's drafting time on the policy's clock (0: it drafted nothing)
+        self.last_draft_seconds = 0.0
 
     @property
     def proposers(self) -> list[Proposer]:
@@ -116,6 +118,7 @@ class Speculation:
         for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
             self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
+        self.last_draft_seconds = 0.0
         if not pending:
             return StepDrafts.none(n)
         # what the drafters process: the drafts asked for, plus the backlog an own-KV
@@ -152,7 +155,8 @@ class Speculation:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
         if self.policy is not None:
-            self.policy.cost.observe_draft(clock() - t0, num_asked + num_backlog)
+            self.last_draft_seconds = clock() - t0
+            self.policy.cost.observe_draft(self.last_draft_seconds, num_asked + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
@@ -323,7 +327,8 @@ class Speculation:
             est = row.request.acceptance
             if self.policy is not None and est is not None and row.max_draft and toks is not None:
                 ev = drafts.evidence[i] if drafts.evidence else None
-                self.policy.observe(est, row.max_draft, nd, outcome.num_accepted[i], ev)
+                made, held, known = drafts.made_outcome(i, outcome.num_accepted[i], toks)
+                self.policy.observe(est, row.max_draft, made, held, ev, known)
             if pid is None or nd == 0 or toks is None:
                 continue
             acc = outcome.num_accepted[i]

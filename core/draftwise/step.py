@@ -9,6 +9,7 @@ be run again for any subset of its rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,13 @@ class StepDrafts:
     #: ``[num_rows]`` the drafter's evidence for the row's draft (``Drafts.evidence``:
     #: n-gram's match length), what adaptive depth keeps acceptance by; None: none given
     evidence: list[int | None] = field(default_factory=list)
+    #: ``[num_rows]`` drafts each row's drafter made, before any cut; empty: nothing was
+    #: cut (then it is ``num_draft_tokens``)
+    num_made: list[int] = field(default_factory=list)
+    #: ``[num_rows]`` the first draft a cut dropped from a one-hot row (None: none, or the
+    #: row's q is not one-hot); empty: nothing was cut. Verify's token after the row's
+    #: last kept draft says whether it would have held (:meth:`made_outcome`)
+    first_dropped: list[int | None] = field(default_factory=list)
 
     @classmethod
     def none(cls, num_rows: int) -> StepDrafts:
@@ -77,11 +85,17 @@ class StepDrafts:
         if any(not 0 <= n <= c for n, c in zip(keep, self.num_draft_tokens)):
             raise ValueError(f"cannot cut drafts of {self.num_draft_tokens} to {keep}")
         cu = self.cu_num_draft_tokens
+        first = self.first_dropped or [None] * len(keep)
+        probs = self.draft_probs
+        first = [  # a later cut (a grammar's) drops from the front of what is left
+            f if n == c else (int(self.token_ids[cu[i] + n]) if _one_hot(probs, cu[i] + n)
+                              else None)
+            for i, (n, c, f) in enumerate(zip(keep, self.num_draft_tokens, first))
+        ]
         kept = np.concatenate(
             [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)]
             or [np.zeros(0, dtype=np.int64)]
         )
-        probs = self.draft_probs
         if probs is not None:
             import torch
 
@@ -93,7 +107,36 @@ class StepDrafts:
             draft_probs=probs,
             kv_valid=self.kv_valid,
             evidence=list(self.evidence),
+            num_made=list(self.num_made or self.num_draft_tokens),
+            first_dropped=first,
         )
+
+    def made_outcome(
+        self, i: int, num_accepted: int, output_ids: Sequence[int]
+    ) -> tuple[int, int, int]:
+        """Row ``i``'s draft as its drafter made it, before any cut: (drafts made, how
+        many of them held, how many leading positions that is known for).
+
+        The kept drafts' outcome is verify's. One position past them is known for free
+        when every kept draft held: verify's next token there (the bonus) is the target's
+        own pick, and a one-hot draft is accepted exactly when it equals that pick
+        (greedy: the argmax; sampled: with probability p(draft), the chance the pick is
+        the draft), so the first dropped draft would have held iff it equals the bonus
+        token. What a cut dropped is thus still learned from, at no forward cost; deeper
+        dropped positions stay unknown.
+        """
+        kept = self.num_draft_tokens[i]
+        made = self.num_made[i] if self.num_made else kept
+        first = self.first_dropped[i] if self.first_dropped else None
+        if first is None or num_accepted < kept or len(output_ids) <= kept:
+            return made, num_accepted, kept
+        return made, num_accepted + int(output_ids[kept] == first), kept + 1
+
+
+def _one_hot(probs: torch.Tensor | None, pos: int) -> bool:
+    """Whether the draft at flat position ``pos`` has a one-hot q (None: every row has;
+    a q row that sums to 1 with a 1 in it is one-hot)."""
+    return probs is None or float(probs[pos].max()) == 1.0
 
 
 @dataclass(slots=True)

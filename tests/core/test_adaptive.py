@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from draftwise.adaptive import AcceptanceEstimate, DepthPolicy, choose_depths
@@ -188,6 +189,21 @@ def test_step_seconds_table_matches_the_cost_model() -> None:
             assert f(tokens) == pytest.approx(pol.cost.step_seconds(rows, tokens))
 
 
+def test_a_draft_is_priced_against_the_whole_step() -> None:
+    """A forward of 2 tokens costs 1.2x one of 1; the step around it costs 0.5 more
+    whatever its tokens. At 15% acceptance a draft does not pay against the forward
+    alone (1.15 / 1.2 < 1) but does against the whole step (1.15 / 1.7 > 1 / 1.5): the
+    rule reads the measured rest."""
+    rows, toks = [1], [1, 2, 3, 4, 5]
+    pol = DepthPolicy(AdaptiveConfig(), 4, CostModel(rows, toks, [[1.0 + 0.2 * (t - 1)
+                                                                  for t in toks]]))
+    rates = [[0.15, 0.0, 0.0, 0.0]]
+    assert choose_depths(rates, [[1.0] * 4], [4], pol.step_seconds(1)) == [0]
+    pol.cost.observe_overhead(1, 0.5)
+    assert pol.step_seconds(1)(2.0) == pytest.approx(1.7)
+    assert choose_depths(rates, [[1.0] * 4], [4], pol.step_seconds(1)) == [1]
+
+
 def test_an_unreached_position_reads_the_rate_before_it() -> None:
     """Drafts at positions 1-2 always held and 3-4 were never reached: a fixed prior of
     0.4 there would keep the request at depth 2 for ever; the rule reads them as the
@@ -365,21 +381,67 @@ def test_an_own_kv_drafter_is_charged_only_the_catch_up_before_its_ridealong_dra
     assert catch_up_tokens([row(10, 3), row(30, 0), row(5, 8)]) == 5 + 28
 
 
-def test_a_probe_is_verified_whatever_its_evidence_reads() -> None:
-    """Drafts dearer than the prior's worth (break-even above 0.6): cut on the prior, the
-    probe would verify nothing, observe nothing and leave the rates at the prior for ever.
-    The probe is kept; the same draft outside a probe is cut; what the probe measured
-    moves the request's and the pool's rates for its evidence."""
+def dear_drafts(**settings) -> DepthPolicy:
+    """One row; a draft token costs two plain steps: only ~2/3 acceptance pays."""
     rows, toks = [1], [1, 2, 3, 4, 5]
-    pol = DepthPolicy(AdaptiveConfig(prior=0.6, probe_depth=1), 4,  # a draft = 2 steps
-                      CostModel(rows, toks, [[1.0 + 2.0 * (t - 1) for t in toks]]))
+    return DepthPolicy(AdaptiveConfig(**settings), 4,
+                       CostModel(rows, toks, [[1.0 + 2.0 * (t - 1) for t in toks]]))
+
+
+def test_a_probe_is_cut_like_any_row_and_still_learns() -> None:
+    """Drafts dearer than the prior's worth: the fresh request's first step is a probe
+    (the engine has seen no evidence yet), its draft is cut on its evidence like any row's,
+    and what verify's output says about the dropped draft moves the request's and the
+    pool's rates for that evidence (the probe is not wasted, and costs no forward)."""
+    from draftwise.step import StepDrafts
+
+    pol = dear_drafts(prior=0.6, probe_depth=1)
     est = pol.new_estimate()
     assert pol.choose([est], [4]) == [1] and est.probing
-    assert pol.cut([est], [1], [4]) == [1]
-    other = pol.new_estimate()
-    assert pol.cut([other], [1], [4]) == [0]
-    pol.observe(est, 1, 1, 1, evidence=4)
+    keep = pol.cut([est], [1], [4])
+    assert keep == [0]
+    drafts = StepDrafts(np.array([7]), [1], [0], None, [{}], [4]).cut(keep)
+    made, held, known = drafts.made_outcome(0, 0, [7])  # the target picked the draft
+    assert (made, held, known) == (1, 1, 1)
+    pol.observe(est, 1, made, held, evidence=4, num_known=known)
     assert pol.pooled[4].rates[0] > 0.6 and est.by_evidence[4].rates[0] > 0.6
+    assert est.probe_fails == 0 and not est.probing
+
+
+def test_a_request_whose_cut_matches_hold_learns_it() -> None:
+    """The pool learned that 1-token matches fail; this request's hold. Its drafts on
+    them are cut every step, yet the first dropped draft is known from verify's output,
+    so after a few steps its own rates for that evidence pass the break-even and its
+    drafts are verified. Observing only what was verified, it never would."""
+
+    def steps_until_verified(learn_dropped: bool) -> int | None:
+        pol = policy()
+        learn(pol, 1, 0, 12)
+        est = pol.new_estimate()
+        for n in range(12):
+            if pol.cut([est], [4], [1]) != [0]:
+                return n
+            # cut to nothing: verify's token is the first draft, which would have held
+            pol.observe(est, 4, 4, 1 if learn_dropped else 0, evidence=1,
+                        num_known=1 if learn_dropped else 0)
+        return None
+
+    assert steps_until_verified(False) is None
+    n = steps_until_verified(True)
+    assert n is not None and 0 < n <= 4
+
+
+def test_with_evidence_a_fresh_request_is_not_held_at_probe_depth() -> None:
+    """Once the engine has seen evidence, a fresh request is reserved the depth its best
+    evidence earns from its first step (no probe-depth warm-up) and its draft is cut on
+    the engine's rates for the evidence it actually has: its strong matches are
+    verified in full at once, its weak ones cut."""
+    pol = policy()
+    learn(pol, 1, 0, 12)
+    learn(pol, 4, 4, 12)
+    fresh = pol.new_estimate()
+    assert pol.choose([fresh], [4]) == [4] and not fresh.probing and fresh.num_probes == 0
+    assert pol.cut([fresh, fresh], [4, 4], [4, 1]) == [4, 0]
 
 
 def test_a_sampled_draft_is_never_cut_on_its_evidence() -> None:

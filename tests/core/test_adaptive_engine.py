@@ -45,14 +45,21 @@ def plain(tiny: Path) -> list[list[int]]:
         [{"prompt_token_ids": p} for p in PROMPTS], greedy())]
 
 
+class FixedCosts(CostModel):
+    """A cost model the engine's steps do not recalibrate (nor add their rest to)."""
+
+    def observe_step(self, num_rows: int, num_tokens: int, forward: float, rest: float) -> None:
+        pass
+
+
 def cheap_drafts(llm: LLM) -> LLM:
     """The rule under test here is losslessness, not the clock: a grid timed on a loaded
     machine can price the tiny model's drafts out (then nothing is drafted and the checks
-    prove nothing), so its draft tokens are made nearly free."""
+    prove nothing), so its draft tokens are made nearly free, and stay so."""
     pol = llm.engine.spec.policy
-    pol.cost = CostModel(pol.cost.rows, pol.cost.tokens_per_row,
-                         [[1.0 + 0.01 * t for t in pol.cost.tokens_per_row]
-                          for _ in pol.cost.rows])
+    pol.cost = FixedCosts(pol.cost.rows, pol.cost.tokens_per_row,
+                          [[1.0 + 0.01 * t for t in pol.cost.tokens_per_row]
+                           for _ in pol.cost.rows])
     pol._step_tables.clear()
     return llm
 
@@ -269,11 +276,18 @@ def test_adaptive_draft_model_equals_spec_off(tiny: Path, plain: list[list[int]]
 def test_adaptive_draft_model_that_rejects_turns_off(tiny: Path, tmp_path: Path,
                                                      plain: list[list[int]]) -> None:
     """A draft model that disagrees with the target: adaptive depth stops asking it (few
-    calls after the first rejections, probes backed off) and the output stays plain's."""
+    calls after the first rejections, probes backed off) and the output stays plain's.
+    Each draft token costs half a step here (the rule, not the clock: on the tiny model
+    the rest of a step is most of it, so drafts are nearly free and a 30% chance pays)."""
     draft = save_tiny("llama", tmp_path / "bad-draft", seed=11)
     cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
            "draftwise": {"adaptive": {"probe_interval": 2, "cost_cache": False}}}
     llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    pol = llm.engine.spec.policy
+    pol.cost = FixedCosts(pol.cost.rows, pol.cost.tokens_per_row,
+                          [[1.0 + 0.5 * (t - 1) for t in pol.cost.tokens_per_row]
+                           for _ in pol.cost.rows])
+    pol._step_tables.clear()
     calls = _record_calls(llm)
     out = llm.generate(prompts()[3], greedy(64))[0]
     assert out.outputs[0].token_ids[:24] == plain[3]
@@ -281,3 +295,27 @@ def test_adaptive_draft_model_that_rejects_turns_off(tiny: Path, tmp_path: Path,
     assert m.num_draft_tokens > 0 and m.num_accepted_tokens == 0  # (seeded: always rejects)
     # of 63 decode steps: probes after 2, 4, 8, 16, 32 steps off, not every 2 (~30 calls)
     assert len(calls) <= 8
+
+
+def test_the_engine_times_its_decode_steps_for_the_cost_model(tiny: Path) -> None:
+    """Adaptive depth prices a draft token against the whole step: the engine times each
+    decode step's forward (which calibrates the grid) and its rest (outside the target
+    forward and the drafters) on the cost model's clock, per batch size; a fake clock
+    that ticks 1 per reading makes the rest exact."""
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=ADAPTIVE, max_num_seqs=8)
+    cost = llm.engine.spec.policy.cost
+    assert cost.overhead == {}
+    llm.generate(prompts()[:1], greedy(8))
+    assert set(cost.overhead) == {1} and cost.overhead_seconds(1) > 0
+    # and each decode step's forward, at its grid point (1 row x 1 + drafts tokens): all
+    # but the prefill step
+    steps = cost.summary()["engine_steps"]
+    assert sum(steps[0]) == llm.engine.stats.num_steps - 1 and not any(map(any, steps[1:]))
+    ticks = iter(range(1_000_000))
+    cost.clock = lambda: float(next(ticks))
+    cost.overhead.clear()
+    llm.generate(prompts()[:2], greedy(8))
+    # a decode step reads the clock at its start and end, around its forward and, when it
+    # drafts, around its drafting: its rest is 3 ticks when it drafts, 2 when not
+    assert set(cost.overhead) <= {1, 2}
+    assert all(2.0 <= cost.overhead_seconds(r) <= 3.0 for r in cost.overhead)

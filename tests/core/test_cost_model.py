@@ -7,7 +7,17 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-from draftwise.cost_model import CostModel, monotone, rows_grid
+from draftwise.adaptive import DepthPolicy, choose_depths
+from draftwise.config.adaptive import AdaptiveConfig
+from draftwise.cost_model import (
+    MAX_STEP_CHANGE,
+    MIN_STEPS,
+    STEP_WEIGHT,
+    CostModel,
+    RunningTime,
+    monotone,
+    rows_grid,
+)
 
 
 def grid() -> CostModel:
@@ -36,6 +46,85 @@ def test_draft_cost_is_a_weighted_mean() -> None:
     assert cm.draft_seconds_per_token == pytest.approx(0.1)
     cm.observe_draft(0.0, 0)  # nothing asked: nothing learned
     assert cm.draft_seconds_per_token == pytest.approx(0.1)
+
+
+def test_a_step_is_its_forward_plus_its_measured_rest() -> None:
+    """The rest of a step (schedule, verify, commit) is measured online per batch size and
+    added to the forward; a batch size not measured yet reads the nearest one measured."""
+    cm = grid()
+    assert cm.step_seconds(2, 4) == cm.forward_seconds(2, 4) == 4.0  # nothing measured yet
+    cm.observe_overhead(2, 1.0)
+    assert cm.step_seconds(2, 4) == pytest.approx(5.0) and cm.forward_seconds(2, 4) == 4.0
+    cm.observe_overhead(2, -9.0)  # read as 0 (a step cannot take less than its forward)
+    cm.observe_overhead(2, 1.5)
+    assert cm.overhead_seconds(2) == 1.0  # the median of the first readings
+    assert cm.overhead_seconds(3) == cm.overhead_seconds(1) == 1.0
+    cm.observe_overhead(4, 2.0)
+    assert cm.overhead_seconds(3) == 1.0 and cm.overhead_seconds(9) == 2.0
+    assert cm.summary()["overhead_seconds"] == {"2": 1.0, "4": 2.0}
+
+
+def test_a_running_time_starts_at_a_median_then_moves_by_bounded_steps() -> None:
+    """A first step that faulted its pages in (50 s here) is one reading of the first
+    MIN_STEPS, not the price; after them each reading moves the time by at most
+    STEP_WEIGHT x MAX_STEP_CHANGE of it."""
+    t = RunningTime()
+    t.add(50.0)
+    for _ in range(MIN_STEPS - 1):
+        t.add(1.0)
+    assert t.value == 1.0 and t.count == MIN_STEPS
+    t.add(50.0)
+    assert t.value == pytest.approx(1.0 + STEP_WEIGHT * MAX_STEP_CHANGE)
+    t.add(0.9)
+    assert t.value < 1.0 + STEP_WEIGHT * MAX_STEP_CHANGE and not t.first
+
+
+def steps(cm: CostModel, rows: int, tokens: int, forward: float, n: int = MIN_STEPS) -> None:
+    for _ in range(n):
+        cm.observe_step(rows, tokens, forward, 0.0)
+
+
+def test_the_engines_own_steps_replace_a_grid_point_once_there_are_enough() -> None:
+    cm = CostModel([1], [1, 2, 3], [[1.0, 2.0, 3.0]])
+    steps(cm, 1, 2, 1.5, MIN_STEPS - 1)
+    assert cm.seconds == [[1.0, 2.0, 3.0]] and cm.version == 0  # not yet
+    steps(cm, 1, 2, 1.5, 1)
+    assert cm.version == 1 and cm.seconds[0][1] == pytest.approx(1.5)
+    assert cm.measured == [[1.0, 2.0, 3.0]] and cm.summary()["engine_steps"] == [[0, MIN_STEPS, 0]]
+    # beyond the only anchor: scaled by the start-up grid's ratio to it
+    assert cm.seconds[0] == pytest.approx([0.75, 1.5, 2.25])
+
+
+def test_a_bad_start_up_point_is_read_between_the_engines_anchors() -> None:
+    """Start-up timed 3 tokens at 3x one (a burst of another process's load); the engine
+    ran 1 and 5 tokens often: 3 tokens reads halfway between them, not the bad point,
+    and no longer prices that depth out."""
+    toks = [1, 2, 3, 4, 5]
+    cm = CostModel([1], toks, [[1.0, 1.1, 3.0, 3.0, 3.0]])
+    pol = DepthPolicy(AdaptiveConfig(), 4, cm)
+    rates = [[0.5, 0.5, 0.0, 0.0]]
+    assert choose_depths(rates, [[1.0] * 4], [4], pol.step_seconds(1)) == [1]
+    steps(cm, 1, 1, 1.0)
+    steps(cm, 1, 5, 1.4)
+    assert cm.seconds[0] == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    assert choose_depths(rates, [[1.0] * 4], [4], pol.step_seconds(1)) == [2]
+
+
+def test_rows_the_engine_never_ran_scale_with_the_ones_it_did() -> None:
+    """The start-up grid read 20% high (it was timed under load): a batch size the engine
+    has not run yet is scaled by the median ratio of the points it has."""
+    cm = CostModel([1, 2], [1, 2], [[1.2, 1.2], [2.4, 3.6]])
+    steps(cm, 1, 1, 1.0)
+    steps(cm, 1, 2, 1.0)
+    assert cm.seconds == [pytest.approx([1.0, 1.0]), pytest.approx([2.0, 3.0])]
+
+
+def test_steps_off_the_grid_only_time_the_rest() -> None:
+    cm = CostModel([1, 2], [1, 2], [[1.0, 2.0], [2.0, 4.0]])
+    for rows, tokens in ((3, 6), (2, 3), (2, 6), (1, 3)):  # rows, per-row tokens not timed
+        steps(cm, rows, tokens, 9.0)
+    assert cm.summary()["engine_steps"] == [[0, 0], [0, 0]] and cm.version == 0
+    assert set(cm.overhead) == {1, 2, 3}
 
 
 def test_monotone_lifts_points_timed_low() -> None:
