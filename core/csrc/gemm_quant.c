@@ -184,6 +184,14 @@ typedef struct {
 enum { ACT32, ACT256, ACT_F32 };
 
 #define MAX_SEGMENTS 8
+/* Rows from which a call takes the two-tile kernel where the type has one. One row (a
+ * decode) is bound by the weight stream, and one tile at a time reads a thread's tiles
+ * as ONE sequential stream (prefetched far ahead into L2: quant_layout.h), where two
+ * adjacent tiles at once read two streams a tile apart: measured on one thread, one row,
+ * Q4_K 17920 x 1536, ~38 GB/s one tile at a time against ~26 for pairs (k = 8960: ~35
+ * against ~33). From two rows the kernel's arithmetic starts to be the limit and the
+ * pair's shared decode wins (8 rows: ~17 against ~10 GB/s). The bits are the same. */
+#define PAIR_MIN_ROWS 2
 /* Rows per pass over the tiles: their int8 blocks (K / 32 x 48 bytes each) stay in L2 */
 #define ROW_BLOCK 32
 
@@ -327,6 +335,7 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyErr_Format(PyExc_ValueError, "linear_quant: %s", why);
             return NULL;
         }
+        if (m < PAIR_MIN_ROWS) g->fn2 = NULL;
         g->data = (const uint8_t *)(intptr_t)e[1];
         g->start = e[2], g->rows = e[3], g->first_tile = tiles;
         g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;

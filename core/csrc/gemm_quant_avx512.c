@@ -38,6 +38,8 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define ALWAYS static inline __attribute__((always_inline)) TARGET
+/* how far ahead the two-tile body asks for each of its two streams (the one-tile body:
+ * DW_PREFETCH_AHEAD, quant_layout.h; see prefetch_ahead in the body) */
 #define PREFETCH_BYTES 2048
 
 /* KEEP: pins a running sum to a register here (see gemm_quant_avx2.c); "v": any of the 32 */
