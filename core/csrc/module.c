@@ -40,6 +40,11 @@ static PyMethodDef methods[] = {
      "nvfp4_pack(code_rows, scale_rows, multipliers, dst, rows, k, threads): NVFP4 rows "
      "(int64 addresses, 0 for zero padding; fp32 multipliers) into tiles at dst (quant.h); "
      "linear_quant runs them as type 256"},
+    {"decoder_layers", (PyCFunction)(void (*)(void))dw_decoder_layers, METH_FASTCALL,
+     "decoder_layers(plan, caches, h, delta_or_0, out_h, out_d, cos, sin, slot_mapping, "
+     "query_start_loc, seq_lens, block_tables, first, last, tokens, width, rows, hidden, "
+     "heads, kv_heads, head_dim, inter, block_size, eps_bits, scale_bits, threads, path): "
+     "llama decoder layers [first, last) on GGUF-quantized weights (decoder_stack.c)"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "
