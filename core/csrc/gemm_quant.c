@@ -209,6 +209,15 @@ typedef struct {
 
 static void run_tiles(void *ctx, int64_t begin, int64_t end) {
     const job *j = ctx;
+    if (j->m < PAIR_MIN_ROWS && begin < end) {
+        /* a range starts cold: ask for its first DW_PREFETCH_AHEAD bytes at once, so the
+         * kernel's own prefetch (that far ahead of it) is not its first request (one row,
+         * one thread, Q4_K 2048 x 1536: ~63 -> ~60 us, 17920 x 1536 ~2-5% too) */
+        int s = 0;
+        while (begin >= j->seg[s].first_tile + j->seg[s].tiles) s++;
+        const segment *g = &j->seg[s];
+        dw_prefetch_block(g->data + (begin - g->first_tile) * g->tile_bytes, DW_PREFETCH_AHEAD);
+    }
     for (int64_t r0 = 0; r0 < j->m; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < j->m ? r0 + ROW_BLOCK : j->m;
         int s = 0;
