@@ -39,10 +39,18 @@ enum {
     DW_PLAN_FIELDS
 };
 
-/* The per-thread scratch for a call's intermediates (bf16), grown as needed and kept. */
-static uint16_t *scratch(size_t n) {
+/* Scratch kept per thread up to this many bf16 values (8 MB: a decode or verify step of a
+ * 1.5B model needs ~60 KB a token); a longer prefill chunk takes its own and frees it,
+ * so one long prompt does not stay resident for the life of the process. */
+#define KEEP_SCRATCH (4 << 20)
+
+/* The scratch for a call's intermediates (bf16): the kept per-thread buffer, grown as
+ * needed, or (past KEEP_SCRATCH) a fresh one the caller frees (*owned set). */
+static uint16_t *scratch(size_t n, uint16_t **owned) {
     static _Thread_local uint16_t *buf = NULL;
     static _Thread_local size_t cap = 0;
+    *owned = NULL;
+    if (n > KEEP_SCRATCH) return *owned = malloc(n * sizeof(uint16_t));
     if (n > cap) {
         free(buf);
         buf = malloc(n * sizeof(uint16_t));
@@ -73,12 +81,24 @@ static int gemm(const stack *s, const int64_t *lp, int f, const uint16_t *x, int
     return dw_linear_quant_run(&c, err);
 }
 
+static int layers(const stack *s, uint16_t *x, const char **err);
+
 static int run_layers(const stack *s, const char **err) {
+    const int64_t t = s->tokens, width = (s->attn.heads + 2 * s->attn.kv_heads) * s->attn.dim;
+    uint16_t *owned;
+    uint16_t *x = scratch((size_t)(t * (s->hidden + width + s->attn.heads * s->attn.dim +
+                                        3 * s->inter)), &owned);
+    if (!x) return DW_ERR_MEMORY;
+    const int rc = layers(s, x, err);
+    free(owned);
+    return rc;
+}
+
+/* The layers on scratch x (sized by run_layers). */
+static int layers(const stack *s, uint16_t *x, const char **err) {
     const int64_t t = s->tokens, hid = s->hidden, inter = s->inter;
     const int64_t heads = s->attn.heads, kvh = s->attn.kv_heads, d = s->attn.dim;
     const int64_t width = (heads + 2 * kvh) * d, qw = heads * d;
-    uint16_t *x = scratch((size_t)(t * (hid + width + qw + 3 * inter)));
-    if (!x) return DW_ERR_MEMORY;
     uint16_t *qkv = x + t * hid, *attn = qkv + t * width, *gu = attn + t * qw, *act = gu + t * 2 * inter;
     const uint16_t *h = s->h;
     uint16_t *delta = s->delta;

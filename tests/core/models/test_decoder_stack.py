@@ -159,3 +159,14 @@ def test_a_bad_override_and_bad_inputs_are_named(tiny_gguf, monkeypatch):
         kernels.decoder_layers(plan, caches, h, h[:, :8].contiguous(), 0, 1, rope, index)
     out_h, out_d = kernels.decoder_layers(plan, caches, h, None, 0, 1, rope, index)
     assert out_h.shape == out_d.shape == h.shape
+
+
+def test_a_long_prefill_past_the_kept_scratch(tiny_gguf, monkeypatch, paged_runner):
+    """decoder_stack.c keeps 4 Mi bf16 of scratch per thread; a longer step (here 200
+    tokens of ~25.6k values each) takes its own buffer: the same bits either way."""
+    monkeypatch.setitem(SHAPE, "ffn", 8192)
+    stack, per_op = pair(tiny_gguf, monkeypatch, 2, arch="qwen2", matrix_type=Q.Q8_0,
+                         embed_type=Q.Q8_0, tied=False)
+    prompt = [(7 * i + 3) % 200 + 3 for i in range(200)]
+    (la, _), (lb, _) = (paged_runner(m).step({0: prompt}) for m in (stack, per_op))
+    assert torch.equal(la[0], lb[0])
