@@ -24,7 +24,7 @@ setup(
                      "core/csrc/gemm_quant.c", "core/csrc/gemm_quant_avx2.c",
                      "core/csrc/gemm_quant_avx512.c",
                      "core/csrc/quant_pack.c", "core/csrc/gemm_nvfp4.c",
-                     "core/csrc/gemm_nvfp4_avx2.c"],
+                     "core/csrc/gemm_nvfp4_avx2.c", "core/csrc/decoder_stack.c"],
             depends=["core/csrc/kernels.h", "core/csrc/vec.h", "core/csrc/threadpool.h",
                      "core/csrc/gemm_bf16.h",
                      "core/csrc/quant.h", "core/csrc/quant_layout.h", "core/csrc/quant_codes.h",

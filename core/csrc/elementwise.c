@@ -25,8 +25,8 @@ static inline float row_inv_rms(const uint16_t *xr, int64_t dim, float eps) {
 }
 
 /* transformers' RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps)); out = bf16(w * y). */
-static void rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows,
-                          int64_t dim, float eps) {
+void dw_rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows,
+                      int64_t dim, float eps) {
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * dim;
         uint16_t *orow = out + r * dim;
@@ -74,8 +74,8 @@ PyObject *dw_rms_norm_zc(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* The residual add before a norm: delta = bf16(h + delta) in place (the new residual
  * stream), then out = rms_norm(delta). One pass instead of torch's add + norm. */
-static void add_rms_norm_rows(const uint16_t *h, uint16_t *delta, const uint16_t *w, uint16_t *out,
-                              int64_t rows, int64_t dim, float eps) {
+void dw_add_rms_norm_rows(const uint16_t *h, uint16_t *delta, const uint16_t *w, uint16_t *out,
+                          int64_t rows, int64_t dim, float eps) {
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *hr = h + r * dim;
         uint16_t *dr = delta + r * dim;
@@ -84,7 +84,7 @@ static void add_rms_norm_rows(const uint16_t *h, uint16_t *delta, const uint16_t
             v16_store_bf16(dr + c, v16_load_bf16(hr + c) + v16_load_bf16(dr + c));
         for (; c < dim; c++) dr[c] = f32_to_bf16(bf16_to_f32(hr[c]) + bf16_to_f32(dr[c]));
     }
-    rms_norm_rows(delta, w, out, rows, dim, eps);
+    dw_rms_norm_rows(delta, w, out, rows, dim, eps);
 }
 
 PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -93,7 +93,7 @@ PyObject *dw_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int64_t n[3];
     if (dw_parse(args, nargs, 7, 4, p, n, "add_rms_norm") < 0) return NULL;
     const float eps = dw_f32_from_bits(n[2]);
-    Py_BEGIN_ALLOW_THREADS add_rms_norm_rows(p[0], p[1], p[2], p[3], n[0], n[1], eps);
+    Py_BEGIN_ALLOW_THREADS dw_add_rms_norm_rows(p[0], p[1], p[2], p[3], n[0], n[1], eps);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -103,7 +103,7 @@ PyObject *dw_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t n[3];
     if (dw_parse(args, nargs, 6, 3, p, n, "rms_norm") < 0) return NULL;
     const float eps = dw_f32_from_bits(n[2]);
-    Py_BEGIN_ALLOW_THREADS rms_norm_rows(p[0], p[1], p[2], n[0], n[1], eps);
+    Py_BEGIN_ALLOW_THREADS dw_rms_norm_rows(p[0], p[1], p[2], n[0], n[1], eps);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -143,26 +143,31 @@ static void silu_mul_rows(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+void dw_silu_mul_run(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inter,
+                     int64_t threads) {
+    silu_job j = {gate_up, out, inter};
+    /* rows split across the pool once there is enough work to pay the hand-off (each row
+     * alone is the same instructions, so the split never changes a bit): a prefill, or a
+     * batched decode of wide rows (8 rows of a 1.5B model's 8960: 5% of a step's CPU
+     * when this ran on one thread) */
+    const int nt = rows >= 2 && rows * inter >= 32768 && threads > 1 && threads < 64 ? (int)threads : 1;
+    dw_parallel_for(nt, rows, silu_mul_rows, &j);
+}
+
 PyObject *dw_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *p[2];
     int64_t n[3];
     if (dw_parse(args, nargs, 5, 2, p, n, "silu_mul") < 0) return NULL;
-    silu_job j = {p[0], p[1], n[1]};
-    /* rows split across the pool once there is enough work to pay the hand-off (each row
-     * alone is the same instructions, so the split never changes a bit): a prefill, or a
-     * batched decode of wide rows (8 rows of a 1.5B model's 8960: 5% of a step's CPU
-     * when this ran on one thread) */
-    const int threads = n[0] >= 2 && n[0] * n[1] >= 32768 && n[2] > 1 && n[2] < 64 ? (int)n[2] : 1;
-    Py_BEGIN_ALLOW_THREADS dw_parallel_for(threads, n[0], silu_mul_rows, &j);
+    Py_BEGIN_ALLOW_THREADS dw_silu_mul_run(p[0], p[1], n[0], n[1], n[2]);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 /* In place: x = bf16(bf16(x * cos) + bf16(swap_halves(x) * sin_signed)), the tables
  * [positions, head_dim] indexed by each token's position (pos NULL: row t is token t's);
  * x rows may be strided (the q|k part of a fused qkv output). */
-static void rope_rows(uint16_t *x, const uint16_t *cos, const uint16_t *sin, const int64_t *pos,
-                      int64_t tokens, int64_t heads, int64_t d, int64_t stride) {
+void dw_rope_rows(uint16_t *x, const uint16_t *cos, const uint16_t *sin, const int64_t *pos,
+                  int64_t tokens, int64_t heads, int64_t d, int64_t stride) {
     const int64_t half = d / 2;
     float buf[1024];
     for (int64_t t = 0; t < tokens; t++) {
@@ -190,7 +195,7 @@ PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "rope: head_dim must be even and <= 1024");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS rope_rows(p[0], p[1], p[2], p[3], n[0], n[1], n[2], n[3]);
+    Py_BEGIN_ALLOW_THREADS dw_rope_rows(p[0], p[1], p[2], p[3], n[0], n[1], n[2], n[3]);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 

@@ -29,6 +29,7 @@
 #include "quant_codes.h"
 #include "threadpool.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* The scalar kernel of the super-block types (Q4_K, Q6_K: dw_act256 activations), the
@@ -184,6 +185,14 @@ typedef struct {
 enum { ACT32, ACT256, ACT_F32 };
 
 #define MAX_SEGMENTS 8
+/* Rows from which a call takes the two-tile kernel where the type has one. One row (a
+ * decode) is bound by the weight stream, and one tile at a time reads a thread's tiles
+ * as ONE sequential stream (prefetched far ahead into L2: quant_layout.h), where two
+ * adjacent tiles at once read two streams a tile apart: measured on one thread, one row,
+ * Q4_K 17920 x 1536, ~38 GB/s one tile at a time against ~26 for pairs (k = 8960: ~35
+ * against ~33). From two rows the kernel's arithmetic starts to be the limit and the
+ * pair's shared decode wins (8 rows: ~17 against ~10 GB/s). The bits are the same. */
+#define PAIR_MIN_ROWS 2
 /* Rows per pass over the tiles: their int8 blocks (K / 32 x 48 bytes each) stay in L2 */
 #define ROW_BLOCK 32
 
@@ -200,6 +209,15 @@ typedef struct {
 
 static void run_tiles(void *ctx, int64_t begin, int64_t end) {
     const job *j = ctx;
+    if (j->m < PAIR_MIN_ROWS && begin < end) {
+        /* a range starts cold: ask for its first DW_PREFETCH_AHEAD bytes at once, so the
+         * kernel's own prefetch (that far ahead of it) is not its first request (one row,
+         * one thread, Q4_K 2048 x 1536: ~63 -> ~60 us, 17920 x 1536 ~2-5% too) */
+        int s = 0;
+        while (begin >= j->seg[s].first_tile + j->seg[s].tiles) s++;
+        const segment *g = &j->seg[s];
+        dw_prefetch_block(g->data + (begin - g->first_tile) * g->tile_bytes, DW_PREFETCH_AHEAD);
+    }
     for (int64_t r0 = 0; r0 < j->m; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < j->m ? r0 + ROW_BLOCK : j->m;
         int s = 0;
@@ -280,25 +298,22 @@ static void *act_buffer(int which, size_t bytes) {
     return buf[which];
 }
 
-/* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
- * threads, path): segments is int64 [nseg, 4] of (ggml type, packed data pointer, first
- * output column, output columns), together covering [0, n) in order; path a DW_PATH_*
- * (quant.h: 0 the best the CPU has, 1 scalar, 2 avx2, 3 avx512vnni). */
-PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    void *p[4];
-    int64_t v[9];
-    if (dw_parse(args, nargs, 13, 4, p, v, "linear_quant") < 0) return NULL;
-    const int64_t *table = p[1];
-    const int64_t nseg = v[0], m = v[1], k = v[2], n = v[3], x_stride = v[4], y_stride = v[5];
-    const int64_t threads = v[7], path = v[8], scalar = path == DW_PATH_SCALAR;
+/* y = x @ W^T (+ b) without the GIL (kernels.h, dw_gemm_call): the body of linear_quant,
+ * also run by the decoder stack (decoder_stack.c). The segment table is checked here on
+ * every call (a few compares); returns 0, or DW_ERR_VALUE with *err saying why, or
+ * DW_ERR_MEMORY. */
+int dw_linear_quant_run(const dw_gemm_call *c, const char **err) {
+    static _Thread_local char why[160];
+    const int64_t *table = c->table;
+    const int64_t nseg = c->nseg, m = c->m, k = c->k, n = c->n;
+    const int scalar = c->path == DW_PATH_SCALAR;
     if (nseg < 1 || nseg > MAX_SEGMENTS || m < 0 || k <= 0 || k % DW_CHUNK || n <= 0 ||
-        x_stride < k || y_stride < n) {
-        PyErr_SetString(PyExc_ValueError, "linear_quant: bad sizes, strides or segment count");
-        return NULL;
+        c->x_stride < k || c->y_stride < n) {
+        *err = "linear_quant: bad sizes, strides or segment count";
+        return DW_ERR_VALUE;
     }
-    job j = {.nseg = (int)nseg, .bias = p[2], .y = p[3], .m = m, .chunks = k / DW_CHUNK,
-             .y_stride = y_stride, .y_f32 = v[6] != 0};
+    job j = {.nseg = (int)nseg, .bias = c->bias, .y = c->y, .m = m, .chunks = k / DW_CHUNK,
+             .y_stride = c->y_stride, .y_f32 = c->y_f32};
     int64_t col = 0, tiles = 0;
     for (int i = 0; i < nseg; i++) {
         const int64_t *e = table + 4 * i;
@@ -317,16 +332,19 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         if (!dw_qtype_info_of((int)e[0], &info) || k % info.block_k || e[2] != col || e[3] <= 0 ||
             !e[1]) {
-            PyErr_Format(PyExc_ValueError, "linear_quant: bad segment %d (type %lld)", i,
-                         (long long)e[0]);
-            return NULL;
+            snprintf(why, sizeof why, "linear_quant: bad segment %d (type %lld)", i,
+                     (long long)e[0]);
+            *err = why;
+            return DW_ERR_VALUE;
         }
         g->act = dw_qtype_act_block((int)e[0]) == DW_SUPER ? ACT256 : ACT32;
-        const char *why = NULL;
-        if (!(g->fn = dw_tile_kernel_for((int)e[0], (int)path, &why, &g->fn2))) {
-            PyErr_Format(PyExc_ValueError, "linear_quant: %s", why);
-            return NULL;
+        const char *name = NULL;
+        if (!(g->fn = dw_tile_kernel_for((int)e[0], c->path, &name, &g->fn2))) {
+            snprintf(why, sizeof why, "linear_quant: %s", name);
+            *err = why;
+            return DW_ERR_VALUE;
         }
+        if (m < PAIR_MIN_ROWS) g->fn2 = NULL;
         g->data = (const uint8_t *)(intptr_t)e[1];
         g->start = e[2], g->rows = e[3], g->first_tile = tiles;
         g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;
@@ -334,26 +352,25 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
         col += e[3], tiles += g->tiles;
     }
     if (col != n) {
-        PyErr_SetString(PyExc_ValueError, "linear_quant: segments do not cover the outputs");
-        return NULL;
+        *err = "linear_quant: segments do not cover the outputs";
+        return DW_ERR_VALUE;
     }
-    if (m == 0) Py_RETURN_NONE;
+    if (m == 0) return 0;
     int need32 = 0, need256 = 0, needf = 0;
     for (int i = 0; i < nseg; i++)
         need32 |= j.seg[i].act == ACT32, need256 |= j.seg[i].act == ACT256, needf |= j.seg[i].act == ACT_F32;
     if (need32 && !(j.act = act_buffer(0, (size_t)(m * j.chunks) * sizeof(dw_act))))
-        return PyErr_NoMemory();
+        return DW_ERR_MEMORY;
     if (need256 && !(j.act256 = act_buffer(1, (size_t)(m * (k / DW_SUPER)) * sizeof(dw_act256))))
-        return PyErr_NoMemory();
-    if (needf && !(j.actf = act_buffer(2, (size_t)(m * k) * sizeof(float)))) return PyErr_NoMemory();
-    act_job a = {.x = p[0], .act = (dw_act *)j.act, .act256 = (dw_act256 *)j.act256,
+        return DW_ERR_MEMORY;
+    if (needf && !(j.actf = act_buffer(2, (size_t)(m * k) * sizeof(float)))) return DW_ERR_MEMORY;
+    act_job a = {.x = c->x, .act = (dw_act *)j.act, .act256 = (dw_act256 *)j.act256,
                  .actf = (float *)j.actf,
                  .fn = scalar ? NULL : dw_act_row_simd(), .fn256 = scalar ? NULL : dw_act256_row_simd(),
-                 .k = k, .x_stride = x_stride};
+                 .k = k, .x_stride = c->x_stride};
     if (!a.fn) a.fn = dw_quant_act_row;
     if (!a.fn256) a.fn256 = dw_quant_act256_row;
-    const int nt = threads > 0 && threads < 64 ? (int)threads : 1;
-    Py_BEGIN_ALLOW_THREADS
+    const int nt = c->threads > 0 && c->threads < 64 ? (int)c->threads : 1;
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
     /* several chunks per thread: a thread whose core is busy elsewhere leaves its chunks
      * to the others instead of holding up the step. Four for a decode or verify (a claim
@@ -366,7 +383,33 @@ PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t narg
     for (int i = 0; i < nseg; i++)
         if (j.seg[i].fn2 && grain % 2) grain++;
     dw_parallel_for_grain(nt, tiles, grain, run_tiles, &j);
+    return 0;
+}
+
+/* Raise the Python exception of a dw_*_run failure (DW_ERR_VALUE: ValueError(err)). */
+PyObject *dw_raise(int rc, const char *err) {
+    if (rc == DW_ERR_MEMORY) return PyErr_NoMemory();
+    PyErr_SetString(PyExc_ValueError, err ? err : "draftwise kernel: bad arguments");
+    return NULL;
+}
+
+/* linear_quant(x, segments, bias_or_0, y, nseg, rows, k, n, x_stride, y_stride, y_f32,
+ * threads, path): segments is int64 [nseg, 4] of (ggml type, packed data pointer, first
+ * output column, output columns), together covering [0, n) in order; path a DW_PATH_*
+ * (quant.h: 0 the best the CPU has, 1 scalar, 2 avx2, 3 avx512vnni). */
+PyObject *dw_linear_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p[4];
+    int64_t v[9];
+    if (dw_parse(args, nargs, 13, 4, p, v, "linear_quant") < 0) return NULL;
+    const dw_gemm_call c = {.x = p[0], .table = p[1], .bias = p[2], .y = p[3], .nseg = v[0],
+                            .m = v[1], .k = v[2], .n = v[3], .x_stride = v[4], .y_stride = v[5],
+                            .y_f32 = v[6] != 0, .threads = v[7], .path = (int)v[8]};
+    const char *err = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = dw_linear_quant_run(&c, &err);
     Py_END_ALLOW_THREADS
+    if (rc != 0) return dw_raise(rc, err);
     Py_RETURN_NONE;
 }
 

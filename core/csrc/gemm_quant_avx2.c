@@ -27,9 +27,6 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define ALWAYS static inline __attribute__((always_inline)) TARGET
-/* how far ahead the kernel asks for the weight stream (see tile_kernel) */
-#define PREFETCH_BYTES 2048
-
 /* KEEP: an empty asm that pins a running sum to a register at this point. Without it GCC
  * reassociates the integer sums of a pass (exact, so allowed) into one chain per row
  * after all the products, which then wait on the stack: measured 25-35% of a five-row
@@ -248,10 +245,10 @@ ALWAYS void tile_kernel_super(const int T, const int R, const uint8_t *tile, int
     const dw_act256 *x##r = R > r ? (const dw_act256 *)xv[r] : NULL;
     FOR_ROWS(DECL)
 #undef DECL
-    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
+    const int64_t ahead = ((DW_PREFETCH_AHEAD + tb - 1) / tb) * tb;
     for (int64_t bi = 0; bi < supers; bi++) {
         const uint8_t *b = tile + bi * tb;
-        for (int64_t line = 0; line < tb; line += 64) _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
+        dw_prefetch_block(b + ahead, tb);
         const blk_scales bs = block_scales(T, b);
 #define DECL(r) __m256i isum##r = _mm256_setzero_si256();
         FOR_ROWS(DECL)
@@ -347,12 +344,13 @@ ALWAYS void tile_kernel(const int T, const int R, const uint8_t *tile, int64_t c
     const dw_act *x##r = R > r ? x[r] : NULL;
     FOR_ROWS(DECL)
 #undef DECL
-    /* prefetch whole tile blocks PREFETCH_BYTES ahead: a K-quant block's scales sit at
-     * its end (Q6_K, Q3_K, Q2_K), and reading them first defeats the hardware streamer */
-    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
+    /* prefetch whole tile blocks DW_PREFETCH_AHEAD ahead into L2 (quant_layout.h): a
+     * K-quant block's scales sit at its end (Q6_K, Q3_K, Q2_K), and reading them first
+     * defeats the hardware streamer */
+    const int64_t ahead = ((DW_PREFETCH_AHEAD + tb - 1) / tb) * tb;
     for (int64_t bi = 0; bi < chunks / cpb; bi++) {
         const uint8_t *b = tile + bi * tb;
-        for (int64_t line = 0; line < tb; line += 64) _mm_prefetch((const char *)b + ahead + line, _MM_HINT_T0);
+        dw_prefetch_block(b + ahead, tb);
         const blk_scales bs = block_scales(T, b);
 #pragma GCC unroll 8
         for (int c = 0; c < cpb; c++) {

@@ -16,7 +16,8 @@
  * class of CPU a 512-bit vpdpbusd issues as fast as a 256-bit one (measured: two per
  * cycle either way), so the pair costs about what one tile did, and the 32 registers hold
  * eight rows' sums, so 8 rows decode the weights once. A lone tile runs the 256-bit body
- * (eight outputs, up to five rows, like the AVX2 kernel).
+ * (eight outputs, up to five rows, like the AVX2 kernel), and a one-row decode, which
+ * walks one tile at a time, runs Q4_K and Q6_K on 512 bits two steps a vector (tile_k1_*).
  *
  * Integer sums per type (all exact int32, so any order gives the contract's I):
  *   32-blocks: the chunk's 32 products in two vpdpbusd chains (even / odd steps), added
@@ -38,6 +39,8 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define ALWAYS static inline __attribute__((always_inline)) TARGET
+/* how far ahead the two-tile body asks for each of its two streams (the one-tile body:
+ * DW_PREFETCH_AHEAD, quant_layout.h; see prefetch_ahead in the body) */
 #define PREFETCH_BYTES 2048
 
 /* KEEP: pins a running sum to a register here (see gemm_quant_avx2.c); "v": any of the 32 */
@@ -150,6 +153,129 @@ ALWAYS int32_t ld32(const void *p) {
     _mm512_shuffle_epi8(v, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pat))))
 #include "gemm_quant_avx512_body.h"
 
+/* ---- one tile, one row, two steps a vector: Q4_K and Q6_K ----
+ * A one-row decode reads one tile at a time (gemm_quant.c, PAIR_MIN_ROWS), and there the
+ * super-block kernels are near what limits one thread (measured with the weights in cache,
+ * one thread, the 256-bit body: ~47 GB/s Q4_K, ~33 Q6_K, against ~36-38 from memory;
+ * this one: ~54 and ~36; from memory Q6_K 17920 x 1536 best ~31 -> ~35, Q4_K unchanged,
+ * memory-bound). Here one 512-bit vector holds TWO
+ * consecutive steps of the tile (the step's 32 bytes and the next one's, one load), the
+ * row's int8 values of both steps in the matching halves (one 8-byte load, one vpermd),
+ * so a pair of steps is one vpdpbusd. The halves' integer sums are added when the
+ * super-block's integer sum is done: every partial sum is an exact int32 (an 8-k half of
+ * a 16-k sum, so it still fits int16 where vpdpwssd needs it), so the sum is the same I of
+ * quant.h, and the float steps are the 256-bit kernel's: the same bits. */
+static const int32_t HALVES[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* the row's int8 values of steps s and s + 1 (8 bytes at p): the first four in lanes 0-7 */
+ALWAYS __m512i x_pair(const int8_t *p) {
+    return _mm512_permutexvar_epi32(_mm512_loadu_si512(HALVES),
+                                    _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p)));
+}
+ALWAYS __m512i ld512(const uint8_t *p) { return _mm512_loadu_si512(p); }
+ALWAYS __m512i twice(__m256i v) { return _mm512_broadcast_i64x4(v); }
+ALWAYS __m256i fold(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+static TARGET __attribute__((noinline)) void tile_k1_q4k(const uint8_t *tile, int64_t chunks,
+                                                         const void *const *xv,
+                                                         float (*out)[DW_TILE]) {
+    const int64_t tb = (int64_t)DW_TILE * Q4_K_BYTES, supers = chunks / 8;
+    const int64_t ahead = prefetch_ahead_8(tb);
+    const dw_act256 *x = (const dw_act256 *)xv[0];
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t bi = 0; bi < supers; bi++) {
+        const uint8_t *b = tile + bi * tb;
+        prefetch_8(b, bi * tb, ahead, tb, 0);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 8 * Q4_K_SC));
+        const __m256i bb = _mm256_loadu_si256((const __m256i *)(b + 8 * Q4_K_SC + 32));
+        const __m256i c8 = _mm256_loadu_si256((const __m256i *)(b + 8 * Q4_K_SC + 64));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 8 * Q4_K_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 8 * Q4_K_DMIN)));
+        __m256i sc[4];
+        sc[0] = _mm256_and_si256(a, _mm256_set1_epi8(63));
+        sc[1] = _mm256_or_si256(_mm256_and_si256(c8, _mm256_set1_epi8(0x0F)), move_bits_8(a, 6, 4, 0x30));
+        sc[2] = _mm256_and_si256(bb, _mm256_set1_epi8(63));
+        sc[3] = _mm256_or_si256(move_bits_8(c8, 4, 0, 0x0F), move_bits_8(bb, 6, 4, 0x30));
+        const int8_t *xq = x[bi].q;
+        __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m512i p = twice(_mm256_shuffle_epi8(sc[c / 4], _mm256_loadu_si256((const __m256i *)PICK32[c % 4])));
+            __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int s = 0; s < 8; s += 2) {
+                __m512i v = ld512(b + 8 * Q4_K_QS + 32 * (8 * (c / 2) + s));
+                v = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (s < 4) h0 = _mm512_dpbusd_epi32(h0, v, x_pair(xq + 32 * c + 4 * s));
+                else h1 = _mm512_dpbusd_epi32(h1, v, x_pair(xq + 32 * c + 4 * s));
+            }
+            isum = _mm512_dpwssd_epi32(isum, h0, p);
+            isum = _mm512_dpwssd_epi32(isum, h1, p);
+        }
+        __m256i mp[4];
+        for (int j = 0; j < 4; j++)
+            mp[j] = _mm256_shuffle_epi8(sc[2 + j / 2], _mm256_loadu_si256((const __m256i *)PAIR16[j % 2]));
+        const dw_act256 *ax = x + bi;
+        __m256i im = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(ld32(ax->b32)));
+        for (int j = 1; j < 4; j++)
+            im = _mm256_add_epi32(im, _mm256_madd_epi16(mp[j], _mm256_set1_epi32(ld32(ax->b32 + 2 * j))));
+        const __m256 xd = _mm256_set1_ps(ax->d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold(isum)), _mm256_mul_ps(d, xd), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im),
+                              _mm256_xor_ps(_mm256_mul_ps(dmin, xd), _mm256_set1_ps(-0.0f)), acc);
+    }
+    _mm256_storeu_ps(out[0], acc);
+}
+
+static TARGET __attribute__((noinline)) void tile_k1_q6k(const uint8_t *tile, int64_t chunks,
+                                                         const void *const *xv,
+                                                         float (*out)[DW_TILE]) {
+    const int64_t tb = (int64_t)DW_TILE * Q6_K_BYTES, supers = chunks / 8;
+    const int64_t ahead = prefetch_ahead_8(tb);
+    const dw_act256 *x = (const dw_act256 *)xv[0];
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t bi = 0; bi < supers; bi++) {
+        const uint8_t *b = tile + bi * tb;
+        prefetch_8(b, bi * tb, ahead, tb, 0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 8 * Q6_K_D)));
+        __m256i sc[4];
+        for (int g = 0; g < 4; g++) sc[g] = _mm256_loadu_si256((const __m256i *)(b + 8 * Q6_K_SC + 32 * g));
+        const int8_t *xq = x[bi].q;
+        __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            const int c = i / 2, hh = c / 4, f = c % 4;
+            const __m512i p = twice(_mm256_srai_epi32(
+                _mm256_shuffle_epi8(sc[i / 4], _mm256_loadu_si256((const __m256i *)PICK32S[i % 4])), 24));
+            __m512i h = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int s = 4 * (i % 2); s < 4 * (i % 2) + 4; s += 2) {
+                __m512i lo = ld512(b + 8 * Q6_K_QL + 32 * (16 * hh + 8 * (f % 2) + s));
+                lo = _mm512_and_si512(f / 2 ? _mm512_srli_epi16(lo, 4) : lo, m4);
+                __m512i hi = ld512(b + 8 * Q6_K_QH + 32 * (8 * hh + s));
+                hi = _mm512_and_si512(2 * f > 4 ? _mm512_srli_epi16(hi, 2 * f - 4)
+                                      : 2 * f < 4 ? _mm512_slli_epi16(hi, 4 - 2 * f) : hi, m30);
+                h = _mm512_dpbusd_epi32(h, _mm512_or_si512(lo, hi), x_pair(xq + 32 * c + 4 * s));
+            }
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(h, p));
+        }
+        __m256i pp[8];
+        for (int j = 0; j < 8; j++)
+            pp[j] = _mm256_srai_epi16(_mm256_shuffle_epi8(sc[j / 2], _mm256_loadu_si256((const __m256i *)PAIR16S[j % 2])), 8);
+        const dw_act256 *ax = x + bi;
+        __m256i ib = _mm256_madd_epi16(pp[0], _mm256_set1_epi32(ld32(ax->b16)));
+        for (int j = 1; j < 8; j++)
+            ib = _mm256_add_epi32(ib, _mm256_madd_epi16(pp[j], _mm256_set1_epi32(ld32(ax->b16 + 2 * j))));
+        const __m256i tot = _mm256_sub_epi32(fold(isum), _mm256_slli_epi32(ib, 5));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(ax->d)), acc);
+    }
+    _mm256_storeu_ps(out[0], acc);
+}
+
 /* one function per row count and width (as gemm_quant_avx2.c): 1..5 rows on one tile,
  * 1..8 on two */
 #define KERNEL8_R(T, R)                                                                           \
@@ -170,7 +296,11 @@ ALWAYS int32_t ld32(const void *p) {
     static TARGET void tile_vnni8_##T(const uint8_t *t, int64_t c, const void *const *x,          \
                                       int rows, float (*out)[DW_TILE]) {                          \
         switch (rows) {                                                                           \
-        case 1: tile_vnni8_##T##_1(t, c, x, out); break;                                          \
+        case 1:                                                                                   \
+            if (T == DW_Q4_K) tile_k1_q4k(t, c, x, out);                                          \
+            else if (T == DW_Q6_K) tile_k1_q6k(t, c, x, out);                                     \
+            else tile_vnni8_##T##_1(t, c, x, out);                                                \
+            break;                                                                                \
         case 2: tile_vnni8_##T##_2(t, c, x, out); break;                                          \
         case 3: tile_vnni8_##T##_3(t, c, x, out); break;                                          \
         case 4: tile_vnni8_##T##_4(t, c, x, out); break;                                          \

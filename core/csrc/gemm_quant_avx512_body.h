@@ -39,6 +39,32 @@ ALWAYS VI SFX(codes)(const int T, const int64_t ts, const uint8_t *b, const int 
 }
 
 
+/* How far ahead the weight stream is asked for, in whole tile blocks of ``tb`` bytes.
+ * One tile (a one-row decode: gemm_quant.c, PAIR_MIN_ROWS) reads ONE sequential stream
+ * and prefetches DW_PREFETCH_AHEAD into L2 (quant_layout.h). Two tiles read two streams
+ * (the tiles ``ts`` apart) and prefetch PREFETCH_BYTES into L1: measured here, the far
+ * L2 prefetch on two streams ran slower (~22 against ~25 GB/s for one row, k = 1536), and
+ * the pair runs where several rows make the kernel, not the stream, the limit. */
+ALWAYS int64_t SFX(prefetch_ahead)(const int64_t tb) {
+    return ((V_TILES == 1 ? DW_PREFETCH_AHEAD : PREFETCH_BYTES) + tb - 1) / tb * tb;
+}
+
+/* Ask for the block ``ahead`` bytes past block ``b`` (at byte ``at`` of its tile). */
+ALWAYS void SFX(prefetch)(const uint8_t *b, const int64_t at, const int64_t ahead,
+                          const int64_t tb, const int64_t ts) {
+    if (V_TILES == 1) {
+        dw_prefetch_block(b + ahead, tb);
+        return;
+    }
+    /* two tiles: past its tile's end a stream asks for the NEXT pair's tile (the bytes
+     * right after the first tile are the second's, already streaming) */
+    const int64_t skip = at + ahead >= ts ? ts : 0;
+    for (int64_t line = 0; line < tb; line += 64) {
+        _mm_prefetch((const char *)b + skip + ahead + line, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + skip + ts + ahead + line, _MM_HINT_T0);
+    }
+}
+
 /* The blocks of 32 (dw_act rows). */
 ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
                                const int64_t ts, int64_t chunks, const void *const *xv, float *out) {
@@ -49,16 +75,10 @@ ALWAYS void SFX(tile_kernel32)(const int T, const int R, const uint8_t *tile,
     const dw_act *x##r = R > r ? x[r] : NULL;
     FOR_ROWS(DECL)
 #undef DECL
-    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
+    const int64_t ahead = SFX(prefetch_ahead)(tb);
     for (int64_t ci = 0; ci < chunks; ci++) {
         const uint8_t *b = tile + ci * tb;
-        /* two tiles: past its tile's end a stream asks for the NEXT pair's tile (the
-         * bytes right after the first tile are the second's, already streaming) */
-        const int64_t skip = V_TILES == 2 && ci * tb + ahead >= ts ? ts : 0;
-        for (int64_t line = 0; line < tb; line += 64) {
-            _mm_prefetch((const char *)b + skip + ahead + line, _MM_HINT_T0);
-            if (V_TILES == 2) _mm_prefetch((const char *)b + skip + ts + ahead + line, _MM_HINT_T0);
-        }
+        SFX(prefetch)(b, ci * tb, ahead, tb, ts);
         VF d, m = V_ZF();
         switch (T) {
         case DW_Q4_0: d = V_HALF(ts, b + 8 * Q4_0_D), m = V_MULF(d, V_SET1F(-8.0f)); break;
@@ -108,16 +128,10 @@ ALWAYS void SFX(tile_kernel256)(const int T, const int R, const uint8_t *tile,
     const dw_act256 *x##r = R > r ? (const dw_act256 *)xv[r] : NULL;
     FOR_ROWS(DECL)
 #undef DECL
-    const int64_t ahead = ((PREFETCH_BYTES + tb - 1) / tb) * tb;
+    const int64_t ahead = SFX(prefetch_ahead)(tb);
     for (int64_t bi = 0; bi < supers; bi++) {
         const uint8_t *b = tile + bi * tb;
-        /* two tiles: past its tile's end a stream asks for the NEXT pair's tile (the
-         * bytes right after the first tile are the second's, already streaming) */
-        const int64_t skip = V_TILES == 2 && bi * tb + ahead >= ts ? ts : 0;
-        for (int64_t line = 0; line < tb; line += 64) {
-            _mm_prefetch((const char *)b + skip + ahead + line, _MM_HINT_T0);
-            if (V_TILES == 2) _mm_prefetch((const char *)b + skip + ts + ahead + line, _MM_HINT_T0);
-        }
+        SFX(prefetch)(b, bi * tb, ahead, tb, ts);
         VI sc[4];
         VF d, dmin = V_ZF();
         if (T == DW_Q4_K) { /* sc[0..1]: scales of sub-blocks 0-3, 4-7; sc[2..3]: their mins */

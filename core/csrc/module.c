@@ -45,6 +45,11 @@ static PyMethodDef methods[] = {
      "tables, hidden, base, counts, anchors, tok_out, prev_out, stats_out, kind, vocab, "
      "rank, hidden_size, rows, slots, depth, lane_cap, screen, give_up, max_blocks, "
      "guess_tokens, threads): DSpark's greedy Markov pass (markov.c)"},
+    {"decoder_layers", (PyCFunction)(void (*)(void))dw_decoder_layers, METH_FASTCALL,
+     "decoder_layers(plan, caches, h, delta_or_0, out_h, out_d, cos, sin, slot_mapping, "
+     "query_start_loc, seq_lens, block_tables, first, last, tokens, width, rows, hidden, "
+     "heads, kv_heads, head_dim, inter, block_size, eps_bits, scale_bits, threads, path): "
+     "llama decoder layers [first, last) on GGUF-quantized weights (decoder_stack.c)"},
 #ifdef DW_HAVE_LINEAR_BF16
     {"linear_bf16", (PyCFunction)(void (*)(void))dw_linear_bf16, METH_FASTCALL,
      "linear_bf16(x, packed, bias_or_0, y, rows, in_features, out_features, x_stride, "

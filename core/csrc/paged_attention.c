@@ -32,14 +32,7 @@
 
 #include <stdlib.h>
 
-typedef struct {
-    const uint16_t *q, *k, *v; /* this step's [T, heads|kv_heads, dim], rows strided */
-    uint16_t *out, *kc, *vc;
-    const int64_t *slots, *qsl, *seq, *bt;
-    int64_t q_stride, k_stride, v_stride; /* elements between consecutive tokens */
-    int64_t tokens, width, rows, heads, kv_heads, dim, block_size, window;
-    float scale;
-} Args;
+typedef dw_attention_args Args; /* kernels.h */
 
 /* key positions the K/V walk requests ahead of the one it converts */
 #define PREFETCH 24
@@ -407,7 +400,11 @@ static void attend_items(void *ctx, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; i++) attend_group(a, i / a->kv_heads, i % a->kv_heads, &w);
 }
 
-static int run(const Args *a, int threads) {
+int dw_attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t dim) {
+    return dim % LANES == 0 && dim > 0 && dim <= 512 && kv_heads > 0 && heads % kv_heads == 0;
+}
+
+int dw_paged_attention_run(const Args *a, int threads) {
     write_kv(a);
     int64_t max_keys = 0, max_q = 0;
     for (int64_t r = 0; r < a->rows; r++) {
@@ -424,7 +421,7 @@ static int run(const Args *a, int threads) {
     /* one item per (row, kv group): a prefill's groups, a batch's rows, split across the
      * pool (one item at a time: items differ in size by their context lengths) */
     dw_parallel_for_grain(threads, a->rows * a->kv_heads, 1, attend_items, &j);
-    return j.failed ? -1 : 0;
+    return j.failed ? DW_ERR_MEMORY : 0;
 }
 
 PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -439,14 +436,14 @@ PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t n
         .rows = n[5], .heads = n[6], .kv_heads = n[7], .dim = n[8], .block_size = n[9],
         .window = n[10], .scale = dw_f32_from_bits(n[11]),
     };
-    if (a.dim % LANES != 0 || a.dim > 512 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
+    if (!dw_attention_shape_ok(a.heads, a.kv_heads, a.dim)) {
         PyErr_SetString(PyExc_ValueError,
                         "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
         return NULL;
     }
     const int threads = n[12] > 0 && n[12] < 64 ? (int)n[12] : 1;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run(&a, threads);
+    Py_BEGIN_ALLOW_THREADS rc = dw_paged_attention_run(&a, threads);
     Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -54,6 +54,10 @@ class Backend:
     torch_threads: int | None = None
     #: whether the native attention runs here at all (any head size it takes)
     native_attention: bool = False
+    #: ``native``: a run of llama decoder layers is one C call (``decoder_stack.c``) where
+    #: a model's projections are all GGUF-quantized (the model sets ``per-op`` otherwise);
+    #: ``per-op``: a C call per op (``models.llama.choose_layers``)
+    layers: str = "per-op"
     #: a recurrent mixer's kernel where the model has one (the GDN hybrids: ``torch``, as
     #: there is no C kernel for the delta rule and its causal conv); None: no such layers
     recurrence: str | None = None
@@ -91,6 +95,7 @@ class Backend:
         recurrence = "" if self.recurrence is None else f" recurrence={self.recurrence}"
         return (f"backend: attention={self.attention} gemm[{gemm}] "
                 f"elementwise={self.elementwise}{recurrence} argmax={self.argmax} "
+                f"layers={self.layers} "
                 f"threads={pool} (torch {self.torch_threads})")
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +105,7 @@ class Backend:
             "gemm": dict(self.gemm),
             "elementwise": self.elementwise,
             "argmax": self.argmax,
+            "layers": self.layers,
             "threads": self.threads,
             "torch_threads": self.torch_threads,
             **({} if self.recurrence is None else {"recurrence": self.recurrence}),
@@ -115,13 +121,16 @@ def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int
     from draftwise.models.attention import choose_backend
     from draftwise.models.gguf_weights import keep_quantized
     from draftwise.models.linear import weight_backend
+    from draftwise.models.llama import choose_layers
 
     attention = choose_backend(dtype, head_dim, device)
     keep, why = keep_quantized(dtype, device)
+    # validated together with the native attention (same dtype/device conditions)
+    elementwise = "native" if attention == "native" else "torch"
     return Backend(
         attention=attention,
-        # validated together with the native attention (same dtype/device conditions)
-        elementwise="native" if attention == "native" else "torch",
+        elementwise=elementwise,
+        layers=choose_layers(elementwise),
         argmax=ARGMAX if torch.device(device).type == "cpu" else "torch",
         dense_gemm=weight_backend(dtype, device),
         quantized=keep,

@@ -41,6 +41,7 @@ from draftwise.errors import DraftwiseError
 if TYPE_CHECKING:  # the typed weights import this module
     from draftwise.models.linear import BlockedWeight
     from draftwise.models.quant import QuantWeight
+    from draftwise.models.stack import DecoderPlan, StackCaches
 
 BF16 = torch.bfloat16
 
@@ -637,3 +638,40 @@ def markov_pass(
     except ValueError as e:  # counts that do not sum to N, an anchor outside the vocabulary
         raise KernelInputError(str(e)) from None
     return tok, prev, dict(zip(MARKOV_STATS, stats.tolist()))
+
+# -- decoder layers in one call (decoder_stack.c) ------------------------------------------
+# The plan (every layer's weights) is checked once at load and the caches once per cache
+# (``models.stack``); a call checks the step's activations here.
+def decoder_layers(
+    plan: DecoderPlan, caches: StackCaches,
+    h: torch.Tensor,  # [T, hidden] bf16, the residual stream (read only)
+    delta: torch.Tensor | None,  # [T, hidden] the previous layer's output, not added (None: layer 0)
+    first: int, last: int, rope: RopeRows, index: AttentionIndex,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (residual, the last layer's delta), [T, hidden] each
+    """Layers ``[first, last)`` in one C call: ``models.llama.DecoderLayer._run_native``'s
+    kernels in its order, so the same bits (decoder_stack.c). ``delta``'s memory receives
+    ``h + delta``, as ``add_rms_norm`` does."""
+    kern = _kernel("decoder_layers")
+    t = index.tokens
+    _bf16_rows("decoder_layers input", h, plan.hidden)
+    if h.dim() != 2 or h.shape[0] != t or rope.tokens != t or rope.head_dim != plan.head_dim:
+        raise KernelInputError(f"decoder_layers: h {list(h.shape)} must be [{t}, "
+                               f"{plan.hidden}] with RoPE rows for its {t} tokens")
+    if delta is not None and (delta.shape != h.shape or delta.dtype != BF16
+                              or not delta.is_contiguous()):
+        raise KernelInputError("decoder_layers: delta must be contiguous bf16 like h")
+    if not 0 <= first < last <= len(plan.layers):
+        raise KernelInputError(f"decoder_layers: layers [{first}, {last}) of "
+                               f"{len(plan.layers)}")
+    if index.num_blocks is not None and index.num_blocks > caches.blocks:
+        raise KernelInputError(f"native attention: the indices were checked against "
+                               f"{index.num_blocks} blocks, the cache has {caches.blocks}")
+    out_h, out_d = torch.empty_like(h), torch.empty_like(h)
+    slots, starts, lens, tables = index.addresses
+    kern.decoder_layers(
+        plan.address, caches.address, h.data_ptr(), 0 if delta is None else delta.data_ptr(),
+        out_h.data_ptr(), out_d.data_ptr(), rope.addresses[0], rope.addresses[1], slots,
+        starts, lens, tables, first, last, t, index.width, index.rows, plan.hidden,
+        plan.heads, plan.kv_heads, plan.head_dim, plan.inter, caches.block_size,
+        plan.eps_bits, plan.scale_bits, kernel_threads(), QUANT_PATHS["auto"])
+    return out_h, out_d

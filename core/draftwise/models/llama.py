@@ -5,13 +5,17 @@ weight each at load (two matmuls per layer instead of five), RoPE tables are bui
 RoPE runs on q and k together, and the final norm and LM head only see the rows whose
 logits are wanted. With the C kernels a layer is C calls only (``DecoderLayer._run_native``):
 RoPE and attention read q, k and v as offsets into the fused projection output, and each
-layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). The
-numerics follow transformers' op for op (RMSNorm in fp32 cast back before the weight,
-cos/sin in the model dtype) so the oracle tests stay tight.
+layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). Where
+every projection is GGUF-quantized, the layers are ONE C call instead (``models.stack``:
+the same kernels in the same order, so the same bits; :func:`choose_layers`). The numerics
+follow transformers' op for op (RMSNorm in fp32 cast back before the weight, cos/sin in
+the model dtype) so the oracle tests stay tight.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from typing import cast
 
 import torch
@@ -27,6 +31,31 @@ from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
 from draftwise.models.linear import BlockedWeight, Weight, is_packed, linear, pack_weights
 from draftwise.models.quant import QuantWeight, dequant_rows, linear_quant
 from draftwise.models.rope import INITIAL_ROPE_POSITIONS, apply_rope, inv_frequencies, rope_tables
+from draftwise.models.stack import (
+    DecoderPlan,
+    StackCaches,
+    StackLayer,
+    decoder_plan,
+    run_layers,
+    stack_caches,
+)
+
+#: ``auto`` (default: one C call per run of layers where the model allows) or ``per-op``
+#: (a C call per op: the A/B of ``core/csrc/decoder_stack.c``)
+LAYERS_ENV = "DRAFTWISE_DECODER_STACK"
+
+
+def choose_layers(elementwise: str) -> str:
+    """``native`` or ``per-op``: how a model with the native small ops runs its decoder
+    layers (the rule only: ``models.backend.decide_backend`` is its one caller).
+
+    ``native`` still needs every projection GGUF-quantized, which the model knows once its
+    weights are packed (:meth:`LlamaForCausalLM.pack_weights`)."""
+    wanted = os.environ.get(LAYERS_ENV, "auto")
+    if wanted not in ("auto", "per-op"):
+        raise ValueError(f"{LAYERS_ENV}={wanted!r}: use auto or per-op")
+    native = elementwise == "native" and kernels.available("decoder_layers")
+    return "native" if native and wanted == "auto" else "per-op"
 
 
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:
@@ -146,6 +175,17 @@ class DecoderLayer(nn.Module):
         act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
         return h, linear(act, self.down_weight, self.down_bias)
 
+    def stack_layer(self) -> StackLayer | None:
+        """This layer for ``models.stack.decoder_plan``, or None where it cannot run there (a
+        projection not GGUF-quantized, or q/k norms)."""
+        weights = (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight)
+        if self.qk_norm is not None or not all(isinstance(w, QuantWeight) for w in weights):
+            return None
+        qkv, o, gate_up, down = cast(tuple[QuantWeight, ...], weights)
+        return StackLayer(self.input_norm, self.post_norm, qkv, self.qkv_bias, o,
+                                  self.o_bias, gate_up, self.gate_up_bias, down,
+                                  self.down_bias, self.window)
+
     def _run_native(
         self,
         h: torch.Tensor,  # [T, hidden]
@@ -230,6 +270,10 @@ class LlamaForCausalLM(nn.Module):
             layer.native = self.native
         #: the LM head packed by :meth:`pack_weights` (None: not packed, use ``lm_head_weight``)
         self._lm_head_packed: Weight | None = None
+        #: every layer for ``models.stack`` (set by :meth:`pack_weights` where
+        #: ``backend.layers`` is native), and the KV cache it last ran on
+        self._stack: DecoderPlan | None = None
+        self._stack_caches: StackCaches | None = None
         self.ensure_positions(min(INITIAL_ROPE_POSITIONS, config.max_position_embeddings))
 
     # -- what the engine and drafters read ------------------------------------------------
@@ -315,6 +359,16 @@ class LlamaForCausalLM(nn.Module):
             self._lm_head_packed = head
         else:
             self._lm_head_packed = packed[-1] if is_packed(packed[-1]) else None
+        self._stack = None
+        if self.backend.layers == "native":
+            stack = [layer.stack_layer() for layer in self.decoder_layers()]
+            if all(s is not None for s in stack) and self.native:
+                first = self.decoder_layers()[0]
+                self._stack = decoder_plan(
+                    cast(list[StackLayer], stack), first.num_heads, first.num_kv_heads,
+                    first.head_dim, first.eps, first.scale)
+            else:  # the printed backend says what runs
+                self.backend = replace(self.backend, layers="per-op")
 
     @property
     def packed(self) -> bool:
@@ -394,10 +448,16 @@ class LlamaForCausalLM(nn.Module):
             rope = kernels.rope_rows(cos, sin, h.shape[0], self.head_dim)
             caches = list(kv.paged())
         delta = None
-        for i, layer in enumerate(self.decoder_layers()):
-            h, delta = layer.run(h, delta, cos, sin, kv.k[i], kv.v[i], meta, rope, caches[i])
-            if i in wanted:
-                hidden[i] = h + delta
+        if self._stack is not None and rope is not None and meta.index is not None:
+            stack, paged = self._stack_caches, kv.paged()  # checked once per cache
+            if stack is None or stack.caches is not paged:
+                stack = self._stack_caches = stack_caches(self._stack, paged)
+            h, delta, hidden = run_layers(self._stack, stack, h, wanted, rope, meta.index)
+        else:
+            for i, layer in enumerate(self.decoder_layers()):
+                h, delta = layer.run(h, delta, cos, sin, kv.k[i], kv.v[i], meta, rope, caches[i])
+                if i in wanted:
+                    hidden[i] = h + delta
         if delta is not None:
             h = h + delta
         rows = h.index_select(0, batch.logits_indices)

@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(
     not kernels.available("linear_quant"), reason="C kernels not built")
 
 WRAPPERS = ("rms_norm", "add_rms_norm", "silu_mul", "rope_", "rope_qkv_", "argmax_f32",
-            "linear_bf16", "linear_quant", "paged_attention", "paged_attention_qkv")
+            "linear_bf16", "linear_quant", "paged_attention", "paged_attention_qkv",
+            "decoder_layers")
 SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512}
 
 
@@ -70,11 +71,15 @@ def step(model: torch.nn.Module) -> None:
 
 def check_runs_as_printed(backend: Backend, calls: Counter[str]) -> None:
     line = backend.line()
+    # the decoder stack runs attention, the small ops and the projections in one C call
+    stack = calls["decoder_layers"]
+    assert f"layers={backend.layers}" in line
+    assert (stack > 0) == (backend.layers == "native")
     assert f"attention={backend.attention}" in line
-    attention = calls["paged_attention"] + calls["paged_attention_qkv"]
+    attention = calls["paged_attention"] + calls["paged_attention_qkv"] + stack
     assert (attention > 0) == (backend.attention == "native")
     elementwise = (calls["rms_norm"] + calls["add_rms_norm"] + calls["silu_mul"]
-                   + calls["rope_"] + calls["rope_qkv_"])
+                   + calls["rope_"] + calls["rope_qkv_"] + stack)
     assert f"elementwise={backend.elementwise}" in line
     assert (elementwise > 0) == (backend.elementwise == "native")
     assert f"argmax={backend.argmax}" in line
@@ -82,7 +87,7 @@ def check_runs_as_printed(backend: Backend, calls: Counter[str]) -> None:
     kinds = {kind.split("-")[0] for _, kind in backend.gemm}
     for stored, kind in backend.gemm:
         assert f"{stored}={kind}" in line
-    assert (calls["linear_quant"] > 0) == ("quant" in kinds)
+    assert (calls["linear_quant"] + stack > 0) == ("quant" in kinds)
     assert (calls["linear_bf16"] > 0) == ("native" in kinds)
 
 
@@ -100,6 +105,7 @@ def test_the_printed_backend_names_what_a_quantized_gguf_runs(
     assert dict(backend.gemm) == {"Q4_K": quant, "Q4_K+Q6_K": quant}
     assert backend.attention == ("torch" if attention == "torch" else "native")
     assert backend.threads == 1 and backend.torch_threads == 1  # the GEMMs are native
+    assert backend.layers == ("per-op" if attention == "torch" else "native")
     calls = spy(monkeypatch)
     step(loaded.model)
     check_runs_as_printed(backend, calls)
