@@ -369,6 +369,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft-head-tokens", type=int, default=None, metavar="N",
                     help="also draftwise's draft_model with lm_head_tokens=N (the draft's LM "
                          "head over the first N token ids, the specials and the context's)")
+    ap.add_argument("--draft-confidence", type=float, default=None, metavar="T",
+                    help="also draftwise's draft_model with min_draft_confidence=T (and "
+                         "--draft-head-tokens when given) and llama.cpp's draft mode with "
+                         "--spec-draft-p-min T (which drops the unsure token; ours keeps it)")
     ap.add_argument("--llama-bin", type=Path, default=DEFAULT_BUILD,
                     help=f"directory with llama-server and llama-bench (default {DEFAULT_BUILD})")
     ap.add_argument("--bench-prompt", type=int, default=256, help="llama-bench -p")
@@ -408,6 +412,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ours.append(f"{label}={json.dumps(cut)}")
         llama = [*llama, f"-md {shlex.quote(args.draft_model)} --spec-type draft-simple "
                          f"--spec-draft-n-max {args.draft_k}"]  # fmt: skip
+        if args.draft_confidence is not None:
+            t = args.draft_confidence
+            conf = {"method": "draft_model", "model": args.draft_model,
+                    "num_speculative_tokens": args.draft_k, "min_draft_confidence": t}
+            label = f"draft_model k{args.draft_k} conf{t}"
+            if args.draft_head_tokens:
+                conf["lm_head_tokens"] = args.draft_head_tokens
+                label += f" head{args.draft_head_tokens}"
+            ours.append(f"{label}={json.dumps(conf)}")
+            llama.append(f"draft-simple n-max {args.draft_k} p-min {t}=-md "
+                         f"{shlex.quote(args.draft_model)} --spec-type draft-simple "
+                         f"--spec-draft-n-max {args.draft_k} --spec-draft-p-min {t}")
     if args.only_concurrency and not args.concurrency:
         raise SystemExit("--only-concurrency needs --concurrency N")
     if args.only_concurrency and not args.speculative_config:

@@ -7,12 +7,7 @@ from typing import TYPE_CHECKING
 from draftwise import hookimpl
 from draftwise.speculator import Speculator
 from draftwise_draft_model.loader import DraftModelLoader
-from draftwise_draft_model.options import (
-    CAPABILITIES,
-    DESCRIPTION,
-    REFUSALS,
-    DraftModelOptions,
-)
+from draftwise_draft_model.options import CAPABILITIES, DESCRIPTION, REFUSALS, DraftModelOptions
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -25,11 +20,14 @@ def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
     """The draft the loader read (``ctx.draft``) over the KV the core allocated for it."""
     from draftwise_draft_model.proposer import DraftModelProposer
 
+    if not isinstance(options, DraftModelOptions):
+        raise TypeError(f"draft_model needs DraftModelOptions, got {type(options).__name__}")
     if ctx.kv_cache is None:
         raise ValueError("draft_model keeps its KV in the core's pool; ctx.kv_cache is missing")
     return DraftModelProposer(
         ctx.draft, ctx.kv_cache, ctx.num_speculative_tokens, ctx.block_size,
         probabilistic=ctx.draft_sample_method == "probabilistic",
+        min_confidence=options.min_draft_confidence,
     )
 
 

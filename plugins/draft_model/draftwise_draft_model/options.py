@@ -31,7 +31,9 @@ REFUSALS: tuple[Refusal, ...] = (
 
 class DraftModelOptions(BaseModel):
     """draft_model's options: vLLM's use_heterogeneous_vocab, and draftwise's
-    ``lm_head_tokens`` (a draft head over a vocabulary prefix, ``head.py``)."""
+    ``lm_head_tokens`` (a draft head over a vocabulary prefix, ``head.py``) and
+    ``min_draft_confidence`` (stop drafting a row after an unsure token, ``proposer.py``
+    rule 5)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -43,6 +45,12 @@ class DraftModelOptions(BaseModel):
         None, gt=0,
         description="the draft's LM head scores only the first N token ids, the special tokens "
         "and the context's (lossless: the target verifies every token; fewer bytes per draft)",
+    )
+
+    min_draft_confidence: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="a row drafts past a token only while the draft gave it at least this "
+        "probability (the token that falls short is still verified; 0: always k drafts)",
     )
 
     @model_validator(mode="after")

@@ -68,3 +68,13 @@ def test_lm_head_tokens_is_a_positive_count(installed_registry) -> None:
     for bad in (0, -5, "32768", 1.5):
         with pytest.raises(InvalidValueError, match=f"lm_head_tokens={json.dumps(bad)} is invalid"):
             parse_speculative_config({**BASE, "lm_head_tokens": bad}, installed_registry)
+
+
+def test_min_draft_confidence_is_a_probability(installed_registry) -> None:
+    cfg = parse_speculative_config({**BASE, "min_draft_confidence": 0.6}, installed_registry)
+    assert cfg is not None and cfg.options == DraftModelOptions(min_draft_confidence=0.6)
+    assert DraftModelOptions().min_draft_confidence == 0.0  # off unless asked: k drafts
+    for bad in (-0.1, 1.5, "0.6", True):
+        with pytest.raises(InvalidValueError,
+                           match=f"min_draft_confidence={json.dumps(bad)} is invalid"):
+            parse_speculative_config({**BASE, "min_draft_confidence": bad}, installed_registry)

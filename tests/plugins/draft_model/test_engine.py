@@ -213,3 +213,24 @@ def test_a_step_that_fails_before_commit_can_run_again(
         done.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
     assert calls["n"] > 3 and [done[i] for i in ids] == want
     assert_clean(llm)
+
+
+def test_min_draft_confidence_stops_unsure_rows_and_stays_identical(target_dir, draft_dir, want):
+    """Rule 5 through the engine: the jittered draft's confidences straddle 0.25 (median
+    ~0.24), so some rows stop after an unsure draft and others go the whole k; at 1.0
+    every row stops after its first draft (one forward per step). Greedy output never moves."""
+    got, llm = generate(target_dir, spec(draft_dir, 4, min_draft_confidence=0.25), PROMPTS,
+                        max_num_seqs=4)
+    assert got == want
+    s = llm.engine.spec.proposer_stats()[0]
+    assert s["confidence_stops"] > 0
+    assert s["rows_drafted"] < s["draft_tokens"] < 4 * s["rows_drafted"]
+    assert_clean(llm)
+    got, llm = generate(target_dir, spec(draft_dir, 4, min_draft_confidence=1.0), PROMPTS,
+                        max_num_seqs=4)
+    assert got == want
+    s = llm.engine.spec.proposer_stats()[0]
+    # rows with room for one draft only are never asked: stops <= rows
+    assert s["draft_tokens"] == s["rows_drafted"] >= s["confidence_stops"] > 0
+    assert llm.engine.spec.metrics.num_accepted_tokens > 0
+    assert_clean(llm)

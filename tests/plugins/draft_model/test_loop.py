@@ -73,3 +73,27 @@ def test_fallback_feeds_the_first_draft_token_of_the_same_text() -> None:
     m = build_vocab_map(target, draft, target_size=3, draft_size=2, fallback=fb)
     assert m.to_draft(np.array([0, 1, 2])).tolist() == [0, 0, 0]  # "ab" -> "a"; empty -> 0
     assert m.num_shared == 1
+
+
+def test_a_row_more_stops_keeps_its_drafts_and_costs_no_further_forward() -> None:
+    step = CountingStep()
+    asked: list[list[int]] = []
+
+    def more(logits, rows):
+        asked.append(list(rows))
+        assert logits.shape[0] == len(rows)
+        return [r != 1 for r in rows]  # row 1 stops after its first draft
+
+    drafts = draft_autoregressive([[1], [7], [20]], [0, 0, 0], [3, 3, 1], step, argmax, more)
+    assert drafts == [[2, 3, 4], [8], [21]]
+    assert [live for _, _, live in step.calls] == [[0, 1, 2], [0], [0]]
+    # asked only about rows that may go deeper (row 2 wants 1; none at the last depth)
+    assert asked == [[0, 1], [0]]
+
+
+def test_draft_confidence_is_the_softmax_maximum() -> None:
+    from draftwise_draft_model.proposer import draft_confidence
+
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [10.0, 0.0, float("-inf"), 0.0]])
+    conf = draft_confidence(logits)
+    assert torch.allclose(conf, torch.tensor([0.25, 1 / (1 + 2 * float(np.exp(-10)))]))

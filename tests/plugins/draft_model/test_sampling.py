@@ -85,3 +85,30 @@ def test_a_wrong_q_is_detected(
     on = sample(target_dir, config(flat_draft, draft_sample_method="probabilistic"), seed=2)
     stat, dof = chi2_two_sample(*pool_rare(reference, on))
     assert stat > CHI2_9999[dof], "a q that is not the draft's must be caught"
+
+
+def test_confidence_stops_keep_the_distribution(
+    target_dir: Path, flat_draft: Path, reference: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule 5 under sampling: whether a row drafts its 2nd token depends on the draft's
+    confidence after the 1st token (sampled), which may be anything before that draft; the
+    joint law of tokens 2 and 3 must stay spec-off's. At t = 0.02 the flat draft's
+    confidence (0.018 to 0.026 here, by the sampled 1st token) stops some rows and not
+    others."""
+    import draftwise_draft_model.proposer as proposer_mod
+
+    seen = {"stop": 0, "go": 0}
+    real = proposer_mod.DraftModelProposer._sure
+
+    def counted(self, logits, live):
+        out = real(self, logits, live)
+        seen["go"] += sum(out)
+        seen["stop"] += len(out) - sum(out)
+        return out
+
+    monkeypatch.setattr(proposer_mod.DraftModelProposer, "_sure", counted)
+    on = sample_pairs(target_dir, config(flat_draft, draft_sample_method="probabilistic",
+                                         min_draft_confidence=0.02), 2, PROMPT, N, check=False)
+    assert seen["stop"] > 100 and seen["go"] > 100, seen
+    stat, dof = chi2_two_sample(*pool_rare(reference, on))
+    assert stat < CHI2_9999[dof], (stat, dof, reference, on)
