@@ -121,12 +121,14 @@ class Speculation:
         self.last_draft_seconds = 0.0
         if not pending:
             return StepDrafts.none(n)
-        # what the drafters process: the drafts asked for, plus the backlog an own-KV
-        # drafter feeds first (positions it skipped while the row was at k = 0, or a
-        # prompt), so the cost per token is not a catch-up pass over one probe token
+        # what the drafters process: the drafts they made (adaptive depth prices a draft
+        # per expected draft made; a draft model stopped early by its confidence runs
+        # only the forwards it made drafts with, so dividing by the drafts asked read its
+        # cost ~3x low at k = 8), plus the backlog an own-KV drafter feeds first
+        # (positions it skipped while the row was at k = 0, or a prompt), so the cost
+        # per token is not a catch-up pass over one probe token
         clock = self.policy.cost.clock if self.policy is not None else time.perf_counter
-        t0, num_asked = clock(), sum(r.max_draft for r in rows)
-        num_backlog = 0
+        t0, num_made, num_backlog = clock(), 0, 0
         for pid, drafter in enumerate(self.drafters):
             if not pending:
                 break
@@ -140,6 +142,7 @@ class Speculation:
             out = drafter.proposer.propose(batch)
             self._check(drafter, batch, out)
             cu = out.cu_num_draft_tokens
+            num_made += int(sum(out.num_draft_tokens))
             still = [i for i in pending if self._room(drafter, rows[i]) <= 0]
             for j, i in enumerate(asked):
                 if out.kv_valid is not None and drafter.own_kv:
@@ -156,7 +159,7 @@ class Speculation:
             pending = sorted(still)
         if self.policy is not None:
             self.last_draft_seconds = clock() - t0
-            self.policy.cost.observe_draft(self.last_draft_seconds, num_asked + num_backlog)
+            self.policy.cost.observe_draft(self.last_draft_seconds, num_made + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)

@@ -215,3 +215,42 @@ def test_drafting_is_timed_on_the_grids_clock(tmp_path: Path, monkeypatch) -> No
     spec_llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}],
                       SamplingParams(temperature=0, max_tokens=8))
     assert cost.draft_seconds_per_token >= 0.25  # 1 s over at most 2 + backlog tokens
+
+
+def test_drafting_is_priced_per_draft_made(tmp_path: Path, monkeypatch) -> None:
+    """Adaptive depth prices a draft per expected draft made (``choose_depths`` multiplies
+    the per-token cost by the draft rate), so the cost is measured over the drafts the
+    drafters made, not the ones asked for: a draft model stopped early by its confidence
+    runs only the forwards it drafted with, and over the drafts asked its cost read ~3x
+    low at k = 8."""
+    from draftwise import LLM, SamplingParams
+    from draftwise.cost_model import CostModel
+
+    path = save_tiny("llama", tmp_path / "m", seed=1)
+    sc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+          "prompt_lookup_max": 2, "draftwise": {"adaptive": True}}
+    llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2, num_threads=1,
+              speculative_config=sc)
+    spec = llm.engine.spec
+    cost, proposer = spec.policy.cost, spec.proposers[0]
+    seen: list[int] = []
+    made: list[int] = []
+    asked: list[int] = []
+    real_observe, real_propose = cost.observe_draft, proposer.propose
+
+    def observe(self: CostModel, seconds: float, num_tokens: int) -> None:
+        seen.append(num_tokens)
+        real_observe(seconds, num_tokens)
+
+    def propose(batch):  # noqa: ANN001, ANN202
+        out = real_propose(batch)
+        made.append(sum(out.num_draft_tokens))
+        asked.append(sum(r.max_draft for r in batch.rows))
+        return out
+
+    monkeypatch.setattr(CostModel, "observe_draft", observe)
+    proposer.propose = propose
+    llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 8, 5, 6, 9, 5]}],
+                 SamplingParams(temperature=0, max_tokens=24))
+    assert seen == made  # one proposing call per step here, no backlog (no own KV)
+    assert any(m < a for m, a in zip(made, asked))  # the case the rule is about
