@@ -20,7 +20,7 @@ import pytest
 from spec_sampling import sample_pairs
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 
-from .conftest import TRAIN_PROMPTS, random_keep, to_speculators
+from .conftest import TRAIN_PROMPTS, to_speculators
 
 PROMPT = TRAIN_PROMPTS[0]
 N = 2000
@@ -244,9 +244,8 @@ def test_reduced_q_at_the_wrong_ids_is_detected(
     at the draft indices is nearly invisible here: verify rejects every draft whose q is
     0 and the residual over tokens the target never samples is p itself; the exact q of
     ``test_speculators_oracle`` catches that one.)"""
-    import torch
-
     import draftwise_dspark.proposer as proposer_mod
+    import torch
 
     def shifted(vocab, q):
         if vocab is None or q is None:
