@@ -7,7 +7,7 @@ match speculation off for one-hot q (greedy drafting) and for the sampled q of t
 corrected logits under standard and block verification; a wrong accept rule, and q taken
 from the uncorrected logits (the drafts still drawn from the corrected ones), must fail it. The same holds for the trained drafter with a reduced draft
 vocabulary (speculators' d2t/t2d): q is the draft distribution put at the kept tokens'
-target ids, and putting it at the draft indices instead must fail.
+target ids, and putting it one kept token off must fail.
 """
 
 from __future__ import annotations
