@@ -5,9 +5,10 @@ differs from p at every drafted slot. The joint distribution of the 2nd and 3rd 
 tokens (both from the first step, which verifies the first two drafts of the block) must
 match speculation off for one-hot q (greedy drafting) and for the sampled q of the
 corrected logits under standard and block verification; a wrong accept rule, and q taken
-from the uncorrected logits (the drafts still drawn from the corrected ones), must fail it. The same holds for the trained drafter with a reduced draft
-vocabulary (speculators' d2t/t2d): q is the draft distribution put at the kept tokens'
-target ids, and putting it one kept token off must fail.
+from the uncorrected logits (the drafts still drawn from the corrected ones), must fail
+it. The same holds for the trained drafter with a reduced draft vocabulary (speculators'
+d2t/t2d): q is the draft distribution put at the kept tokens' target ids, and putting it
+one kept token off must fail.
 """
 
 from __future__ import annotations
