@@ -193,13 +193,13 @@ class DSparkLoader:
                 f"the drafter's vocab_size is {cfg.vocab_size} and the target's {vocab}: its "
                 "lm_head and Markov head index the target's tokens. Instead: the DSpark "
                 "drafter trained for this target.", key="vocab_size")
-        dvocab: DraftVocab | None = None
         if not taps:
             raise DSparkError(checkpoint.path, "target_layer_ids taps only the embedding "
                               "output (-1); at least one target layer is needed",
                               key="target_layer_ids")
         model = target.model
         notes = ""
+        dvocab: DraftVocab | None = None  # a reduced draft vocabulary (speculators)
         if checkpoint.format == "gguf":
             body, extra = _read_gguf(checkpoint.path, cfg, target)
         else:

@@ -119,8 +119,8 @@ def lookahead_pass(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The rnn pass over windows (module doc): tokens ``[N]`` (draft indices), each slot's
     previous token ``[N]`` (verifier ids, :meth:`MarkovHead.feed`) and q (``[N, Vd]``,
-    probabilistic only). ``pick(logits, live)`` is the
-    proposer's pick for the live plans' rows."""
+    probabilistic only). ``pick(logits, live)`` is the proposer's pick for the live
+    plans' rows."""
     dev = hidden.device
     starts = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
     tok = torch.empty(base.shape[0], dtype=torch.int64, device=dev)
