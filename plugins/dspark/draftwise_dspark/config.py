@@ -9,8 +9,9 @@ never guessed from other keys; ``shared/reference/drafter-formats.md`` §2):
   is the embedding output), plus ``markov_rank``, ``markov_head_type``,
   ``enable_confidence_head``, ``confidence_head_with_markov``. Runs.
 - ``DSparkSpeculator`` (speculators, §2.3): read through the DeepSpec config it stands
-  for (:mod:`draftwise_dspark.speculators_layout`); runs with a full vocabulary and
-  ``sample_from_anchor`` true.
+  for (:mod:`draftwise_dspark.speculators_layout`); runs with ``sample_from_anchor``
+  true, with a full or a reduced draft vocabulary (``draft_vocab_size``, ``d2t``/``t2d``:
+  :mod:`draftwise_dspark.draft_vocab`).
 - ``DSparkDraftModel`` (SpecForge): Markov keys under ``dflash_config``, no embedding or
   head of its own; read through the DeepSpec config it stands for
   (:mod:`draftwise_dspark.specforge_layout`: SpecForge trains it with DeepSpec's
@@ -38,9 +39,9 @@ SPECULATORS = "DSparkSpeculator"
 SPECFORGE = "DSparkDraftModel"
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
 RUNS = ("a llama.cpp DSpark GGUF (vanilla Markov head), a speculators DSparkSpeculator "
-        "directory (full vocabulary), a SpecForge DSparkDraftModel directory or a DeepSpec "
-        "Qwen3DSparkModel safetensors directory (config.json + *.safetensors, "
-        "bf16/fp16/fp32, or NVFP4 from ModelOpt or compressed-tensors)")
+        "directory (full or reduced draft vocabulary), a SpecForge DSparkDraftModel "
+        "directory or a DeepSpec Qwen3DSparkModel safetensors directory (config.json + "
+        "*.safetensors, bf16/fp16/fp32, or NVFP4 from ModelOpt or compressed-tensors)")
 
 
 class DSparkConfigError(DFlashConfigError):
@@ -54,7 +55,10 @@ class DSparkConfig:
     lane: str  # the architecture: NATIVE, SPECULATORS or SPECFORGE
     #: the DFlash backbone (decoder shape, block size, taps with -1 = embedding, mask)
     backbone: DFlashConfig
-    vocab_size: int
+    vocab_size: int  # the verifier's: markov_w1's rows, the ids drafts are in
+    #: rows of lm_head and markov_w2; below vocab_size: a reduced draft vocabulary
+    #: (speculators lane only, :mod:`draftwise_dspark.draft_vocab`)
+    draft_vocab_size: int
     markov_rank: int  # 0: no Markov head
     markov_head_type: str
     enable_confidence_head: bool
@@ -136,10 +140,18 @@ def parse_config(d: Mapping[str, Any], path: str) -> DSparkConfig:
     vocab = d.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise DSparkConfigError(path, f"vocab_size={vocab!r} must be a positive integer")
+    draft_vocab = d.get("draft_vocab_size", vocab) if lane == SPECULATORS else vocab
+    if (not isinstance(draft_vocab, int) or isinstance(draft_vocab, bool)
+            or not 1 <= draft_vocab <= vocab):
+        raise DSparkConfigError(
+            path, f"draft_vocab_size={draft_vocab!r} must be an integer from 1 to the "
+                  f"verifier's vocab_size={vocab} (a draft vocabulary is a subset of the "
+                  "verifier's)", key="draft_vocab_size")
     return DSparkConfig(
         lane=lane,
         backbone=backbone,
         vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
         markov_rank=rank,
         markov_head_type=str(kind),
         enable_confidence_head=conf,

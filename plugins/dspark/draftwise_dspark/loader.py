@@ -16,11 +16,15 @@
    (:func:`draftwise_dflash.loader.expected_shapes`) plus DeepSpec's ``embed_tokens``,
    ``lm_head``, ``markov_head.*`` (for ``markov_rank > 0``) and ``confidence_head.proj``
    (with ``enable_confidence_head``); the speculators and SpecForge layouts save no
-   ``embed_tokens`` and (full vocabulary) no ``lm_head``.
+   ``embed_tokens`` and (full vocabulary) no ``lm_head``. A speculators drafter with a
+   reduced draft vocabulary (``draft_vocab_size`` below ``vocab_size``) stores
+   ``lm_head``/``markov_w2`` with ``draft_vocab_size`` rows and ``d2t``/``t2d``
+   (:mod:`draftwise_dspark.draft_vocab`: their dtypes here, their contents at load).
 
 ``load`` runs the DFlash pair checks on the target-layer taps (``-1``, the embedding
 output, is always present), checks the vocabulary is the target's (the draft's own head
-indexes the target's tokens), then reads the weights. The embedding and LM head are the
+indexes the target's tokens, or through ``d2t`` a subset of them), then reads the weights
+and checks ``d2t``/``t2d`` against each other and the sizes. The embedding and LM head are the
 draft's own (DeepSpec ships copies of the target's) or, where the layout saves none, the
 target's (:func:`borrow_target_tables`).
 """
@@ -45,8 +49,10 @@ from draftwise_dflash.loader import is_linear as dflash_is_linear
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
 
+from draftwise_dspark import draft_vocab
 from draftwise_dspark.confidence import ConfidenceHead
 from draftwise_dspark.config import RUNS, SPECFORGE, SPECULATORS, DSparkConfig, parse_config
+from draftwise_dspark.draft_vocab import DraftVocab
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 
 
@@ -55,12 +61,16 @@ class DSparkError(DFlashError):
 
 
 def extra_shapes(cfg: DSparkConfig) -> dict[str, tuple[int, ...]]:
-    """DeepSpec's tensors beyond the DFlash body (module doc, rule 3)."""
+    """DeepSpec's tensors beyond the DFlash body (module doc, rule 3); ``d2t``/``t2d``
+    for a reduced draft vocabulary."""
     h, v, r = cfg.backbone.decoder.hidden_size, cfg.vocab_size, cfg.markov_rank
-    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (v, h), "lm_head.weight": (v, h)}
+    dv = cfg.draft_vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (v, h), "lm_head.weight": (dv, h)}
+    if dv != v:
+        shapes.update(d2t=(dv,), t2d=(v,))
     if r:
         shapes["markov_head.markov_w1.weight"] = (v, r)
-        shapes["markov_head.markov_w2.weight"] = (v, r)
+        shapes["markov_head.markov_w2.weight"] = (dv, r)
         if cfg.markov_head_type == "gated":
             shapes["markov_head.gate_proj.weight"] = (r, h + r)
             shapes["markov_head.gate_proj.bias"] = (r,)
@@ -90,7 +100,8 @@ class DSparkLoader:
         want = {**expected_shapes(cfg.backbone), **extra_shapes(cfg)}
         if cfg.lane in (SPECULATORS, SPECFORGE):  # the target's embedding and head
             for name, _ in BORROWED:
-                del want[name]
+                if name != "lm_head.weight" or cfg.draft_vocab_size == cfg.vocab_size:
+                    del want[name]  # a reduced head is the draft's own (speculators)
         stored = ckpt.tensors
         early = [n for n in stored if n.startswith("logit_head.")]
         if early:
@@ -103,6 +114,13 @@ class DSparkLoader:
         if decl is not None:
             _refuse_packed_embeddings(decl, stored, path)
         missing = [n for n in want if n not in stored]
+        lost = [n for n in draft_vocab.TENSORS if n in missing]
+        if lost:
+            raise DSparkError(path, f"draft_vocab_size={cfg.draft_vocab_size} is below "
+                                    f"vocab_size={cfg.vocab_size}, a reduced draft vocabulary,"
+                                    f" but the checkpoint has no {lost[0]!r}: speculators "
+                                    "saves d2t and t2d with it, and they say which target "
+                                    "token each draft token is", key=lost[0])
         if missing:
             raise DSparkError(path, f"missing tensors {missing[:4]} (config.json: markov_rank="
                                     f"{cfg.markov_rank}, markov_head_type="
@@ -117,7 +135,12 @@ class DSparkLoader:
             if got != shape:
                 raise DSparkError(path, f"tensor {name!r} has shape {list(got)}, expected "
                                         f"{list(shape)} from config.json", key=name)
-        ckpt.check_dtypes(list(want))
+        ckpt.check_dtypes([n for n in want if n not in draft_vocab.TENSORS])
+        for name in draft_vocab.TENSORS:
+            if name in want and stored[name].dtype not in draft_vocab.DTYPES[name]:
+                raise DSparkError(path, f"tensor {name!r} is stored as {stored[name].dtype}; "
+                                        f"speculators writes {draft_vocab.DTYPES[name][0]}",
+                                  key=name)
         fmt = "safetensors" if decl is None else f"safetensors (NVFP4, {decl.convention})"
         return DraftCheckpoint(path, fmt, cfg.lane, {
             "block_size": cfg.block_size,
@@ -176,12 +199,15 @@ class DSparkLoader:
                               key="target_layer_ids")
         model = target.model
         notes = ""
+        dvocab: DraftVocab | None = None  # a reduced draft vocabulary (speculators)
         if checkpoint.format == "gguf":
             body, extra = _read_gguf(checkpoint.path, cfg, target)
         else:
             nv = checkpoint.config.get("nvfp4")
-            body, extra = _read_safetensors(SafetensorsCheckpoint(checkpoint.path), cfg, nv,
-                                            model.dtype, model.device)
+            ckpt = SafetensorsCheckpoint(checkpoint.path)
+            body, extra = _read_safetensors(ckpt, cfg, nv, model.dtype, model.device)
+            if cfg.draft_vocab_size != cfg.vocab_size:
+                dvocab = _read_draft_vocab(ckpt, cfg)
             if nv is not None:
                 notes = (f"; {len(nv[1])} NVFP4 modules dequantized to "
                          f"{str(model.dtype).removeprefix('torch.')} (as dflash)")
@@ -190,7 +216,7 @@ class DSparkLoader:
         return LoadedDraft(
             weights=LoadedDSpark(
                 cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device, model.backend),
-                mask, extra, checkpoint.path),
+                mask, extra, checkpoint.path, dvocab),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,
@@ -198,7 +224,9 @@ class DSparkLoader:
             summary=(f"DSpark ({cfg.lane}), block {cfg.block_size}, {dc.num_hidden_layers} "
                      f"layers, taps {list(cfg.backbone.target_layer_ids)}, markov "
                      f"{cfg.markov_head_type if cfg.markov_rank else 'off'} rank "
-                     f"{cfg.markov_rank}, mask {mask}{notes}"),
+                     f"{cfg.markov_rank}, mask {mask}"
+                     + ("" if dvocab is None else f", draft vocabulary {dvocab.size} of {vocab}")
+                     + notes),
         )
 
 
@@ -249,12 +277,24 @@ def _read_safetensors(ckpt: Any, cfg: DSparkConfig, nv: Any, dtype: torch.dtype,
         keep |= side_tensors(nv[0], body_packed)
     body = read_weights(_Only(ckpt, keep), cfg.backbone, dtype, device,
                         None if nv is None else (nv[0], body_packed))
-    plain = [n for n in extra_shapes(cfg)
-             if n in ckpt.tensors and n.removesuffix(".weight") not in head_packed]
+    plain = [n for n in extra_shapes(cfg) if n in ckpt.tensors and n not in draft_vocab.TENSORS
+             and n.removesuffix(".weight") not in head_packed]
     extra = {n: x.to(dtype=dtype, device=device) for n, x in ckpt.iter_tensors(plain)}
     if head_packed:
         extra.update(dequantized(ckpt, nv[0], head_packed, dtype, device))
     return body, extra
+
+
+def _read_draft_vocab(ckpt: Any, cfg: DSparkConfig) -> DraftVocab:
+    """``d2t``/``t2d`` as stored (integers and bools: never cast), checked
+    (:func:`draftwise_dspark.draft_vocab.from_speculators`)."""
+    t = dict(ckpt.iter_raw(list(draft_vocab.TENSORS)))
+    try:
+        return draft_vocab.from_speculators(t["d2t"], t["t2d"], cfg.draft_vocab_size,
+                                            cfg.vocab_size)
+    except draft_vocab.DraftVocabError as e:
+        raise DSparkError(ckpt.path, f"{e}. Instead: the d2t/t2d speculators saved with this "
+                                     "drafter.", key=e.key) from None
 
 
 def _gguf_file(path: str) -> str | None:
@@ -327,9 +367,12 @@ class LoadedDSpark:
     confidence heads."""
 
     def __init__(self, cfg: DSparkConfig, model: DFlashModel, mask_token_id: int,
-                 t: dict[str, torch.Tensor], path: str = "") -> None:
+                 t: dict[str, torch.Tensor], path: str = "",
+                 vocab: DraftVocab | None = None) -> None:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
         self.path = path
+        #: a reduced draft vocabulary (lm_head and W2 rows are draft indices), or None
+        self.vocab = vocab
         self.embed = t["embed_tokens.weight"]
         # the heads' matrices in the native kernel's layout (the gate and the rnn's joint
         # projection too: one row-invariant GEMM per Markov step instead of torch's bf16)
@@ -348,7 +391,7 @@ class LoadedDSpark:
             self.markov = MarkovHead(MarkovWeights(
                 cfg.markov_head_type, t["markov_head.markov_w1.weight"],
                 packed["markov_head.markov_w2.weight"],
-                gate=pair("gate_proj"), joint=pair("joint_proj")))
+                gate=pair("gate_proj"), joint=pair("joint_proj"), vocab=vocab))
         self.confidence: ConfidenceHead | None = None
         if cfg.enable_confidence_head:
             with_w1 = cfg.confidence_head_with_markov and cfg.markov_rank

@@ -117,9 +117,10 @@ def lookahead_pass(
     counters: dict[str, int],
     probabilistic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The rnn pass over windows (module doc): tokens ``[N]``, each slot's previous token
-    ``[N]`` and q (``[N, V]``, probabilistic only). ``pick(logits, live)`` is the
-    proposer's pick for the live plans' rows."""
+    """The rnn pass over windows (module doc): tokens ``[N]`` (draft indices), each slot's
+    previous token ``[N]`` (verifier ids, :meth:`MarkovHead.feed`) and q (``[N, Vd]``,
+    probabilistic only). ``pick(logits, live)`` is the proposer's pick for the live
+    plans' rows."""
     dev = hidden.device
     starts = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
     tok = torch.empty(base.shape[0], dtype=torch.int64, device=dev)
@@ -151,7 +152,7 @@ def lookahead_pass(
             states.append(s)
             bases.append(base.index_select(0, at))
             if d < depth:  # topk per guessed row only: ~a tenth of a W2 product each
-                p = guess(bases[d], u, bases[d].topk(t, dim=1).indices, w2_rows)
+                p = head.feed(guess(bases[d], u, bases[d].topk(t, dim=1).indices, w2_rows))
                 guesses.append(p)
         bias = head.bias(torch.cat(latents) if depth else latents[0])
         counters["markov_w2_products"] += 1
@@ -163,8 +164,8 @@ def lookahead_pass(
             logits = bases[d] + bias[d * rows : (d + 1) * rows]
             prev_of[at] = guesses[d]
             x, qj = pick(logits.contiguous(), live)
-            prev = x.to(dev)
-            store_pick(tok, q, at, prev, qj)
+            store_pick(tok, q, at, x.to(dev), qj)
+            prev = head.feed(x.to(dev))
             kept = d + 1
         counters["markov_steps"] += kept
         rate.update(min(kept, depth), kept - 1)

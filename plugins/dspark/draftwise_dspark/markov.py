@@ -11,10 +11,14 @@ Linear ``r -> V``, no bias):
   at zero at each block's first slot.
 
 ``h`` is the slot's backbone output after the draft's final norm (what the LM head
-reads). ``G`` and ``J`` run on the core's packed GEMM where the loader packed them
-(rows independent of the batch, unlike torch's bf16 ``F.linear`` on this machine).
-Every call serves all drafting rows of one block position at once; the caller walks
-the positions left to right, feeding back the token just picked.
+reads). With a reduced draft vocabulary (:mod:`draftwise_dspark.draft_vocab`) ``W2`` has
+the draft's rows and ``W1`` the verifier's (speculators' ``MarkovHead``): the bias and
+the pick are in draft-index space, and a pick fed back as the next previous token goes
+through the map first (:meth:`MarkovHead.feed`). ``G`` and ``J`` run on the core's
+packed GEMM where the loader packed them (rows independent of the batch, unlike torch's
+bf16 ``F.linear`` on this machine). Every call serves all drafting rows of one block
+position at once; the caller walks the positions left to right, feeding back the token
+just picked.
 
 Each type's bias is ``W2 u`` for a latent ``u`` ``[R, r]`` (:meth:`MarkovHead.latent`),
 and streaming ``W2`` (``[V, r]``) once per block position is the pass's whole cost.
@@ -51,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from draftwise.models.linear import BLOCK_N, BlockedWeight, Weight, linear
 
+from draftwise_dspark.draft_vocab import DraftVocab, to_target
+
 #: the bound's relative widening: bf16 rounding of the kernel's output is 2^-8 relative,
 #: its fp32 accumulation over r <= 4096 terms far less; 2^-6 leaves room for both
 _WIDEN = 1.0 + 2.0**-6
@@ -63,10 +69,12 @@ class MarkovWeights:
     """The head's tensors (``gate``/``joint`` only for their type)."""
 
     kind: str
-    w1: torch.Tensor  # [V, r]
-    w2: Weight  # [V, r], packed for this machine
+    w1: torch.Tensor  # [V, r], V the verifier's vocabulary
+    w2: Weight  # [Vd, r], packed for this machine; Vd the draft's (V unless reduced)
     gate: tuple[Weight, torch.Tensor] | None = None  # [r, H + r], [r]
     joint: tuple[Weight, torch.Tensor] | None = None  # [3r, 2r + H], [3r]
+    #: a reduced draft vocabulary (W2's rows are draft indices), or None
+    vocab: DraftVocab | None = None
 
     @property
     def rank(self) -> int:
@@ -94,6 +102,10 @@ class MarkovHead:
             self._w2_rows = self.w.w2.unpack()
         return self._w2_rows
 
+    def feed(self, pick: torch.Tensor) -> torch.Tensor:  # [R] -> [R]
+        """The previous-token ids (``W1``'s rows, the verifier's) of draft picks."""
+        return to_target(self.w.vocab, pick)
+
     def init_state(self, rows: int, dtype: torch.dtype, device: torch.device
                    ) -> torch.Tensor | None:
         """The rnn state at a block's first slot (zeros); None for the stateless types."""
@@ -103,8 +115,9 @@ class MarkovHead:
 
     def latent(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:  # u [R, r], new state
-        """``prev`` ``[R]`` the previous tokens, ``h`` ``[R, H]`` the slots' hidden states:
-        the ``u`` whose ``W2 u`` is the bias (module doc), and the rnn's next state."""
+        """``prev`` ``[R]`` the previous tokens (verifier ids), ``h`` ``[R, H]`` the slots'
+        hidden states: the ``u`` whose ``W2 u`` is the bias (module doc), and the rnn's
+        next state."""
         w = self.w
         e = F.embedding(prev, w.w1)
         if w.kind == "gated":

@@ -110,9 +110,9 @@ class NativeMarkov:
         w = head.w
         self.head = head
         w2: BlockedWeight = w.w2  # type: ignore[assignment]
-        self.kernel = kernels.markov_kernel_head(w.kind, w.w1.contiguous(), w2,
-                                                 tables, hidden_size, latent,
-                                                 head.row_norms)
+        self.kernel = kernels.markov_kernel_head(
+            w.kind, w.w1.contiguous(), w2, tables, hidden_size, latent, head.row_norms,
+            None if w.vocab is None else w.vocab.ids)
         self.blocks = w2.data.shape[0]
         self.hits = HitRate()
         #: False: one position per product (the benchmark's A/B of the windows)
@@ -121,7 +121,9 @@ class NativeMarkov:
     def run(self, hidden: torch.Tensor, base: torch.Tensor, counts: Sequence[int],
             anchors: Sequence[int], screen: bool, give_up: int
             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:  # tokens, previous [N]
-        """The pass over ``hidden`` [N, H] and ``base`` [N, V] (rows' slots row-major);
+        """The pass over ``hidden`` [N, H] and ``base`` [N, Vd] (rows' slots row-major):
+        tokens in draft-index space, previous tokens verifier ids (as
+        :meth:`MarkovHead.feed` maps them);
         ``screen``: try the certified pick (given up after ``give_up`` misses in a row)."""
         depth = self.hits.window(LANE_WORTH, max(counts, default=1) - 1) if self.windows else 0
         tok, prev, stats = kernels.markov_pass(

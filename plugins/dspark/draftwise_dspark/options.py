@@ -20,8 +20,9 @@ DESCRIPTION = (
     "DSpark semi-autoregressive block drafter with a Markov correction head, conditioned "
     "on target hidden states (vanilla, gated and rnn Markov heads; the confidence-head cut "
     "with draftwise.confidence_threshold). Formats: DeepSpec's native "
-    "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full "
-    "vocabulary), SpecForge's DSparkDraftModel, llama.cpp's DSpark GGUF (vanilla); NVFP4 "
+    "Qwen3DSparkModel safetensors directory, speculators' DSparkSpeculator (full or "
+    "reduced draft vocabulary, d2t/t2d), SpecForge's DSparkDraftModel, llama.cpp's DSpark "
+    "GGUF (vanilla); NVFP4 "
     "safetensors drafters (ModelOpt, compressed-tensors) dequantized at load; EXL3 "
     "drafters are refused by name."
 )

@@ -21,7 +21,11 @@ of ``n`` tokens (``shared/reference/drafter-formats.md`` §2.1-2.2):
    guess was the pick (:mod:`draftwise_dspark.lookahead`: the same tokens and q). When
    every row is greedy and the drafter is on the native GEMM, the whole pass is one C
    call instead (:mod:`draftwise_dspark.native`: the same tokens, bitwise), decided once
-   at construction (``self.native``);
+   at construction (``self.native``). With a reduced draft vocabulary (speculators'
+   ``d2t``/``t2d``, :mod:`draftwise_dspark.draft_vocab`) ``base``, the bias and the picks
+   are in draft-index space, the previous token a step reads is the pick's target id,
+   and the block's drafts and q are mapped to the target's vocabulary once, after the
+   pass (q zero outside the draft vocabulary);
 4. with ``"draftwise": {"confidence_threshold": t}`` (t > 0) and a confidence head
    (:mod:`draftwise_dspark.confidence`), only the drafts before the first slot scored
    under t are returned (DeepSpec ``_confident_prefix_length``): lossless, since verify
@@ -41,6 +45,7 @@ from draftwise.models.linear import linear
 from draftwise.speculator import DraftRow
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
+from draftwise_dspark.draft_vocab import scatter_q, to_target
 from draftwise_dspark.loader import LoadedDSpark
 from draftwise_dspark.lookahead import HitRate, can_look_ahead, lookahead_pass
 from draftwise_dspark.markov import store_pick
@@ -122,6 +127,7 @@ class DSparkProposer(DFlashProposer):
         base = linear(hidden, self.draft.lm_head).float()
         self.counters["draft_forwards"] += 1
         tok, prev, q = self._markov_pass(rows, plans, hidden, base, anchors)
+        tok, q = to_target(self.draft.vocab, tok), scatter_q(self.draft.vocab, q)
         keep = self._confident(plans, hidden, prev)
         out, at, flat = [], 0, tok.tolist()
         for p, n in zip(plans, keep):
@@ -136,9 +142,9 @@ class DSparkProposer(DFlashProposer):
         """Rule 3, left to right: position ``j`` of every row still drafting is one batched
         bias and one pick (an rnn head on the native kernel: windows of positions per
         bias, :func:`~draftwise_dspark.lookahead.lookahead_pass`); all-greedy rows on the
-        native pass: one C call (:meth:`_native_pass`). Returns the tokens,
-        each slot's previous token (row-major ``[N]``) and q (``[N, V]``, probabilistic
-        only)."""
+        native pass: one C call (:meth:`_native_pass`). Returns the tokens (draft
+        indices), each slot's previous token (row-major ``[N]``, target ids) and q
+        (``[N, Vd]``, probabilistic only)."""
         dev = hidden.device
         counts = [p.drafts for p in plans]
         head = self.draft.markov
@@ -191,8 +197,8 @@ class DSparkProposer(DFlashProposer):
             if pick is None:
                 pick, qj = pick_draft_tokens(logits.contiguous(), [params[r] for r in live],
                                              [gens[r] for r in live], self.probabilistic)
-            prev = pick.to(dev)
-            store_pick(tok, q, at, prev, qj)
+            store_pick(tok, q, at, pick.to(dev), qj)
+            prev = to_target(self.draft.vocab, pick.to(dev))
         return tok, prev_of, q
 
     def _native_pass(self, hidden: torch.Tensor, base: torch.Tensor, counts: list[int],

@@ -14,8 +14,13 @@ True: DeepSpec's next-token block), ``markov_rank`` (256), ``markov_head_type``,
 The state dict is DeepSpec's module names without ``embed_tokens`` (never saved: the
 verifier's) and, for a full vocabulary, without ``lm_head`` (the verifier's head).
 
-Refused by name: ``sample_from_anchor: false`` (the bonus-anchor block), a reduced draft
-vocabulary (``draft_vocab_size`` below the verifier's: ``d2t``/``t2d``), a
+A ``draft_vocab_size`` below the verifier's ``vocab_size`` is a reduced draft vocabulary:
+``lm_head`` ``[draft_vocab, H]`` and ``markov_w2`` ``[draft_vocab, r]`` are stored with
+``d2t``/``t2d`` (:mod:`draftwise_dspark.draft_vocab`, checked at load); ``markov_w1``
+keeps the verifier's rows. ``draft_vocab_size`` is passed through to
+:func:`~draftwise_dspark.config.parse_config`, which checks its range.
+
+Refused by name: ``sample_from_anchor: false`` (the bonus-anchor block), a
 ``target_hidden_size`` other than the draft's width, sliding-window draft layers.
 """
 
@@ -47,12 +52,6 @@ def native_config(d: Mapping[str, Any], path: str) -> dict[str, Any]:
                   "token, block_size - 1 drafts) is not implemented; DeepSpec's next-token "
                   "block (sample_from_anchor true, speculators' DSpark default) is")
     vocab = tl.get("vocab_size")
-    draft_vocab = d.get("draft_vocab_size", vocab)
-    if draft_vocab != vocab:
-        raise DSparkConfigError(
-            path, f"draft_vocab_size={draft_vocab} is below the verifier's vocab_size={vocab}:"
-                  " a reduced draft vocabulary (d2t/t2d) is not implemented",
-            key="draft_vocab_size")
     hidden = tl.get("hidden_size")
     if d.get("target_hidden_size") not in (None, hidden):
         raise DSparkConfigError(
@@ -71,7 +70,8 @@ def native_config(d: Mapping[str, Any], path: str) -> dict[str, Any]:
     out.update(
         architectures=[NATIVE], block_size=d.get("block_size"),
         mask_token_id=d.get("mask_token_id"), target_layer_ids=[a - 1 for a in aux],
-        vocab_size=vocab, tie_word_embeddings=False,
+        vocab_size=vocab, draft_vocab_size=d.get("draft_vocab_size", vocab),
+        tie_word_embeddings=False,
         **{k: v[k] for k in ("markov_rank", "markov_head_type", "enable_confidence_head",
                              "confidence_head_with_markov")},
     )

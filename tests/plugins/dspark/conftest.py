@@ -1,4 +1,5 @@
-"""Tiny Qwen3 targets and DeepSpec native DSpark drafters in the published layout.
+"""Tiny Qwen3 targets and DeepSpec native DSpark drafters in the published layout, and
+the same weights in the SpecForge and speculators layouts (a full or reduced vocabulary).
 
 DeepSpec's ``Qwen3DSparkModel`` (``shared/reference/drafter-formats.md`` §2.1) is the
 DFlash body plus ``embed_tokens``, ``lm_head`` and ``markov_head.*``, with a config that
@@ -95,6 +96,64 @@ def save_dspark(
               str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     return directory
+
+
+DSPARK_KEYS = ("block_size", "mask_token_id", "markov_rank", "markov_head_type",
+               "enable_confidence_head", "confidence_head_with_markov")
+
+
+def to_speculators(src: Path, out: Path, keep: list[int] | None = None, **overrides: Any
+                   ) -> Path:
+    """A DeepSpec drafter directory in speculators 0.9.0's DSpark layout
+    (``models/dspark/config.py``, ``models/dflash/core.py``'s save rules): the config as
+    ``DSparkSpeculatorConfig`` serialises it (``transformer_layer_config``,
+    ``aux_hidden_state_layer_ids`` = DeepSpec ids + 1, every DSpark field), the state dict
+    without ``embed_tokens`` (never saved) and, for a full vocabulary, without
+    ``lm_head``. ``keep`` (ascending target ids): a reduced draft vocabulary as
+    speculators saves one (``DraftVocabMixin``): ``lm_head`` and ``markov_w2`` cut to
+    those rows, ``d2t`` int64 offsets (target = draft + d2t), ``t2d`` a bool mask over the
+    verifier's vocabulary; ``markov_w1`` keeps every row."""
+    cfg = json.loads((src / "config.json").read_text())
+    tl = {k: v for k, v in cfg.items() if k not in (
+        "architectures", "target_layer_ids", "num_target_layers", "num_anchors", *DSPARK_KEYS)}
+    tl.update(model_type="qwen3", architectures=None)
+    spec = {
+        "speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"],
+        "speculators_version": "0.9.0", "transformer_layer_config": tl,
+        "draft_vocab_size": cfg["vocab_size"] if keep is None else len(keep),
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": [i + 1 for i in cfg["target_layer_ids"]],
+        "sliding_window_non_causal": False, "sample_from_anchor": True,
+        **{k: cfg[k] for k in DSPARK_KEYS},
+        "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy",
+                                                     "speculative_tokens": cfg["block_size"]}],
+                               "verifier": {"name_or_path": "tiny", "architectures":
+                                            ["Qwen3ForCausalLM"]}},
+    }
+    spec.update(overrides)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(spec, indent=1))
+    t = load_file(str(src / "model.safetensors"))
+    head = t.pop("lm_head.weight")
+    del t["embed_tokens.weight"]
+    if keep is not None:
+        ids = torch.tensor(keep, dtype=torch.int64)
+        t["lm_head.weight"] = head[ids].contiguous()
+        if "markov_head.markov_w2.weight" in t:
+            t["markov_head.markov_w2.weight"] = t["markov_head.markov_w2.weight"][ids].contiguous()
+        t["d2t"] = ids - torch.arange(len(keep))
+        t["t2d"] = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
+        t["t2d"][ids] = True
+    save_file(t, str(out / "model.safetensors"))
+    return out
+
+
+def random_keep(vocab: int, share: float, seed: int) -> list[int]:
+    """A reduced draft vocabulary: ``share`` of the ids, drawn at random, ascending (so
+    most draft indices differ from their target ids)."""
+    g = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(vocab, generator=g)[: int(vocab * share)].tolist())
 
 
 def _target_tensors(target_dir: Path) -> dict[str, torch.Tensor]:

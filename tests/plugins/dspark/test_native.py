@@ -20,6 +20,7 @@ from draftwise.models import kernels
 from draftwise.models.kernels import KernelInputError
 from draftwise.models.linear import BlockedWeight, pack_weights
 from draftwise.sampling import argmax_rows
+from draftwise_dspark.draft_vocab import DraftVocab
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
 from draftwise_dspark.native import NativeMarkov, activation_tables, native_pass
 
@@ -32,9 +33,15 @@ KINDS = ("vanilla", "gated", "rnn")
 ALL_BF16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
 
 
-def make_head(kind: str, h: int = 47, w2_std: float = 0.05, seed: int = 0) -> MarkovHead:
-    """A random head on packed weights (h odd: the gate's K is odd)."""
+def make_head(kind: str, h: int = 47, w2_std: float = 0.05, seed: int = 0,
+              verifier_vocab: int | None = None) -> MarkovHead:
+    """A random head on packed weights (h odd: the gate's K is odd); ``verifier_vocab``:
+    a reduced draft vocabulary, W2's V rows a random ascending subset of W1's rows."""
     g = torch.Generator().manual_seed(seed)
+    vocab = None
+    if verifier_vocab is not None:
+        ids = torch.randperm(verifier_vocab, generator=g)[:V].sort().values
+        vocab = DraftVocab(ids.contiguous(), verifier_vocab)
 
     def rnd(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(shape, generator=g) * std).bfloat16()
@@ -54,9 +61,9 @@ def make_head(kind: str, h: int = 47, w2_std: float = 0.05, seed: int = 0) -> Ma
         bias = rnd(packed[1].out_features, std=0.2)
         bias[:4] = torch.tensor([-89.0, -90.5, 12.0, -0.75])
         latent = (packed[1], bias)
-    return MarkovHead(MarkovWeights(kind, rnd(V, R, std=0.3), packed[0],
+    return MarkovHead(MarkovWeights(kind, rnd(verifier_vocab or V, R, std=0.3), packed[0],
                                     gate=latent if kind == "gated" else None,
-                                    joint=latent if kind == "rnn" else None))
+                                    joint=latent if kind == "rnn" else None, vocab=vocab))
 
 
 def torch_pass(head: MarkovHead, hidden: torch.Tensor, base: torch.Tensor, counts: list[int],
@@ -79,8 +86,9 @@ def torch_pass(head: MarkovHead, hidden: torch.Tensor, base: torch.Tensor, count
         at = first + j
         prev_of[at] = prev
         u, state = head.latent(prev, hidden.index_select(0, at), state)
-        prev = argmax_rows((base.index_select(0, at) + head.bias(u)).contiguous())
-        tok[at] = prev
+        pick = argmax_rows((base.index_select(0, at) + head.bias(u)).contiguous())
+        tok[at] = pick
+        prev = head.feed(pick)
     return tok, prev_of
 
 
@@ -164,6 +172,44 @@ def test_screen_and_windows_pick_what_the_torch_pass_picks(kind: str, spread: fl
         assert seen[(14, 64, False)]["products"] < max(counts), "guesses must hold"
     if spread < 1:
         assert seen[(14, 64, False)]["guesses"] > seen[(14, 64, False)]["guesses_held"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reduced_draft_vocabulary_feeds_target_ids(kind: str) -> None:
+    """W2 over 5000 draft tokens, W1 over 7000 verifier ids: tokens stay draft indices,
+    every pick reaches the next latent as its target id (d2t), in windows whose guesses
+    are compared as target ids too; anchors anywhere in W1's rows."""
+    head = make_head(kind, verifier_vocab=7000, w2_std=0.02)
+    assert head.w.vocab is not None
+    counts = [15, 6, 11, 1]
+    hidden, base, _ = inputs(counts, spread=8.0, seed=3)
+    anchors = [6999, 0, 5123, 4999]
+    want = torch_pass(head, hidden, base, counts, anchors)
+    ids = head.w.vocab.ids
+    assert bool((want[1] >= V).any()), "some previous tokens must be ids past W2's rows"
+    for depth, lanes, screen in ((0, 16, True), (3, 16, False), (14, 64, False), (2, 1, False)):
+        tok, prev, stats = native(head, hidden, base, counts, anchors, depth=depth,
+                                  lanes=lanes, screen=screen, give_up=1000)
+        assert torch.equal(tok, want[0]) and torch.equal(prev, want[1]), (depth, lanes, screen)
+        if depth and lanes > 1:  # a small bias: guesses hold when compared as target ids
+            assert stats["guesses_held"] > stats["guesses"] // 2, (depth, stats)
+    at = 0
+    for n, a in zip(counts, anchors):  # prev_j: the anchor, then d2t of the pick before
+        assert int(want[1][at]) == a
+        assert torch.equal(want[1][at + 1 : at + n], ids[want[0][at : at + n - 1]])
+        at += n
+    identity = make_head(kind, verifier_vocab=7000)  # the same weights fed draft indices
+    identity.w.vocab = None
+    with pytest.raises(KernelInputError, match="W2 is"):
+        native(identity, hidden, base, counts, anchors)
+    nat = native_pass(head, 47)
+    assert nat is not None
+    bad = ids.clone()
+    bad[-1] = 7000
+    with pytest.raises(KernelInputError, match="d2t holds ids outside W1's 7000 rows"):
+        kernels.markov_kernel_head(kind, head.w.w1, head.w.w2, activation_tables(), 47,
+                                   {"gated": head.w.gate, "rnn": head.w.joint}.get(kind),
+                                   head.row_norms, bad)
 
 
 def near_ties(head: MarkovHead, hidden: torch.Tensor, counts: list[int], anchors: list[int]

@@ -80,9 +80,11 @@ class Reference:
             raise AssertionError(f"body mismatch {missing} {unexpected}")
 
     def drafts(self, tokens: list[int], w: int, markov: bool = True,
-               threshold: float = 0.0) -> list[int]:
+               threshold: float = 0.0, keep: list[int] | None = None) -> list[int]:
         """The first ``w`` drafts; with a threshold, only those before the first slot whose
-        confidence ``sigmoid(proj([h_j; W1[prev_j]]))`` is under it (DeepSpec's cut)."""
+        confidence ``sigmoid(proj([h_j; W1[prev_j]]))`` is under it (DeepSpec's cut); with
+        ``keep`` (target ids), each pick the corrected maximum over those tokens only (a
+        reduced draft vocabulary: its head and W2 are these rows, W1 reads the target id)."""
         cfg, t = self.cfg, self.t
         b, n = cfg["block_size"], len(tokens)
         with torch.no_grad():
@@ -95,6 +97,9 @@ class Reference:
             base = h @ t["lm_head.weight"].T  # [B, V]: slot j predicts position n + j
             rank, kind = cfg["markov_rank"], cfg["markov_head_type"]
             prev, s, got = tokens[-1], torch.zeros(rank), []
+            outside = torch.ones(base.shape[1], dtype=torch.bool)
+            if keep is not None:
+                outside[keep] = False
             for j in range(w):
                 logits = base[j]
                 if rank and markov:
@@ -114,6 +119,8 @@ class Reference:
                         logits = logits + w2 @ torch.tanh(o)
                 if threshold and self.cut(h[j], prev) < threshold:
                     break
+                if keep is not None:
+                    logits = logits.masked_fill(outside, float("-inf"))
                 prev = int(logits.argmax())
                 got.append(prev)
         return got

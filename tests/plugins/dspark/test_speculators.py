@@ -1,16 +1,16 @@
 """The speculators DSpark layout (``DSparkSpeculator``): the same drafts as DeepSpec's.
 
-The fixture rewrites a DeepSpec drafter into speculators 0.9.0's published layout
-(``models/dspark/config.py``, ``models/dflash/core.py``'s save rules): the config as
+The fixture (``conftest.to_speculators``) rewrites a DeepSpec drafter into speculators
+0.9.0's published layout (``models/dspark/config.py``, ``models/dflash/core.py``'s save
+rules): the config as
 ``DSparkSpeculatorConfig`` serialises it (``transformer_layer_config``,
 ``aux_hidden_state_layer_ids`` = DeepSpec ids + 1, every DSpark field), the state dict
 without ``embed_tokens`` (never saved) and, for a full vocabulary, without ``lm_head``.
 Both directories hold the same weights (DeepSpec's embedding and head are the target's
 copies), so every draft of every step must be equal.
 
-The speculators package itself is not the oracle here: 0.9.0 imports ``datasets``,
-``hs_connectors`` and ``loguru`` at import time (its training stack), and its
-``forward`` is a training forward over anchors, not a drafting step.
+The speculators package's own heads are the oracle in ``test_speculators_oracle.py``;
+its reduced draft vocabularies are ``test_draft_vocab.py``'s.
 """
 
 from __future__ import annotations
@@ -22,44 +22,11 @@ from typing import Any
 import pytest
 from draftwise import LLM, SamplingParams
 from draftwise.formats.errors import ModelFormatError
-from safetensors.torch import load_file, save_file
 
-from .conftest import TRAIN_PROMPTS, save_dspark
+from .conftest import TRAIN_PROMPTS, save_dspark, to_speculators
 from .test_oracle import record_drafts
 
 PROMPTS = [*TRAIN_PROMPTS[:2], list(range(60, 90))]
-DSPARK_KEYS = ("block_size", "mask_token_id", "markov_rank", "markov_head_type",
-               "enable_confidence_head", "confidence_head_with_markov")
-
-
-def to_speculators(src: Path, out: Path, **overrides: Any) -> Path:
-    """A DeepSpec drafter directory in the speculators DSpark layout (module doc)."""
-    cfg = json.loads((src / "config.json").read_text())
-    tl = {k: v for k, v in cfg.items() if k not in (
-        "architectures", "target_layer_ids", "num_target_layers", "num_anchors", *DSPARK_KEYS)}
-    tl.update(model_type="qwen3", architectures=None)
-    spec = {
-        "speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"],
-        "speculators_version": "0.9.0", "transformer_layer_config": tl,
-        "draft_vocab_size": cfg["vocab_size"], "target_hidden_size": None,
-        "aux_hidden_state_layer_ids": [i + 1 for i in cfg["target_layer_ids"]],
-        "sliding_window_non_causal": False, "sample_from_anchor": True,
-        **{k: cfg[k] for k in DSPARK_KEYS},
-        "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
-                               "proposal_methods": [{"proposal_type": "greedy",
-                                                     "speculative_tokens": cfg["block_size"]}],
-                               "verifier": {"name_or_path": "tiny", "architectures":
-                                            ["Qwen3ForCausalLM"]}},
-    }
-    spec.update(overrides)
-    out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(spec, indent=1))
-    t = load_file(str(src / "model.safetensors"))
-    save_file({k: v for k, v in t.items() if k not in ("embed_tokens.weight", "lm_head.weight")},
-              str(out / "model.safetensors"))
-    return out
-
-
 def drafts_of(target: Path, drafter: Path, **extra: Any) -> tuple[list, list, LLM]:
     llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=3, speculative_config={
         "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7, **extra})
@@ -98,7 +65,8 @@ def test_every_markov_type_and_the_confidence_cut(target_dir, tmp_path, kind: st
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"sample_from_anchor": False}, "sample_from_anchor is false"),
-    ({"draft_vocab_size": 256}, "a reduced draft vocabulary"),
+    ({"draft_vocab_size": 256}, "draft_vocab_size=256 is below vocab_size=512.*no 'd2t'"),
+    ({"draft_vocab_size": 513}, "draft_vocab_size=513 must be an integer from 1"),
     ({"target_hidden_size": 4096}, "target_hidden_size=4096 differs"),
     ({"transformer_layer_config": None}, "transformer_layer_config is missing"),
     ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids=None must be"),
