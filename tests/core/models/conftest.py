@@ -13,11 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from draftwise.models import kernels
 from draftwise.models.batch import KVCache, build_forward_batch
 
 # the checkpoints themselves are shared with the engine tests
 from tiny_checkpoints import ARCHS, TINY, randomize_, save_tiny  # noqa: E402, F401
 from tiny_gguf import tiny_gguf  # noqa: E402, F401
+
+
+@pytest.fixture
+def restore_threads():
+    """``finish_backend`` applies its thread split process-wide: a module that calls it
+    opts in (``pytestmark``) so later tests get the kernel and torch thread counts back."""
+    kernel, torch_threads = kernels._threads, torch.get_num_threads()
+    yield
+    kernels.set_kernel_threads(kernel)
+    torch.set_num_threads(torch_threads)
 
 
 @pytest.fixture(scope="session")

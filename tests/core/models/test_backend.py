@@ -37,13 +37,7 @@ WRAPPERS = ("rms_norm", "add_rms_norm", "silu_mul", "rope_", "rope_qkv_", "argma
 SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512}
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """finish_backend applies its thread split process-wide; later tests get theirs back."""
-    kernel, torch_threads = kernels._threads, torch.get_num_threads()
-    yield
-    kernels.set_kernel_threads(kernel)
-    torch.set_num_threads(torch_threads)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def spy(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:

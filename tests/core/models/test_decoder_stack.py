@@ -29,12 +29,7 @@ pytestmark = pytest.mark.skipif(not kernels.available("decoder_layers"),
 SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 3}
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    kernel, torch_threads = kernels._threads, torch.get_num_threads()
-    yield
-    kernels.set_kernel_threads(kernel)
-    torch.set_num_threads(torch_threads)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def pair(tiny_gguf, monkeypatch, threads: int, **kw: Any) -> tuple[Any, Any]:
