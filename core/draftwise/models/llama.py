@@ -182,9 +182,8 @@ class DecoderLayer(nn.Module):
         if self.qk_norm is not None or not all(isinstance(w, QuantWeight) for w in weights):
             return None
         qkv, o, gate_up, down = cast(tuple[QuantWeight, ...], weights)
-        return StackLayer(self.input_norm, self.post_norm, qkv, self.qkv_bias, o,
-                                  self.o_bias, gate_up, self.gate_up_bias, down,
-                                  self.down_bias, self.window)
+        return StackLayer(self.input_norm, self.post_norm, qkv, self.qkv_bias, o, self.o_bias,
+                          gate_up, self.gate_up_bias, down, self.down_bias, self.window)
 
     def _run_native(
         self,
@@ -444,16 +443,19 @@ class LlamaForCausalLM(nn.Module):
         hidden: dict[int, torch.Tensor] = {}
         rope: kernels.RopeRows | None = None
         caches: list[kernels.PagedCache | None] = [None] * self.num_layers
+        delta, stacked = None, False
         if self.native and meta.index is not None:  # checked here, once for every layer
             rope = kernels.rope_rows(cos, sin, h.shape[0], self.head_dim)
-            caches = list(kv.paged())
-        delta = None
-        if self._stack is not None and rope is not None and meta.index is not None:
-            stack, paged = self._stack_caches, kv.paged()  # checked once per cache
-            if stack is None or stack.caches is not paged:
-                stack = self._stack_caches = stack_caches(self._stack, paged)
-            h, delta, hidden = run_layers(self._stack, stack, h, wanted, rope, meta.index)
-        else:
+            paged = kv.paged()  # checked once per cache
+            if self._stack is not None:  # every layer in one C call
+                stack = self._stack_caches
+                if stack is None or stack.caches is not paged:
+                    stack = self._stack_caches = stack_caches(self._stack, paged)
+                h, delta, hidden = run_layers(self._stack, stack, h, wanted, rope, meta.index)
+                stacked = True
+            else:
+                caches = list(paged)
+        if not stacked:
             for i, layer in enumerate(self.decoder_layers()):
                 h, delta = layer.run(h, delta, cos, sin, kv.k[i], kv.v[i], meta, rope, caches[i])
                 if i in wanted:
