@@ -54,14 +54,20 @@ class DecoderPlan:
     scale_bits: int
 
 
+def _ptr(t: torch.Tensor | None) -> int:
+    """A tensor's address for the C table, 0 for an absent bias."""
+    return 0 if t is None else t.data_ptr()
+
+
 def decoder_plan(layers: list[StackLayer], heads: int, kv_heads: int, head_dim: int,
                  eps: float, scale: float) -> DecoderPlan:
     """Check every layer's weights against the model's sizes and lay out the C table."""
     if not kernels.available("decoder_layers"):
         raise kernels.KernelUnavailableError("the C kernel decoder_layers is not built in this install")
     if not layers or head_dim % 16 or head_dim > 512 or kv_heads < 1 or heads % kv_heads:
-        raise kernels.KernelInputError(f"decoder_layers: {len(layers)} layers of {heads} heads over "
-                               f"{kv_heads} kv heads of {head_dim}: not a shape it runs")
+        raise kernels.KernelInputError(f"decoder_layers: {len(layers)} layers of {heads} heads "
+                                       f"over {kv_heads} kv heads of {head_dim}: not a shape it "
+                                       "runs")
     hidden, inter = layers[0].input_norm.shape[0], layers[0].down.in_features
     q, width = heads * head_dim, (heads + 2 * kv_heads) * head_dim
     rows = []
@@ -69,25 +75,22 @@ def decoder_plan(layers: list[StackLayer], heads: int, kv_heads: int, head_dim: 
         shapes = ((ly.qkv, hidden, width), (ly.o, q, hidden), (ly.gate_up, hidden, 2 * inter),
                   (ly.down, inter, hidden))
         if any(w.in_features != k or w.out_features != n for w, k, n in shapes):
-            raise kernels.KernelInputError(f"decoder_layers: layer {i}'s projections do not fit "
-                                   f"hidden {hidden}, inter {inter}, qkv {width}")
-        for name, t, n in (("input_norm", ly.input_norm, hidden), ("post_norm", ly.post_norm,
-                           hidden), ("qkv bias", ly.qkv_bias, width), ("o bias", ly.o_bias,
-                           hidden), ("gate_up bias", ly.gate_up_bias, 2 * inter),
-                           ("down bias", ly.down_bias, hidden)):
-            if t is not None and (t.dtype != torch.bfloat16 or not t.is_contiguous() or not t.is_cpu
-                                  or tuple(t.shape) != (n,)):
+            raise kernels.KernelInputError(f"decoder_layers: layer {i}'s projections do not "
+                                           f"fit hidden {hidden}, inter {inter}, qkv {width}")
+        vectors = (("input_norm", ly.input_norm, hidden), ("post_norm", ly.post_norm, hidden),
+                   ("qkv bias", ly.qkv_bias, width), ("o bias", ly.o_bias, hidden),
+                   ("gate_up bias", ly.gate_up_bias, 2 * inter), ("down bias", ly.down_bias, hidden))
+        for name, t, n in vectors:
+            if t is not None and (t.dtype != torch.bfloat16 or not t.is_contiguous()
+                                  or not t.is_cpu or tuple(t.shape) != (n,)):
                 raise kernels.KernelInputError(f"decoder_layers: layer {i}'s {name} must be "
-                                       f"contiguous bf16 [{n}], got {t.dtype} {list(t.shape)}")
-
-        def ptr(t: torch.Tensor | None) -> int:
-            return 0 if t is None else t.data_ptr()
-
+                                               f"contiguous bf16 [{n}], got {t.dtype} "
+                                               f"{list(t.shape)}")
         rows.append([ly.input_norm.data_ptr(), ly.post_norm.data_ptr(),
-                     ly.qkv.table_address, ly.qkv.num_segments, ptr(ly.qkv_bias),
-                     ly.o.table_address, ly.o.num_segments, ptr(ly.o_bias),
-                     ly.gate_up.table_address, ly.gate_up.num_segments, ptr(ly.gate_up_bias),
-                     ly.down.table_address, ly.down.num_segments, ptr(ly.down_bias),
+                     ly.qkv.table_address, ly.qkv.num_segments, _ptr(ly.qkv_bias),
+                     ly.o.table_address, ly.o.num_segments, _ptr(ly.o_bias),
+                     ly.gate_up.table_address, ly.gate_up.num_segments, _ptr(ly.gate_up_bias),
+                     ly.down.table_address, ly.down.num_segments, _ptr(ly.down_bias),
                      ly.window or 0])
     table = torch.tensor(rows, dtype=torch.int64)
     return DecoderPlan(table, table.data_ptr(), tuple(layers), hidden, heads, kv_heads,
@@ -112,12 +115,11 @@ def stack_caches(plan: DecoderPlan, caches: tuple[kernels.PagedCache, ...]) -> S
             (c.blocks, c.block_size, c.kv_heads, c.head_dim) != (first.blocks, first.block_size,
                                                                   plan.kv_heads, plan.head_dim)
             for c in caches):
-        raise kernels.KernelInputError(f"decoder_layers: {len(plan.layers)} layers need caches of "
-                               f"{plan.kv_heads} kv heads of {plan.head_dim}, all one shape")
+        raise kernels.KernelInputError(f"decoder_layers: {len(plan.layers)} layers need caches "
+                                       f"of {plan.kv_heads} kv heads of {plan.head_dim}, all "
+                                       "one shape")
     table = torch.tensor([list(c.addresses) for c in caches], dtype=torch.int64)
     return StackCaches(caches, table, table.data_ptr(), first.blocks, first.block_size)
-
-
 
 
 def run_layers(
