@@ -81,7 +81,6 @@ class HitRate:
             want = int(self._idle % RETRY == 0)
         return max(0, min(want, MAX_ROWS // max(rows, 1) - 1, room))
 
-
     def window(self, worth: float, room: int) -> int:
         """``D`` for the native pass (:mod:`draftwise_dspark.native`): positions past the
         first while the chance the d-th is kept, ``p ** d``, is at least ``worth``, within
