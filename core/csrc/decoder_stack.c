@@ -26,6 +26,7 @@
  */
 #include "kernels.h"
 #include "quant.h"
+#include "threadpool.h"
 
 #include <stdlib.h>
 
@@ -153,7 +154,7 @@ PyObject *dw_decoder_layers(PyObject *self, PyObject *const *args, Py_ssize_t na
                  .width = n[3], .rows = n[4], .heads = n[6], .kv_heads = n[7], .dim = n[8],
                  .block_size = n[10], .scale = dw_f32_from_bits(n[12])},
         .first = n[0], .last = n[1], .tokens = n[2], .hidden = n[5], .inter = n[9],
-        .eps = dw_f32_from_bits(n[11]), .threads = n[13] > 0 && n[13] < 64 ? n[13] : 1,
+        .eps = dw_f32_from_bits(n[11]), .threads = dw_threads(n[13]),
         .path = (int)n[14],
     };
     if (!dw_attention_shape_ok(s.attn.heads, s.attn.kv_heads, s.attn.dim) || s.attn.dim > 1024 ||

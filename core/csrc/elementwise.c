@@ -150,7 +150,7 @@ void dw_silu_mul_run(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64
      * alone is the same instructions, so the split never changes a bit): a prefill, or a
      * batched decode of wide rows (8 rows of a 1.5B model's 8960: 5% of a step's CPU
      * when this ran on one thread) */
-    const int nt = rows >= 2 && rows * inter >= 32768 && threads > 1 && threads < 64 ? (int)threads : 1;
+    const int nt = rows >= 2 && rows * inter >= 32768 ? dw_threads(threads) : 1;
     dw_parallel_for(nt, rows, silu_mul_rows, &j);
 }
 

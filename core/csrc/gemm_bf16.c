@@ -236,7 +236,7 @@ static void run_blocks(void *ctx, int64_t begin, int64_t end) {
 
 void dw_gemm_bf16(const Gemm *g, int threads) {
     const int64_t blocks = (g->n + BLOCK_N - 1) / BLOCK_N;
-    dw_parallel_for(threads > 0 && threads < 64 ? threads : 1, blocks, run_blocks, (void *)g);
+    dw_parallel_for(dw_threads(threads), blocks, run_blocks, (void *)g);
 }
 
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -250,7 +250,7 @@ PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "linear_bf16: bad sizes or strides");
         return NULL;
     }
-    const int threads = (int)(n[5] > 0 && n[5] < 64 ? n[5] : 1);
+    const int threads = dw_threads(n[5]);
     Py_BEGIN_ALLOW_THREADS dw_gemm_bf16(&g, threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }

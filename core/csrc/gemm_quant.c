@@ -370,7 +370,7 @@ int dw_linear_quant_run(const dw_gemm_call *c, const char **err) {
                  .k = k, .x_stride = c->x_stride};
     if (!a.fn) a.fn = dw_quant_act_row;
     if (!a.fn256) a.fn256 = dw_quant_act256_row;
-    const int nt = c->threads > 0 && c->threads < 64 ? (int)c->threads : 1;
+    const int nt = dw_threads(c->threads);
     dw_parallel_for(m >= 8 ? nt : 1, m, run_act, &a);
     /* several chunks per thread: a thread whose core is busy elsewhere leaves its chunks
      * to the others instead of holding up the step. Four for a decode or verify (a claim
@@ -433,7 +433,7 @@ PyObject *dw_quant_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     const uint8_t *const *rows = p[0];
-    const int threads = v[2] > 0 && v[2] < 64 ? (int)v[2] : 1;
+    const int threads = dw_threads(v[2]);
     Py_BEGIN_ALLOW_THREADS dw_quant_pack((int)qtype, rows, v[0], v[1], p[1], threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
@@ -528,7 +528,7 @@ PyObject *dw_nvfp4_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "nvfp4_pack: rows >= 1 and k a multiple of 32");
         return NULL;
     }
-    const int threads = v[2] > 0 && v[2] < 64 ? (int)v[2] : 1;
+    const int threads = dw_threads(v[2]);
     Py_BEGIN_ALLOW_THREADS
     dw_nvfp4_pack(p[0], p[1], p[2], v[0], v[1], p[3], threads);
     Py_END_ALLOW_THREADS

@@ -638,7 +638,7 @@ PyObject *dw_markov_pass(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int64_t n[14];
     if (dw_parse(args, nargs, 29, 15, p, n, "markov_pass") < 0) return NULL;
     const Head hd = {.kind = (int)n[0], .v = n[1], .r = n[2], .h = n[3],
-                     .threads = n[12] > 0 && n[12] < 64 ? n[12] : 1,
+                     .threads = dw_threads(n[12]),
                      .w1 = p[0], .w2 = p[1], .w2_rows = p[2], .norms = p[3], .lat_w = p[4],
                      .lat_b = p[5], .sig = p[6], .tanh_t = (const uint16_t *)p[6] + 65536,
                      .hidden = p[7], .base = p[8], .d2t = p[14], .v1 = n[13]};

@@ -441,7 +441,7 @@ PyObject *dw_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "head_dim must be a multiple of 16 (<= 512), heads a multiple of kv_heads");
         return NULL;
     }
-    const int threads = n[12] > 0 && n[12] < 64 ? (int)n[12] : 1;
+    const int threads = dw_threads(n[12]);
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = dw_paged_attention_run(&a, threads);
     Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();

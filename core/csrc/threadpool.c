@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_WORKERS 63
+#define MAX_WORKERS (DW_MAX_THREADS - 1)
 #define SPIN_NS 100000
 
 typedef struct {

@@ -10,6 +10,17 @@
 
 typedef void (*dw_range_fn)(void *ctx, int64_t begin, int64_t end);
 
+/* The most threads a job runs on (the caller and DW_MAX_THREADS - 1 workers). */
+#define DW_MAX_THREADS 64
+
+/* The threads an entry point runs a job on, from the count the Python side passed: at
+ * least 1 and at most DW_MAX_THREADS (a larger count runs as the most, never as one). The
+ * one place this is decided: each kernel computes an item the same way on any thread, so
+ * the count moves time only. */
+static inline int dw_threads(int64_t requested) {
+    return requested < 1 ? 1 : requested > DW_MAX_THREADS ? DW_MAX_THREADS : (int)requested;
+}
+
 /* Run fn over [0, n) in chunks of ``grain`` items claimed by up to ``threads`` threads
  * (the caller among them); returns when all are done. threads <= 1, or n <= grain, runs
  * inline. fn must compute an item the same way whichever thread runs it. */
