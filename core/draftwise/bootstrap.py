@@ -235,7 +235,7 @@ def _build_engine_parts(
         load_drafts,
         uses_next_token,
     )
-    from draftwise.models.inspect import resolve_model_path
+    from draftwise.formats.default_model import resolve_model_path
     from draftwise.models.loader import load_model
     from draftwise.plugins.manager import load_speculators
     from draftwise.speculation import max_draft_len

@@ -79,7 +79,7 @@ class Walk:
 def pairing_checks(engine: LLMEngine) -> list[Finding]:
     """What each chain member's checkpoint says against the target (no weights read)."""
     from draftwise.draft_stage import detect_drafts
-    from draftwise.models.inspect import resolve_model_path
+    from draftwise.formats.default_model import resolve_model_path
     from draftwise.plugins.manager import load_speculators
 
     spec, config = engine.spec, engine.spec_config

@@ -70,4 +70,4 @@ def inspect_model(path: str | os.PathLike[str] | None) -> ModelInfo:
     return ModelInfo(resolved, "gguf", config.architecture, config, meta)
 
 
-__all__ = ["ModelInfo", "inspect_model", "resolve_model_path"]
+__all__ = ["ModelInfo", "inspect_model"]
