@@ -52,6 +52,7 @@ Lossless by construction: only how many drafts are verified changes, never how.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 
 #: relative throughput gain below which a deeper draft is not worth its risk
 MIN_GAIN = 1e-3
+#: the same threshold for the fair objective, which is a sum of logs
+LOG_MIN_GAIN = math.log1p(MIN_GAIN)
 
 
 @dataclass(slots=True)
@@ -157,9 +160,9 @@ def choose_depths(
     step_seconds: Callable[[float], float],
     draft_seconds_per_token: float = 0.0,
     floors: Sequence[int] | None = None,
+    fair: bool = False,
 ) -> list[int]:
-    """Each row's k in ``floors[i]..caps[i]`` maximising expected tokens per second of the
-    step.
+    """Each row's k in ``floors[i]..caps[i]`` maximising the batch's expected rate.
 
     :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
     :param draft_rates: per row and position, the chance a draft comes back there.
@@ -167,12 +170,21 @@ def choose_depths(
     :param draft_seconds_per_token: proposing cost per draft token.
     :param floors: per row, drafts it keeps whatever the rule says (rows another rule
         decided: their tokens still weigh on the step time); None: 0 for every row.
+    :param fair: the objective. False: the batch's expected tokens per second (what a
+        server with requests waiting for a slot wants: a row that finishes sooner lets
+        one in). True: the sum over rows of the log of each row's expected tokens per
+        second (proportional fairness: what a batch with nobody waiting wants, where a
+        row's draft tokens slow every batch-mate and finishing it early frees a slot no
+        one takes; a draft is verified only if it buys its own row more, in ratio, than
+        it costs all the rows together). With one row the two are the same choice.
 
     Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
     j) for one token of forward, so the best allocation of any n draft tokens takes the n
-    largest ``c_ij``; the best n is found by walking them in order. Scaling both the gain
-    and the tokens of position j by the chance ``d_ij`` that a draft is made there keeps
-    the order and prices in the drafts the drafter does not make.
+    largest ``c_ij`` (fair: the n largest gains in the log of the row's expected tokens,
+    ``log(E_ij / E_i,j-1)``, also non-increasing in j); the best n is found by walking
+    them in order. Scaling both the gain and the tokens of position j by the chance
+    ``d_ij`` that a draft is made there keeps the order and prices in the drafts the
+    drafter does not make.
     """
     # (this runs twice a step: plain loops and comparisons, not min/max calls, keep it a
     # few microseconds)
@@ -180,34 +192,58 @@ def choose_depths(
     floor = list(floors) if floors is not None else [0] * num_rows
     if not any(caps):
         return [0] * num_rows
-    cands: list[tuple[float, int, float]] = []
+    fair = fair and num_rows > 1
+    # (order key, row, draft rate, gain): the key is the gain, except that a fair gain is
+    # capped at the row's previous one so that a row's positions stay in order
+    cands: list[tuple[float, int, float, float]] = []
     gain = tokens = float(num_rows)
-    drafted = 0.0
+    drafted = log_gain = 0.0  # (fair) sum over rows of log E_i
     for i, cap in enumerate(caps):
         cum, row_rates, row_drafts, kept = 1.0, rates[i], draft_rates[i], floor[i]
+        expected, last = 1.0, float("inf")  # (fair) the row's E so far, its last log gain
         for j in range(cap):
             p, d = row_rates[j], row_drafts[j]
             cum *= 1.0 if p > 1.0 else (p if p > 0.0 else 0.0)
             d = 1.0 if d > 1.0 else (d if d > 0.0 else 0.0)
             if j < kept:  # kept whatever: part of the step, not a choice
+                expected += d * cum
                 gain, tokens, drafted = gain + d * cum, tokens + d, drafted + d
+            elif fair:
+                step = math.log1p(d * cum / expected)
+                expected += d * cum
+                last = step if step < last else last
+                cands.append((last, i, d, step))
             else:
-                cands.append((cum, i, d))
+                cands.append((cum, i, d, cum))
+        log_gain += math.log(expected)
     if num_rows > 1:  # one row's are in order already: cumulative acceptance never grows
         cands.sort(key=_by_gain)  # stable: a row's positions stay in order
+    best_n = 0
     seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-    best, best_n = gain / (seconds if seconds > 1e-12 else 1e-12), 0
-    for n, (cum, _i, d) in enumerate(cands, 1):
-        gain += d * cum
-        tokens += d
-        drafted += d
-        seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-        tput = gain / (seconds if seconds > 1e-12 else 1e-12)
-        if tput > best * (1.0 + MIN_GAIN):
-            best, best_n = tput, n
+    seconds = seconds if seconds > 1e-12 else 1e-12
+    if fair:
+        best = log_gain - num_rows * math.log(seconds)
+        for n, (_key, _i, d, g) in enumerate(cands, 1):
+            log_gain += g
+            tokens += d
+            drafted += d
+            seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
+            value = log_gain - num_rows * math.log(seconds if seconds > 1e-12 else 1e-12)
+            if value > best + LOG_MIN_GAIN:
+                best, best_n = value, n
+    else:
+        best = gain / seconds
+        for n, (cum, _i, d, _g) in enumerate(cands, 1):
+            gain += d * cum
+            tokens += d
+            drafted += d
+            seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
+            tput = gain / (seconds if seconds > 1e-12 else 1e-12)
+            if tput > best * (1.0 + MIN_GAIN):
+                best, best_n = tput, n
     ks = [min(f, c) for f, c in zip(floor, caps)]
-    for _, i, _d in cands[:best_n]:
-        ks[i] += 1
+    for cand in cands[:best_n]:
+        ks[cand[1]] += 1
     return ks
 
 
@@ -221,7 +257,7 @@ def _lifted(rates: list[float], seen: list[int], pool_seen: list[int]) -> list[f
     return out
 
 
-def _by_gain(cand: tuple[float, int, float]) -> float:
+def _by_gain(cand: tuple[float, int, float, float]) -> float:
     """Sort key of :func:`choose_depths`'s candidates: largest cumulative acceptance first."""
     return -cand[0]
 
@@ -247,6 +283,16 @@ class DepthPolicy:
     _tables_version: int = field(init=False, default=0)
     #: a draft rate of 1 at every position (shared, never written)
     _ones: tuple[float, ...] = field(init=False)
+    #: whether this step's batch weighs each row's rate alike (``choose_depths``'s
+    #: ``fair``), set by the scheduler each step through :meth:`set_waiting`
+    fair: bool = field(init=False, default=False)
+
+    def set_waiting(self, num_waiting: int) -> None:
+        """This step's objective from the settings and whether requests wait for a
+        slot (the scheduler calls this before :meth:`choose`; :meth:`cut` of the same
+        step reads it too)."""
+        objective = self.config.objective
+        self.fair = objective == "fair" or (objective == "auto" and num_waiting == 0)
 
     def __post_init__(self) -> None:
         self.population = AcceptanceEstimate([self.config.prior] * self.max_k)
@@ -342,7 +388,7 @@ class DepthPolicy:
                 rates.append(self.rates(e) if e is not None else list(self.population.rates))
         floors = [0 if ok else n for ok, n in zip(decided, counts)]
         return choose_depths(rates, [self._ones] * len(counts), list(counts),
-                             self.step_seconds(len(counts)), floors=floors)
+                             self.step_seconds(len(counts)), floors=floors, fair=self.fair)
 
     def probe_interval(self, est: AcceptanceEstimate) -> int:
         """Steps at k = 0 before this request's next probe: backed off per failed probe."""
@@ -430,6 +476,7 @@ class DepthPolicy:
             [self.reserve_rates(e) for e in estimates],
             [self.reserve_draft_rates(e) for e in estimates],
             caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
+            fair=self.fair,
         )
         # a fresh request warms up at probe depth (below) only while the engine has seen
         # no evidence: with evidence its drafts are cut on the engine's rates for theirs

@@ -152,6 +152,7 @@ class Scheduler:
         for r in adaptive:
             if r.acceptance is None:
                 r.acceptance = policy.new_estimate()
+        policy.set_waiting(len(self.waiting))
         chosen = policy.choose(
             [r.acceptance for r in adaptive if r.acceptance is not None],
             [depths[r.req_id] for r in adaptive],

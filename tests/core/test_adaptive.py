@@ -72,6 +72,69 @@ def test_batch_choice_is_the_exhaustive_optimum() -> None:
     assert tput(tuple(chosen)) == pytest.approx(best, rel=2e-3)
 
 
+def test_fair_choice_is_the_exhaustive_optimum_of_the_log_rates() -> None:
+    """The fair objective (sum over rows of log E_i, minus rows x log step) against every
+    allocation of three rows, with floors and drafts not always made."""
+    import itertools
+    import math
+
+    rates = [[0.97, 0.95, 0.9, 0.9], [0.3, 0.3, 0.3, 0.3], [0.7, 0.6, 0.5, 0.4]]
+    made = [[1.0, 1.0, 0.9, 0.8], [0.9, 0.5, 0.2, 0.1], [1.0, 0.7, 0.5, 0.3]]
+    step = linear(6.0, 0.4)
+
+    def value(ks: tuple[int, ...]) -> float:
+        logs, tokens = 0.0, 3.0
+        for r, d, k in zip(rates, made, ks):
+            cum, e = 1.0, 1.0
+            for j in range(k):
+                cum *= r[j]
+                e += d[j] * cum
+                tokens += d[j]
+            logs += math.log(e)
+        return logs - 3 * math.log(step(tokens))
+
+    for floors in ([0, 0, 0], [0, 2, 0]):
+        allowed = [ks for ks in itertools.product(range(5), repeat=3)
+                   if all(k >= f for k, f in zip(ks, floors))]
+        best = max(value(ks) for ks in allowed)
+        chosen = choose_depths(rates, made, [4, 4, 4], step, floors=floors, fair=True)
+        assert all(k >= f for k, f in zip(chosen, floors))
+        assert value(tuple(chosen)) == pytest.approx(best, abs=2e-3)
+
+
+def test_fair_keeps_one_row_from_slowing_seven() -> None:
+    """One row accepting nearly everything, seven accepting little, and a draft token
+    costing 9% of the step (8 rows on one thread here): throughput verifies the first
+    row's drafts (the batch makes more tokens per second), fair does not (its 1.97x
+    costs the seven others 9% each); with drafts at 2% of the step both verify them."""
+    rates = [[0.97] * 4] + [[0.1] * 4] * 7
+    made, caps = [[1.0] * 4] * 8, [4] * 8
+    dear = linear(3.0, 1.0)  # 11 at 8 tokens, +1 per draft
+    cheap = linear(9.4, 0.2)
+    assert choose_depths(rates, made, caps, dear) == [4, 0, 0, 0, 0, 0, 0, 0]
+    assert choose_depths(rates, made, caps, dear, fair=True) == [0] * 8
+    assert choose_depths(rates, made, caps, cheap, fair=True) == [4, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_fair_and_throughput_agree_on_one_row() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        rates = [sorted(rng.uniform(0, 1, 4), reverse=True)]
+        made = [list(rng.uniform(0.2, 1, 4))]
+        step = linear(1.0, float(rng.uniform(0.01, 1.0)))
+        assert choose_depths(rates, made, [4], step, fair=True) == choose_depths(
+            rates, made, [4], step)
+
+
+@pytest.mark.parametrize(("objective", "waiting", "fair"), [
+    ("auto", 0, True), ("auto", 3, False), ("throughput", 0, False), ("fair", 3, True),
+])
+def test_objective_follows_the_queue(objective: str, waiting: int, fair: bool) -> None:
+    pol = policy(objective=objective)
+    pol.set_waiting(waiting)
+    assert pol.fair is fair
+
+
 def test_draft_cost_counts() -> None:
     free = choose_depths([[0.7] * 4], [[1.0] * 4], [4], linear(1.0, 0.05), 0.0)
     dear = choose_depths([[0.7] * 4], [[1.0] * 4], [4], linear(1.0, 0.05), 1.0)

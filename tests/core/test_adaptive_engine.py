@@ -14,6 +14,7 @@ import pytest
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams, SpeculativeParams
+from draftwise.adaptive import DepthPolicy
 from draftwise.cost_model import CostModel
 from draftwise.errors import RequestError
 
@@ -88,6 +89,30 @@ def test_adaptive_batched_equals_spec_off(adaptive: LLM, plain: list[list[int]])
     outs = adaptive.generate(prompts(), greedy())
     assert [o.outputs[0].token_ids for o in outs] == plain
     assert adaptive.engine.spec.num_tracked_requests == 0
+
+
+def test_objective_switches_with_the_queue_and_stays_lossless(
+    tiny: Path, plain: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots for five requests: while some wait the batch maximises throughput, once
+    none wait each row's rate weighs alike (``objective: auto``); the output is the plain
+    output either way."""
+    llm = cheap_drafts(LLM(model=str(tiny), dtype="bfloat16", speculative_config=ADAPTIVE,
+                           max_num_seqs=2))
+    seen: list[tuple[int, bool]] = []
+    set_waiting = DepthPolicy.set_waiting
+
+    def spy(self: DepthPolicy, num_waiting: int) -> None:
+        set_waiting(self, num_waiting)
+        seen.append((num_waiting, self.fair))
+
+    monkeypatch.setattr(DepthPolicy, "set_waiting", spy)
+    outs = llm.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert any(w > 0 and not fair for w, fair in seen)
+    assert any(w == 0 and fair for w, fair in seen)
+    assert all(fair == (w == 0) for w, fair in seen)
+    assert llm.engine.spec.metrics.num_accepted_tokens > 0
 
 
 def test_spec_off_request_in_a_speculating_batch(tiny: Path, plain: list[list[int]]) -> None:

@@ -9,7 +9,7 @@ settings do is :mod:`draftwise.adaptive`'s business; this module only checks the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,6 +42,13 @@ class AdaptiveConfig(BaseModel):
     #: drafts a probe verifies (cut to the request's limit); one is enough to see whether
     #: the text turned predictable, and the rule takes it deeper from there
     probe_depth: int = Field(1, ge=1, le=128)
+    #: what a batch of several rows maximises: "throughput" (expected tokens per second
+    #: of the whole batch), "fair" (the sum of the log of each row's expected rate: a
+    #: row's drafts must buy it more, in ratio, than they slow all its batch-mates), or
+    #: "auto": throughput while requests wait for a slot (finishing one early lets the
+    #: next in), fair while none waits (finishing one early frees a slot nobody takes,
+    #: and the rows left pay for its verify tokens). One row: the same choice either way
+    objective: Literal["auto", "throughput", "fair"] = "auto"
     #: keep the measured cost model in a file cache (per model, dtype, threads, k grid)
     cost_cache: bool = True
     #: batch sizes the cost model times beyond which it extrapolates linearly

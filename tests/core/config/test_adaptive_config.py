@@ -32,6 +32,12 @@ def test_settings_round_trip(installed_registry) -> None:
     assert again == cfg
 
 
+def test_objective_takes_its_three_names(installed_registry) -> None:
+    for name in ("auto", "throughput", "fair"):
+        assert parse({"adaptive": {"objective": name}}, installed_registry).adaptive.objective == name
+    assert AdaptiveConfig().objective == "auto"
+
+
 def test_unknown_key_is_named(installed_registry) -> None:
     with pytest.raises(UnknownKeyError) as err:
         parse({"adaptive": {"probe_intervall": 4}}, installed_registry)
@@ -46,6 +52,7 @@ def test_unknown_key_is_named(installed_registry) -> None:
         ({"prior": 1.5}, "draftwise.adaptive.prior"),
         ({"probe_interval": "8"}, "draftwise.adaptive.probe_interval"),
         ({"cost_cache": 1}, "draftwise.adaptive.cost_cache"),
+        ({"objective": "latency"}, "draftwise.adaptive.objective"),
     ],
 )
 def test_bad_values_are_named(installed_registry, settings, key) -> None:
