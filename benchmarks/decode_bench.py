@@ -9,6 +9,15 @@ llama-bench, decode feeds fixed pseudo-random tokens rather than its own argmax.
     python benchmarks/decode_bench.py --model M.gguf --threads 2 --n-prompt 256 --n-gen 64
 
 ``compare_llamacpp.py`` calls :func:`measure` on the model its plain engine already loaded.
+
+On a shared VM the memory bandwidth a decode gets moves by 20-40% within minutes (the same
+2-thread tg64 read 26 and 49 tok/s ten minutes apart here), so one llama-bench run beside
+one of ours says little. ``--llama-bench PATH --rounds N`` alternates the two N times
+(llama-bench in a fresh process each round, ours on the model loaded once) and reports the
+ratio per round and its median::
+
+    python benchmarks/decode_bench.py --model M.gguf --threads 2 --rounds 5 \
+        --llama-bench /work/peers/llama.cpp-build/bin/llama-bench
 """
 
 from __future__ import annotations
@@ -91,6 +100,9 @@ def main() -> None:
     parser.add_argument("--n-prompt", type=int, default=256)
     parser.add_argument("--n-gen", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--llama-bench", default=None,
+                        help="llama.cpp's llama-bench: alternate with it, round by round")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds (with --llama-bench)")
     args = parser.parse_args()
 
     from draftwise.bootstrap import finish_backend
@@ -99,7 +111,45 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
     finish_backend(loaded, args.threads)  # as the engine does (threads and backend)
-    print(json.dumps(measure(loaded, args.n_prompt, args.n_gen, args.reps), indent=2))
+    if not args.llama_bench:
+        print(json.dumps(measure(loaded, args.n_prompt, args.n_gen, args.reps), indent=2))
+        return
+    print(json.dumps(alternate(loaded, args), indent=2))
+
+
+def alternate(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--rounds`` rounds of llama-bench then ours, each its own ``-r``/``--reps``
+    repetitions; per round the ratio of the means, and the median ratio over rounds."""
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llamacpp import run_llama_bench
+
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        peer = run_llama_bench(Path(args.llama_bench), args.model, args.threads,
+                               args.n_prompt, args.n_gen, args.reps)
+        ours = measure(loaded, args.n_prompt, args.n_gen, args.reps)
+        row = {"loadavg": os.getloadavg()[0]}
+        for key in ("prefill", "decode"):
+            row[key] = {"llama_cpp": peer[key]["tok_per_s"], "draftwise": ours[key]["tok_per_s"]}
+            row[key]["ratio"] = row[key]["draftwise"] / row[key]["llama_cpp"]
+        rounds.append(row)
+        print(f"round {len(rounds)}: decode {row['decode']['draftwise']:.1f} vs "
+              f"{row['decode']['llama_cpp']:.1f} tok/s ({row['decode']['ratio']:.2f}x), "
+              f"prefill {row['prefill']['ratio']:.2f}x", file=sys.stderr)
+    return {
+        "model": args.model,
+        "threads": args.threads,
+        "n_prompt": args.n_prompt,
+        "n_gen": args.n_gen,
+        "reps": args.reps,
+        "rounds": rounds,
+        "median_ratio": {key: statistics.median(r[key]["ratio"] for r in rounds)
+                         for key in ("prefill", "decode")},
+    }
 
 
 if __name__ == "__main__":
