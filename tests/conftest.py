@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,12 @@ import pytest
 
 from draftwise.plugins import PluginHost, SpeculatorRegistry, load_entry_point_plugins
 from draftwise.plugins.manager import load_speculators, reset_plugin_cache
+
+# Loading a GGUF writes its packed weights to a file cache in the user's cache folder
+# (``models.packed_cache``), keyed by the model's path: tests load hundreds of tiny files
+# from temporary folders and would leave one file each. Off for the whole run (child
+# processes included); the cache's own tests turn it on over a temporary folder.
+os.environ.setdefault("DRAFTWISE_PACKED_CACHE", "0")
 
 #: make_dist(name, version, entry_points={ep_name: module}, modules={module: source}) -> dir
 MakeDist = Callable[..., Path]

@@ -167,8 +167,13 @@ def prefault_for_gguf(path: str) -> PrefaultedArena | None:
     """An arena for the quantized weights of the GGUF file at ``path``, faulting in
     already, sized by the file; None where faulting ahead is not possible here (no
     ``madvise`` to call), the file is not a GGUF, or it would take more than half the
-    memory available now (the load itself then decides what fits)."""
+    memory available now (the load itself then decides what fits), or its packed weights
+    are cached in a file (``models.packed_cache``), which the load maps instead."""
     if libc_madvise() is None:
+        return None
+    from draftwise.models.packed_cache import cached_for
+
+    if cached_for(path):  # its packed weights are mapped from a file: no arena to fill
         return None
     try:
         with open(path, "rb") as f:

@@ -26,6 +26,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from draftwise.formats.gguf import GGUFCheckpoint
+from draftwise.models import packed_cache
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor, region_tensor
 from draftwise.models.quant import (
@@ -184,10 +185,14 @@ def _pack_groups(
     k_of = {t: available[hf[0]][1][1] for t, hf in plan.groups.items()}
     sizes = {t: plan_bytes(parts_of[t], k_of[t]) for t in plan.groups}
     total = sum(sizes.values())
-    taken = reserved.take(total) if reserved is not None else None
+    key = packed_cache.cache_key(ckpt.path, sizes) if packed_cache.enabled() else None
+    cached = packed_cache.load(key, total) if key is not None else None
+    taken = reserved.take(0 if cached is not None else total) if reserved is not None else None
     if not sizes:
         return 0
-    if taken is not None:
+    if cached is not None:  # packed by an earlier start: mapped, nothing to pack
+        arena = cached
+    elif taken is not None:
         arena = region_tensor(*taken, total, torch.uint8)
     else:
         arena = huge_page_tensor(total, torch.uint8)
@@ -209,7 +214,8 @@ def _pack_groups(
         follow = None
         if len(parts) == 1 and parts[0].order is None:
             follow = functools.partial(ckpt.release, names[0])
-        weight = pack_quant(parts, k_of[target], slices[target], 1, follow)
+        weight = pack_quant(parts, k_of[target], slices[target], 1, follow,
+                            packed=cached is not None)
         for name in names:
             ckpt.release(name)
         return weight
@@ -225,4 +231,6 @@ def _pack_groups(
             for n in hf:
                 if progress is not None:
                     progress(n)
+    if key is not None and cached is None:  # (it says where, once, with the switch)
+        packed_cache.store_in_background(key, arena)
     return offset

@@ -199,6 +199,7 @@ def pack_quant(
     out: torch.Tensor | None = None,
     threads: int | None = None,
     rows_done: Callable[[int], None] | None = None,
+    packed: bool = False,
 ) -> QuantWeight:
     """Repack stored GGUF rows (fused parts in column order) into the kernel's tiles.
 
@@ -211,6 +212,9 @@ def pack_quant(
         :data:`PACK_CALL_BYTES` of stored rows, so a loader can give the stored pages
         behind back as it goes; None packs each segment in one call. A tile is eight
         rows, written whole by one call, so the bytes are the same either way.
+    :param packed: ``out`` holds these parts' packed bytes already (a file of a previous
+        start, ``models.packed_cache``): the weight is built over it, nothing is copied
+        and no stored row is read.
     """
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
@@ -245,7 +249,7 @@ def pack_quant(
         step = len(rows)
         if rows_done is not None:
             step = max(TILE, PACK_CALL_BYTES // row_bytes // TILE * TILE)
-        for first in range(0, len(rows), step):  # each call: whole tiles
+        for first in range(0, 0 if packed else len(rows), step):  # each call: whole tiles
             n = min(step, len(rows) - first)
             part_bytes = packed_bytes(qtype, n, k)
             at = first * row_bytes  # ``first`` is a multiple of TILE

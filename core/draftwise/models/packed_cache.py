@@ -1,0 +1,242 @@
+"""A file cache of a GGUF's packed quantized weights: a later start maps it, packing nothing.
+
+Why: a start-up that packs the weights into fresh anonymous memory pays a page fault for
+every page of it, and on a VM with free page reporting (the 2-core sandbox: "Free page
+reporting enabled" in ``dmesg``) that memory was handed back to the host, which supplies
+it again page by page: the Qwen2.5-Coder-1.5B Q4_K_M load spent 4.3-4.7 s of system time
+in a 6.6-7.1 s start-up, huge pages or not, where ``llama-simple``, which maps the file,
+spent 1.2 s in 2.1-2.4 s. Page-cache pages are not free memory, so a file mapped from a
+warm page cache costs only the mapping. This module keeps the packed arena (exactly the
+bytes :func:`~draftwise.models.quant.pack_quant` writes) in one file per model, and the
+loader maps it copy-on-write (nothing ever writes it, so it stays shared with the page
+cache) and builds the weights over it.
+
+The file is named by a hash of what decides its bytes: the model file (resolved path, size,
+modification time), the compiled kernels (their packing code: ``cost_model.code_identity``),
+the plan (each weight's name and packed size, in order) and :data:`FORMAT`. A sidecar JSON
+holds that key, the size and CRC-32s of 64 KB samples every 16 MB, all checked before the
+file is used: a truncated, resized or overwritten file (or one from another build) is
+never mapped; it is packed again and rewritten, with a warning naming it.
+
+Writing costs the first start ~0.5-1 s (the bytes go to the page cache; the kernel writes
+them back later) and disk the size of the arena; ``DRAFTWISE_PACKED_CACHE=0`` turns the
+cache off (no file read or written), and ``$DRAFTWISE_CACHE_DIR`` (else
+``$XDG_CACHE_HOME/draftwise``, else ``~/.cache/draftwise``) says where it lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import threading
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger("draftwise")
+
+#: bumped when what a cached file means changes (old files are then simply not found)
+FORMAT = 1
+#: sample ``SAMPLE`` bytes every ``STRIDE`` for the integrity check (64 samples a GB)
+SAMPLE = 64 << 10
+STRIDE = 16 << 20
+#: ``<sys/mman.h>`` (Linux): map at exactly the address given; advise huge pages
+_MAP_FIXED = 0x10
+_MADV_HUGEPAGE = 14
+#: the environment switch (``0``: no cache)
+ENV = "DRAFTWISE_PACKED_CACHE"
+
+
+def enabled() -> bool:
+    """Whether the cache is on (``DRAFTWISE_PACKED_CACHE`` unset, or not ``0``)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def file_key(model_path: str) -> dict[str, Any]:
+    """What names the file: the model file and the code (one file per model and build)."""
+    from draftwise.cost_model import code_identity, model_identity
+
+    return {"format": FORMAT, "model": model_identity(model_path), "code": code_identity()}
+
+
+def cache_key(model_path: str, sizes: Mapping[str, int]) -> dict[str, Any]:
+    """What decides the cached bytes (see the module doc): the file's key and the plan."""
+    return {**file_key(model_path), "plan": [[name, int(size)] for name, size in sizes.items()]}
+
+
+def paths(key: Mapping[str, Any]) -> tuple[Path, Path]:
+    """The data file and its sidecar for ``key`` (named by its file key: a plan that
+    changed, say another dtype's, replaces the file rather than adding one)."""
+    from draftwise.cost_model import cache_dir
+
+    named = {k: key[k] for k in ("format", "model", "code")}
+    digest = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()
+    base = cache_dir() / "packed" / digest[:24]
+    return base.with_suffix(".bin"), base.with_suffix(".json")
+
+
+def cached_for(model_path: str) -> bool:
+    """Whether a packed file for this model and build is there (a cheap check before the
+    load, which decides whether faulting an arena ahead is worth it: ``models.arena``);
+    the load still checks it whole."""
+    if not enabled():
+        return False
+    data, side = paths(file_key(model_path))
+    return data.is_file() and side.is_file()
+
+
+def evict_stale(folder: Path) -> list[Path]:
+    """Delete the cached files whose model file is gone or changed (size or modification
+    time): nothing would ever map them again, and each is the size of its model. Called
+    before each write, so the folder holds at most one file per model file in use (a
+    file from another build of the kernels stays until its model changes: an older
+    install may still map it). Returns what it deleted."""
+    from draftwise.cost_model import model_identity
+
+    gone = []
+    for side in folder.glob("*.json"):
+        try:
+            model = json.loads(side.read_text())["key"]["model"]
+            stale = model_identity(model["path"]) != model
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = True  # unreadable: nothing can map its file
+        if stale:
+            for path in (side.with_suffix(".bin"), side):
+                path.unlink(missing_ok=True)
+                gone.append(path)
+    return gone
+
+
+def _samples(view: memoryview) -> list[int]:
+    """CRC-32 of ``SAMPLE`` bytes at every ``STRIDE``, and of the last ``SAMPLE``."""
+    n = len(view)
+    starts = list(range(0, n, STRIDE)) + ([max(0, n - SAMPLE)] if n else [])
+    return [zlib.crc32(view[s : s + SAMPLE]) for s in starts]
+
+
+def load(key: Mapping[str, Any], nbytes: int) -> torch.Tensor | None:
+    """The cached arena for ``key`` as a uint8 tensor over a copy-on-write mapping of the
+    file, or None (no cache, no file, or one that fails a check: then a warning)."""
+    import torch
+
+    if not enabled() or nbytes <= 0:
+        return None
+    data, side = paths(key)
+    if not data.is_file() or not side.is_file():
+        return None
+    try:
+        meta = json.loads(side.read_text())
+        if meta.get("key") != json.loads(json.dumps(key, default=str)) or meta.get(
+                "nbytes") != nbytes or data.stat().st_size != nbytes:
+            raise ValueError("its key or size does not match")
+        region = _map(data, nbytes)
+        if _samples(memoryview(region)) != meta.get("samples"):
+            raise ValueError("its contents changed since it was written")
+    except (OSError, ValueError, TypeError) as exc:
+        logger.warning("packed weights cache %s not used (%s); packing again", data, exc)
+        return None
+    return torch.frombuffer(region, dtype=torch.uint8)
+
+
+def _map(path: Path, nbytes: int) -> Any:
+    """The file's first ``nbytes`` mapped copy-on-write at a 2 MB-aligned address, advised
+    for huge pages, as a writable buffer whose collection unmaps it.
+
+    Why aligned: the page cache holds the file in large folios (ext4 on Linux 6.x), and a
+    folio is mapped by one page-table entry only at an address aligned like its offset;
+    Python's ``mmap`` leaves the address to the kernel, which gave 4 KB entries here, and
+    decode then ran 25-30% slower (1.5B, 2 threads: 30.8-35.0 ms a token against
+    24.0-26.8 on the huge-page arena) for the TLB misses. Aligned and advised, the whole
+    file was PMD-mapped (``FilePmdMapped`` in ``/proc/self/smaps_rollup``). Where libc's
+    ``mmap`` cannot be called (not Linux), a plain ``mmap.mmap``.
+    """
+    import ctypes
+    import weakref
+
+    from draftwise.models.arena import HUGE_PAGE, libc_madvise
+
+    with open(path, "rb") as f:
+        if libc_madvise() is None:
+            return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        failed = ctypes.c_void_p(-1).value
+        # reserve room for an aligned start (no access, nothing resident), then map the
+        # file over its aligned part and give the rest of the reservation back
+        span = nbytes + HUGE_PAGE
+        reserve = libc.mmap(None, span, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if reserve in (None, failed):
+            raise OSError(ctypes.get_errno(), "cannot reserve address space for the file")
+        base = -(-reserve // HUGE_PAGE) * HUGE_PAGE
+        got = libc.mmap(base, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | _MAP_FIXED, f.fileno(), 0)
+        if got != base:
+            libc.munmap(reserve, span)
+            raise OSError(ctypes.get_errno(), "cannot map the file")
+    if base > reserve:
+        libc.munmap(reserve, base - reserve)
+    tail = base + -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    if reserve + span > tail:
+        libc.munmap(tail, reserve + span - tail)
+    libc_madvise()(base, nbytes, _MADV_HUGEPAGE)  # advice: 4 KB entries where refused
+    buffer = (ctypes.c_uint8 * nbytes).from_address(base)
+    weakref.finalize(buffer, libc.munmap, base, nbytes)
+    return buffer
+
+
+def store_in_background(key: Mapping[str, Any], arena: torch.Tensor) -> threading.Thread | None:
+    """:func:`store` on a thread of its own, started now; None when the cache is off.
+
+    Why not inline: writing ~1 GB allocates as many page-cache pages, fresh memory that
+    this VM's host supplies page by page (~3 s of system time for the 1.5B), and the first
+    start should not wait for that before its first token. The thread is not a daemon: a
+    process that finishes first (``generate`` of a few tokens) waits for the write at exit
+    rather than leaving a partial file (which :func:`load` would refuse anyway). The write
+    releases the GIL."""
+    if not enabled() or arena.numel() == 0:
+        return None
+    thread = threading.Thread(target=store, args=(key, arena), name="draftwise-packed-cache")
+    thread.start()
+    return thread
+
+
+def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
+    """Write ``arena`` (the packed bytes) for ``key``: data to a temporary file renamed into
+    place, then the sidecar, so a reader never sees a partial file. A failure (a full or
+    read-only disk) is a warning, not a refusal: the weights are loaded either way."""
+    if not enabled() or arena.numel() == 0:
+        return None
+    data, side = paths(key)
+    tmp = data.with_suffix(f".tmp{os.getpid()}")
+    try:
+        data.parent.mkdir(parents=True, exist_ok=True)
+        evict_stale(data.parent)
+        view = memoryview(arena.numpy()).cast("B")
+        with open(tmp, "wb") as f:
+            f.write(view)
+        os.replace(tmp, data)
+        meta = {"key": key, "nbytes": arena.numel(), "samples": _samples(view)}
+        side.write_text(json.dumps(meta, default=str))
+    except OSError as exc:
+        logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
+                       data, exc, ENV)
+        tmp.unlink(missing_ok=True)
+        return None
+    logger.warning("draftwise: packed weights written to %s (%.2f GB): later starts map "
+                   "them (%s=0 turns this off)", data, arena.numel() / 1e9, ENV)
+    return data
+
+
+__all__ = ["ENV", "FORMAT", "cache_key", "cached_for", "enabled", "evict_stale", "file_key",
+           "load", "paths", "store", "store_in_background"]
