@@ -92,19 +92,25 @@ def cached_for(model_path: str) -> bool:
     return data.is_file() and side.is_file()
 
 
-def evict_stale(folder: Path) -> list[Path]:
+def evict_stale(folder: Path, replacing: Mapping[str, Any] | None = None) -> list[Path]:
     """Delete the cached files whose model file is gone or changed (size or modification
-    time): nothing would ever map them again, and each is the size of its model. Called
-    before each write, so the folder holds at most one file per model file in use (a
-    file from another build of the kernels stays until its model changes: an older
-    install may still map it). Returns what it deleted."""
+    time), and, given the key about to be written (``replacing``), the other files of the
+    same model file (another build of the kernels: each is the size of its model, and a
+    developer rebuilding would collect one per build). Called before each write, so the
+    folder holds one file per model file in use. A process still mapping a deleted file
+    keeps its pages (deletion unlinks; the inode lives until it is unmapped). Returns
+    what it deleted."""
     from draftwise.cost_model import model_identity
 
     gone = []
+    mine = replacing["model"].get("path") if replacing is not None else None
+    mine_side = paths(replacing)[1] if replacing is not None else None
     for side in folder.glob("*.json"):
         try:
-            model = json.loads(side.read_text())["key"]["model"]
-            stale = model_identity(model["path"]) != model
+            key = json.loads(side.read_text())["key"]
+            model = key["model"]
+            stale = model_identity(model["path"]) != model or (
+                mine is not None and model["path"] == mine and side != mine_side)
         except (OSError, ValueError, KeyError, TypeError):
             stale = True  # unreadable: nothing can map its file
         if stale:
@@ -221,7 +227,7 @@ def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
     tmp = data.with_suffix(f".tmp{os.getpid()}")
     try:
         data.parent.mkdir(parents=True, exist_ok=True)
-        evict_stale(data.parent)
+        evict_stale(data.parent, key)
         view = memoryview(arena.numpy()).cast("B")
         with open(tmp, "wb") as f:
             f.write(view)

@@ -105,3 +105,17 @@ def test_files_of_gone_or_changed_models_are_evicted(tiny_gguf, cache_on: Path) 
     side.write_text(json.dumps(meta))
     gone = packed_cache.evict_stale(cache_on)
     assert sorted(p.suffix for p in gone) == [".bin", ".json"] and not any(cache_on.iterdir())
+
+
+def test_another_builds_file_of_the_same_model_is_replaced(tiny_gguf, cache_on: Path,
+                                                           monkeypatch) -> None:
+    a = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    _load_and_wait(str(a.path))
+    old = sorted(cache_on.iterdir())
+    import draftwise.cost_model as cost_model
+
+    code = cost_model.code_identity()
+    monkeypatch.setattr(cost_model, "code_identity", lambda: {**code, "version": "next"})
+    _load_and_wait(str(a.path))  # a rebuilt install: its own file, the old one deleted
+    new = sorted(cache_on.iterdir())
+    assert len(new) == 2 and not set(new) & set(old)
