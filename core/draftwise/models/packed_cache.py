@@ -224,6 +224,10 @@ def store_in_background(key: Mapping[str, Any], arena: torch.Tensor) -> threadin
     releases the GIL."""
     if not enabled() or arena.numel() == 0:
         return None
+    # said here, on the loading thread, before any text streams (said from the writer, it
+    # landed in the middle of the first answer on a terminal)
+    logger.warning("draftwise: writing packed weights to %s (%.2f GB) for later starts to "
+                   "map (%s=0 turns this off)", paths(key)[0], arena.numel() / 1e9, ENV)
     thread = threading.Thread(target=store, args=(key, arena), name="draftwise-packed-cache")
     thread.start()
     return thread
@@ -253,8 +257,6 @@ def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
                        data, exc, ENV)
         tmp.unlink(missing_ok=True)
         return None
-    logger.warning("draftwise: packed weights written to %s (%.2f GB): later starts map "
-                   "them (%s=0 turns this off)", data, arena.numel() / 1e9, ENV)
     return data
 
 

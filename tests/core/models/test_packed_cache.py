@@ -41,10 +41,14 @@ def _packed_bytes(model: torch.nn.Module) -> list[bytes]:
             for s in w.segments]
 
 
-def test_second_load_maps_the_same_bytes(tiny_gguf, cache_on: Path, monkeypatch) -> None:
+def test_second_load_maps_the_same_bytes(tiny_gguf, cache_on: Path, monkeypatch,
+                                         caplog) -> None:
     t = tiny_gguf(arch="qwen2", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=False,
                   tensor_types=Q4_K_M, **SHAPE)
-    first = _load_and_wait(str(t.path))
+    with caplog.at_level(logging.WARNING, logger="draftwise"):
+        first = _load_and_wait(str(t.path))
+    # the disk it takes is said once, with the switch, by the load itself
+    assert "writing packed weights to" in caplog.text and packed_cache.ENV in caplog.text
     files = sorted(p.name for p in cache_on.iterdir())
     assert len(files) == 2 and files[0].endswith(".bin") and files[1].endswith(".json")
     assert packed_cache.cached_for(str(t.path))
