@@ -54,6 +54,9 @@ _MAP_FIXED = 0x10
 _MADV_HUGEPAGE = 14
 #: a temporary file older than this is a write that died, deleted by the next write
 _ABANDONED_S = 3600.0
+#: this process's writes in flight, by data file (``store_in_background``)
+_WRITING: dict[Path, threading.Thread] = {}
+_WRITING_LOCK = threading.Lock()
 #: the environment switch (``0``: no cache)
 ENV = "DRAFTWISE_PACKED_CACHE"
 
@@ -224,12 +227,19 @@ def store_in_background(key: Mapping[str, Any], arena: torch.Tensor) -> threadin
     releases the GIL."""
     if not enabled() or arena.numel() == 0:
         return None
-    # said here, on the loading thread, before any text streams (said from the writer, it
-    # landed in the middle of the first answer on a terminal)
-    logger.warning("draftwise: writing packed weights to %s (%.2f GB) for later starts to "
-                   "map (%s=0 turns this off)", paths(key)[0], arena.numel() / 1e9, ENV)
-    thread = threading.Thread(target=store, args=(key, arena), name="draftwise-packed-cache")
-    thread.start()
+    data = paths(key)[0]
+    with _WRITING_LOCK:
+        busy = _WRITING.get(data)
+        if busy is not None and busy.is_alive():  # a second engine of this process loaded
+            return busy  # the same model before the first write ended: the same bytes
+        # said here, on the loading thread, before any text streams (said from the
+        # writer, it landed in the middle of the first answer on a terminal)
+        logger.warning("draftwise: writing packed weights to %s (%.2f GB) for later starts "
+                       "to map (%s=0 turns this off)", data, arena.numel() / 1e9, ENV)
+        thread = threading.Thread(target=store, args=(key, arena),
+                                  name="draftwise-packed-cache")
+        _WRITING[data] = thread
+        thread.start()
     return thread
 
 
@@ -240,7 +250,8 @@ def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
     if not enabled() or arena.numel() == 0:
         return None
     data, side = paths(key)
-    tmp = data.with_suffix(f".tmp{os.getpid()}")
+    own = f"{os.getpid()}-{threading.get_ident()}"  # (one writer's temporary files)
+    tmp = data.with_suffix(f".tmp{own}")
     try:
         data.parent.mkdir(parents=True, exist_ok=True)
         evict_stale(data.parent, key)
@@ -249,7 +260,7 @@ def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
             f.write(view)
         os.replace(tmp, data)
         meta = {"key": key, "nbytes": arena.numel(), "samples": _samples(view)}
-        side_tmp = side.with_suffix(f".tmp{os.getpid()}j")
+        side_tmp = side.with_suffix(f".tmp{own}j")
         side_tmp.write_text(json.dumps(meta, default=str))
         os.replace(side_tmp, side)  # (a reader, or another writer's eviction, never sees half)
     except OSError as exc:

@@ -123,3 +123,26 @@ def test_another_builds_file_of_the_same_model_is_replaced(tiny_gguf, cache_on: 
     _load_and_wait(str(a.path))  # a rebuilt install: its own file, the old one deleted
     new = sorted(cache_on.iterdir())
     assert len(new) == 2 and not set(new) & set(old)
+
+
+def test_two_engines_loading_one_model_write_it_once(tiny_gguf, cache_on: Path, monkeypatch,
+                                                     caplog) -> None:
+    """A process that loads the same model twice before the first write ends (a benchmark
+    building several engines) writes the file once: one notice, one file, no warning."""
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    gate = __import__("threading").Event()
+    store = packed_cache.store
+
+    def slow_store(key, arena):
+        gate.wait(10)
+        return store(key, arena)
+
+    monkeypatch.setattr(packed_cache, "store", slow_store)
+    with caplog.at_level(logging.WARNING, logger="draftwise"):
+        load_model(str(t.path))
+        load_model(str(t.path))  # the first write is still held at the gate
+        gate.set()
+        _load_and_wait(str(t.path))  # (maps the file if it is there, else packs; waits)
+    assert caplog.text.count("writing packed weights to") == 1
+    assert "not cached" not in caplog.text
+    assert len(list(cache_on.glob("*.bin"))) == 1 and not list(cache_on.glob("*.tmp*"))
