@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,12 +123,8 @@ def main() -> None:
 def alternate(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
     """``--rounds`` rounds of llama-bench then ours, each its own ``-r``/``--reps``
     repetitions; per round the ratio of the means, and the median ratio over rounds."""
-    import os
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from llamacpp import run_llama_bench
+    from llamacpp import run_llama_bench  # (a sibling script's helper)
 
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):

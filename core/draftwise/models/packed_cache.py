@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import threading
 import time
@@ -49,9 +48,6 @@ FORMAT = 1
 #: sample ``SAMPLE`` bytes every ``STRIDE`` for the integrity check (64 samples a GB)
 SAMPLE = 64 << 10
 STRIDE = 16 << 20
-#: ``<sys/mman.h>`` (Linux): map at exactly the address given; advise huge pages
-_MAP_FIXED = 0x10
-_MADV_HUGEPAGE = 14
 #: a temporary file older than this is a write that died, deleted by the next write
 _ABANDONED_S = 3600.0
 #: this process's writes in flight, by data file (``store_in_background``)
@@ -146,6 +142,8 @@ def load(key: Mapping[str, Any], nbytes: int) -> torch.Tensor | None:
     file, or None (no cache, no file, or one that fails a check: then a warning)."""
     import torch
 
+    from draftwise.models.arena import huge_page_file_view
+
     if not enabled() or nbytes <= 0:
         return None
     data, side = paths(key)
@@ -156,7 +154,7 @@ def load(key: Mapping[str, Any], nbytes: int) -> torch.Tensor | None:
         if meta.get("key") != json.loads(json.dumps(key, default=str)) or meta.get(
                 "nbytes") != nbytes or data.stat().st_size != nbytes:
             raise ValueError("its key or size does not match")
-        region = _map(data, nbytes)
+        region = huge_page_file_view(data, nbytes)
         if _samples(memoryview(region)) != meta.get("samples"):
             raise ValueError("its contents changed since it was written")
     except (OSError, ValueError, TypeError) as exc:
@@ -164,56 +162,6 @@ def load(key: Mapping[str, Any], nbytes: int) -> torch.Tensor | None:
                        exc)
         return None
     return torch.frombuffer(region, dtype=torch.uint8)
-
-
-def _map(path: Path, nbytes: int) -> Any:
-    """The file's first ``nbytes`` mapped copy-on-write at a 2 MB-aligned address, advised
-    for huge pages, as a writable buffer whose collection unmaps it.
-
-    Why aligned: the page cache holds the file in large folios (ext4 on Linux 6.x), and a
-    folio is mapped by one page-table entry only at an address aligned like its offset;
-    Python's ``mmap`` leaves the address to the kernel, which gave 4 KB entries here, and
-    decode then ran 25-30% slower (1.5B, 2 threads: 30.8-35.0 ms a token against
-    24.0-26.8 on the huge-page arena) for the TLB misses. Aligned and advised, the whole
-    file was PMD-mapped (``FilePmdMapped`` in ``/proc/self/smaps_rollup``). Where libc's
-    ``mmap`` cannot be called (not Linux), a plain ``mmap.mmap``.
-    """
-    import ctypes
-    import weakref
-
-    from draftwise.models.arena import HUGE_PAGE, libc_madvise
-
-    with open(path, "rb") as f:
-        if libc_madvise() is None:
-            return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_PRIVATE,
-                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        failed = ctypes.c_void_p(-1).value
-        # reserve room for an aligned start (no access, nothing resident), then map the
-        # file over its aligned part and give the rest of the reservation back
-        span = nbytes + HUGE_PAGE
-        reserve = libc.mmap(None, span, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        if reserve in (None, failed):
-            raise OSError(ctypes.get_errno(), "cannot reserve address space for the file")
-        base = -(-reserve // HUGE_PAGE) * HUGE_PAGE
-        got = libc.mmap(base, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
-                        mmap.MAP_PRIVATE | _MAP_FIXED, f.fileno(), 0)
-        if got != base:
-            libc.munmap(reserve, span)
-            raise OSError(ctypes.get_errno(), "cannot map the file")
-    if base > reserve:
-        libc.munmap(reserve, base - reserve)
-    tail = base + -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-    if reserve + span > tail:
-        libc.munmap(tail, reserve + span - tail)
-    libc_madvise()(base, nbytes, _MADV_HUGEPAGE)  # advice: 4 KB entries where refused
-    buffer = (ctypes.c_uint8 * nbytes).from_address(base)
-    weakref.finalize(buffer, libc.munmap, base, nbytes)
-    return buffer
 
 
 def store_in_background(key: Mapping[str, Any], arena: torch.Tensor) -> threading.Thread | None:
