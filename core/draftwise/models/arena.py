@@ -126,10 +126,9 @@ def huge_page_file_view(path: str | os.PathLike[str], nbytes: int) -> object:
 @functools.cache
 def _libc_mapping() -> tuple[Callable[..., int], Callable[[int, int], int], Madvise] | None:
     """libc's ``mmap``, ``munmap`` and ``madvise`` through ctypes, or None (not Linux)."""
-    madvise = libc_madvise()
-    if madvise is None:
+    madvise, libc = libc_madvise(), _libc()
+    if madvise is None or libc is None:
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
     map_, unmap = libc.mmap, libc.munmap
     map_.restype = ctypes.c_void_p
     map_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -140,15 +139,26 @@ def _libc_mapping() -> tuple[Callable[..., int], Callable[[int, int], int], Madv
 
 
 @functools.cache
-def libc_madvise() -> Madvise | None:
-    """libc's ``madvise`` through ctypes (which releases the GIL while it runs), or None
-    where there is no such call to make (not Linux)."""
+def _libc() -> ctypes.CDLL | None:
+    """The process's libc through ctypes, errno kept, opened once (None: not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.madvise
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+@functools.cache
+def libc_madvise() -> Madvise | None:
+    """libc's ``madvise`` through ctypes (which releases the GIL while it runs), or None
+    where there is no such call to make (not Linux)."""
+    libc = _libc()
+    try:
+        call = libc.madvise if libc is not None else None
+    except AttributeError:
+        call = None
+    if call is None:
         return None
     call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     call.restype = ctypes.c_int
