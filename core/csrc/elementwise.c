@@ -10,16 +10,34 @@
 #include "kernels.h"
 #include "threadpool.h"
 
-/* 1 / sqrt(mean(x^2) + eps) of one bf16 row, summed in fp32 (LANES at a time, then the
- * tail): the one sum of squares both norms below share, so they scale rows alike. */
+/* 1 / sqrt(mean(x^2) + eps) of one bf16 row, summed in fp32: 16 running sums (sum l
+ * takes elements l, l + 16, ...), the fixed pairwise tree over them, then the tail: the
+ * one sum of squares both norms below share, so they scale rows alike. At 8-lane width
+ * (EW_LANES) the 16 sums are two vectors and the tree's first stage adds them: the same
+ * operations in the same order, so the same bits. */
 static inline float row_inv_rms(const uint16_t *xr, int64_t dim, float eps) {
-    v16f acc = v16_splat(0.0f);
     int64_t c = 0;
-    for (; c + LANES <= dim; c += LANES) {
+#if EW_LANES == 16
+    v16f acc = v16_splat(0.0f);
+    for (; c + 16 <= dim; c += 16) {
         v16f v = v16_load_bf16(xr + c);
         acc = acc + v * v;
     }
     float ss = v16_sum(acc);
+#else
+    v8f lo = v8_splat(0.0f), hi = v8_splat(0.0f);
+    for (; c + 16 <= dim; c += 16) {
+        v8f a = v8_load_bf16(xr + c), b = v8_load_bf16(xr + c + 8);
+        lo = lo + a * a;
+        hi = hi + b * b;
+    }
+    float t[8];
+    v8f half = lo + hi;
+    memcpy(t, &half, sizeof t);
+    for (int w = 4; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
+    float ss = t[0];
+#endif
     for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
     return 1.0f / sqrtf(ss / (float)dim + eps);
 }
@@ -31,11 +49,11 @@ void dw_rms_norm_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, int64
         const uint16_t *xr = x + r * dim;
         uint16_t *orow = out + r * dim;
         const float inv = row_inv_rms(xr, dim, eps);
-        const v16f vinv = v16_splat(inv);
+        const vewf vinv = EW(splat)(inv);
         int64_t c = 0;
-        for (; c + LANES <= dim; c += LANES) {
-            v16f y = v16_round_bf16(v16_load_bf16(xr + c) * vinv);
-            v16_store_bf16(orow + c, v16_load_bf16(w + c) * y);
+        for (; c + EW_LANES <= dim; c += EW_LANES) {
+            vewf y = EW(round_bf16)(EW(load_bf16)(xr + c) * vinv);
+            EW(store_bf16)(orow + c, EW(load_bf16)(w + c) * y);
         }
         for (; c < dim; c++) {
             float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[c]) * inv));
@@ -53,10 +71,10 @@ static void rms_norm_zc_rows(const uint16_t *x, const uint16_t *w, uint16_t *out
         const uint16_t *xr = x + r * dim;
         uint16_t *orow = out + r * dim;
         const float inv = row_inv_rms(xr, dim, eps);
-        const v16f vinv = v16_splat(inv), one = v16_splat(1.0f);
+        const vewf vinv = EW(splat)(inv), one = EW(splat)(1.0f);
         int64_t c = 0;
-        for (; c + LANES <= dim; c += LANES)
-            v16_store_bf16(orow + c, (v16_load_bf16(xr + c) * vinv) * (one + v16_load_bf16(w + c)));
+        for (; c + EW_LANES <= dim; c += EW_LANES)
+            EW(store_bf16)(orow + c, (EW(load_bf16)(xr + c) * vinv) * (one + EW(load_bf16)(w + c)));
         for (; c < dim; c++)
             orow[c] = f32_to_bf16((bf16_to_f32(xr[c]) * inv) * (1.0f + bf16_to_f32(w[c])));
     }
@@ -80,8 +98,8 @@ void dw_add_rms_norm_rows(const uint16_t *h, uint16_t *delta, const uint16_t *w,
         const uint16_t *hr = h + r * dim;
         uint16_t *dr = delta + r * dim;
         int64_t c = 0;
-        for (; c + LANES <= dim; c += LANES)
-            v16_store_bf16(dr + c, v16_load_bf16(hr + c) + v16_load_bf16(dr + c));
+        for (; c + EW_LANES <= dim; c += EW_LANES)
+            EW(store_bf16)(dr + c, EW(load_bf16)(hr + c) + EW(load_bf16)(dr + c));
         for (; c < dim; c++) dr[c] = f32_to_bf16(bf16_to_f32(hr[c]) + bf16_to_f32(dr[c]));
     }
     dw_rms_norm_rows(delta, w, out, rows, dim, eps);
@@ -124,15 +142,15 @@ static void silu_mul_rows(void *ctx, int64_t begin, int64_t end) {
         const uint16_t *g = gu + r * 2 * inter, *u = g + inter;
         uint16_t *o = out + r * inter;
         int64_t c = 0;
-        for (; c + LANES <= inter; c += LANES) {
-            v16f x = v16_load_bf16(g + c);
-            v16i neg = x < v16_splat(0.0f);
-            v16f ax = (v16f)((v16i)x & ~(v16i)v16_splat(-0.0f)); /* |x| */
-            v16f e = v16_exp_nonpos(-ax);
-            e = (v16f)((v16i)e & ~(ax > v16_splat(87.0f))); /* exp underflows to 0 */
-            v16f num = (v16f)((neg & (v16i)(x * e)) | (~neg & (v16i)x));
-            v16f s = v16_round_bf16(num / (v16_splat(1.0f) + e));
-            v16_store_bf16(o + c, s * v16_load_bf16(u + c));
+        for (; c + EW_LANES <= inter; c += EW_LANES) {
+            vewf x = EW(load_bf16)(g + c);
+            vewi neg = x < EW(splat)(0.0f);
+            vewf ax = (vewf)((vewi)x & ~(vewi)EW(splat)(-0.0f)); /* |x| */
+            vewf e = EW(exp_nonpos)(-ax);
+            e = (vewf)((vewi)e & ~(ax > EW(splat)(87.0f))); /* exp underflows to 0 */
+            vewf num = (vewf)((neg & (vewi)(x * e)) | (~neg & (vewi)x));
+            vewf s = EW(round_bf16)(num / (EW(splat)(1.0f) + e));
+            EW(store_bf16)(o + c, s * EW(load_bf16)(u + c));
         }
         for (; c < inter; c++) {
             float x = bf16_to_f32(g[c]);
@@ -200,31 +218,32 @@ PyObject *dw_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* torch.argmax over each row of fp32 [rows, cols]: the first index of the maximum, or of
- * the first NaN when there is one (torch ranks NaN above everything). 16 lanes keep a
- * running max and its first index; lanes then merge by (value, lower index). */
+ * the first NaN when there is one (torch ranks NaN above everything). EW_LANES lanes keep
+ * a running max and its first index; lanes then merge by (value, lower index). */
 static int64_t argmax_row(const float *x, int64_t n) {
-    v16f best = v16_splat(-INFINITY);
-    v16i idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    v16i best_idx = idx;
-    v16i nan = (v16i)v16_splat(0.0f);
+    vewf best = EW(splat)(-INFINITY);
+    vewi idx, best_idx, nan;
+    for (int l = 0; l < EW_LANES; l++) idx[l] = l;
+    best_idx = idx;
+    nan = idx - idx;
     int64_t c = 0;
-    for (; c + LANES <= n; c += LANES) {
-        v16f v;
+    for (; c + EW_LANES <= n; c += EW_LANES) {
+        vewf v;
         memcpy(&v, x + c, sizeof v);
-        const v16i gt = v > best;
-        best = (v16f)((gt & (v16i)v) | (~gt & (v16i)best));
+        const vewi gt = v > best;
+        best = (vewf)((gt & (vewi)v) | (~gt & (vewi)best));
         best_idx = (gt & idx) | (~gt & best_idx);
         nan |= v != v;
-        idx += LANES;
+        idx += EW_LANES;
     }
     /* a lane that never beat -inf holds only -inf, and its index l is its first: correct */
     float m = best[0];
     int64_t at = best_idx[0];
-    for (int l = 1; l < LANES; l++)
+    for (int l = 1; l < EW_LANES; l++)
         if (best[l] > m || (best[l] == m && best_idx[l] < at)) m = best[l], at = best_idx[l];
-    if (c == 0 && n > 0) m = x[0], at = 0, c = 1; /* fewer than 16 columns */
+    if (c == 0 && n > 0) m = x[0], at = 0, c = 1; /* fewer than EW_LANES columns */
     int any_nan = 0;
-    for (int l = 0; l < LANES; l++) any_nan |= nan[l] != 0;
+    for (int l = 0; l < EW_LANES; l++) any_nan |= nan[l] != 0;
     for (; c < n; c++) {
         any_nan |= x[c] != x[c];
         if (x[c] > m) m = x[c], at = c;

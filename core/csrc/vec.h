@@ -29,35 +29,81 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-static inline v16f v16_round_bf16(v16f x) {
-    v16u bits = (v16u)x;
-    v16u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    v16u nan = (v16u)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */
-    return (v16f)((rounded & ~nan) | (0x7fc00000u & nan));
-}
+/* The lane-independent helpers (bf16 rounding, broadcast, exp, bf16 loads and stores),
+ * defined once for each vector width by this macro: P the prefix, VF/VI/VU the float,
+ * int32 and uint32 vector types, N their lanes. Each lane's result depends on that lane
+ * alone, so a kernel gets the same bits at either width. */
+#define DW_VEC_HELPERS(P, VF, VI, VU, N)                                                   \
+    static inline VF P##_round_bf16(VF x) {                                                \
+        VU bits = (VU)x;                                                                   \
+        VU rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;                 \
+        VU nan = (VU)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */        \
+        return (VF)((rounded & ~nan) | (0x7fc00000u & nan));                               \
+    }                                                                                      \
+    static inline VF P##_splat(float x) {                                                  \
+        VF v;                                                                              \
+        for (int l = 0; l < (N); l++) v[l] = x;                                            \
+        return v;                                                                          \
+    }                                                                                      \
+    /* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a        \
+     * degree-6 polynomial, ~2 ulp. */                                                     \
+    static inline VF P##_exp_nonpos(VF x) {                                                \
+        const VF lo = P##_splat(-87.0f);                                                   \
+        VI below = x < lo;                                                                 \
+        x = (VF)((below & (VI)lo) | (~below & (VI)x));                                     \
+        const VF magic = P##_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */ \
+        VF n = (x * P##_splat(1.44269504088896341f) + magic) - magic;                      \
+        VF r = x - n * P##_splat(0.693359375f);                                            \
+        r = r - n * P##_splat(-2.12194440e-4f);                                            \
+        VF p = P##_splat(1.9875691500e-4f);                                                \
+        p = p * r + P##_splat(1.3981999507e-3f);                                           \
+        p = p * r + P##_splat(8.3334519073e-3f);                                           \
+        p = p * r + P##_splat(4.1665795894e-2f);                                           \
+        p = p * r + P##_splat(1.6666665459e-1f);                                           \
+        p = p * r + P##_splat(5.0000001201e-1f);                                           \
+        p = p * (r * r) + r + P##_splat(1.0f);                                             \
+        VI e = (__builtin_convertvector(n, VI) + 127) << 23;                               \
+        return p * (VF)e;                                                                  \
+    }                                                                                      \
+    /* N bf16 values as fp32 (exact) */                                                    \
+    static inline VF P##_load_bf16(const uint16_t *p) {                                    \
+        uint16_t tmp[N];                                                                   \
+        memcpy(tmp, p, sizeof tmp);                                                        \
+        VU bits;                                                                           \
+        for (int l = 0; l < (N); l++) bits[l] = (uint32_t)tmp[l] << 16;                    \
+        return (VF)bits;                                                                   \
+    }                                                                                      \
+    /* N fp32 values stored as bf16, rounded to nearest even */                            \
+    static inline void P##_store_bf16(uint16_t *p, VF x) {                                 \
+        VU bits = (VU)P##_round_bf16(x);                                                   \
+        uint16_t tmp[N];                                                                   \
+        for (int l = 0; l < (N); l++) tmp[l] = (uint16_t)(bits[l] >> 16);                  \
+        memcpy(p, tmp, sizeof tmp);                                                        \
+    }
 
-static inline v16f v16_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+DW_VEC_HELPERS(v16, v16f, v16i, v16u, 16)
 
-/* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6
- * polynomial, ~2 ulp. Elementwise, so a lane's result never depends on its neighbours. */
-static inline v16f v16_exp_nonpos(v16f x) {
-    const v16f lo = v16_splat(-87.0f);
-    v16i below = x < lo;
-    x = (v16f)((below & (v16i)lo) | (~below & (v16i)x));
-    const v16f magic = v16_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */
-    v16f n = (x * v16_splat(1.44269504088896341f) + magic) - magic;
-    v16f r = x - n * v16_splat(0.693359375f);
-    r = r - n * v16_splat(-2.12194440e-4f);
-    v16f p = v16_splat(1.9875691500e-4f);
-    p = p * r + v16_splat(1.3981999507e-3f);
-    p = p * r + v16_splat(8.3334519073e-3f);
-    p = p * r + v16_splat(4.1665795894e-2f);
-    p = p * r + v16_splat(1.6666665459e-1f);
-    p = p * r + v16_splat(5.0000001201e-1f);
-    p = p * (r * r) + r + v16_splat(1.0f);
-    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return p * (v16f)e;
-}
+/* 8-lane vectors for the loops whose lanes are independent (elementwise kernels,
+ * argmax): GCC lowers a 16-lane generic vector badly where the hardware's are 8 wide
+ * (AVX2: through the stack, measured 110 us for an argmax over 49k floats that takes
+ * 7.8 us at 8 lanes), so those loops run at EW_LANES, 16 only where the build has
+ * AVX-512 (and off x86, as before). */
+typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
+typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
+DW_VEC_HELPERS(v8, v8f, v8i, v8u, 8)
+
+#if defined(__AVX512F__) || !(defined(__x86_64__) || defined(__i386__))
+#define EW_LANES 16
+typedef v16f vewf;
+typedef v16i vewi;
+#define EW(name) v16_##name
+#else
+#define EW_LANES 8
+typedef v8f vewf;
+typedef v8i vewi;
+#define EW(name) v8_##name
+#endif
 
 /* Fixed pairwise tree over the 16 lanes. */
 static inline float v16_sum(v16f x) {
@@ -66,23 +112,6 @@ static inline float v16_sum(v16f x) {
     for (int w = LANES / 2; w >= 1; w /= 2)
         for (int i = 0; i < w; i++) a[i] = a[i] + a[i + w];
     return a[0];
-}
-
-/* Load 16 bf16 values as fp32 (exact). */
-static inline v16f v16_load_bf16(const uint16_t *p) {
-    uint16_t tmp[LANES];
-    memcpy(tmp, p, sizeof tmp);
-    v16u bits;
-    for (int l = 0; l < LANES; l++) bits[l] = (uint32_t)tmp[l] << 16;
-    return (v16f)bits;
-}
-
-/* Store 16 fp32 values as bf16, rounded to nearest even. */
-static inline void v16_store_bf16(uint16_t *p, v16f x) {
-    v16u bits = (v16u)v16_round_bf16(x);
-    uint16_t tmp[LANES];
-    for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)(bits[l] >> 16);
-    memcpy(p, tmp, sizeof tmp);
 }
 
 /* 16 uint16 values zero-extended to 32 bits. */

@@ -253,6 +253,17 @@ def test_argmax_rows_is_torch_argmax_ties_nan_and_inf_included() -> None:
     torch.manual_seed(0)
     cases = [torch.randn(r, v) for r, v in ((5, 49152), (1, 7), (3, 16), (2, 17), (4, 100))]
     cases.append(torch.randint(0, 3, (64, 300)).float())  # many ties: the first index wins
+    # widths around the kernel's vector widths (8 lanes on AVX2, 16 with AVX-512), the
+    # maximum in the scalar tail, and signed zeros (equal: the first wins)
+    cases += [torch.randn(3, v) for v in (8, 9, 15, 24, 31, 33)]
+    tail = torch.zeros(2, 41)
+    tail[0, 40] = 1.0
+    tail[1, 35] = float("nan")
+    cases.append(tail)
+    zeros = torch.full((2, 20), -1.0)
+    zeros[0, 3], zeros[0, 17] = -0.0, 0.0
+    zeros[1, 3], zeros[1, 17] = 0.0, -0.0
+    cases.append(zeros)
     cases.append(torch.full((3, 40), -float("inf")))
     x = torch.zeros(2, 50)
     x[0, 33] = x[0, 40] = 1.0
