@@ -11,8 +11,12 @@
  * lane, the softmax denominator sums 16 key lanes in key order then a fixed tree, and
  * P @ V accumulates key pairs in order, pairs aligned to even absolute positions (never
  * to where the row's first query starts). No -ffast-math (no reassociation). All
- * arithmetic is on explicit 16-lane vectors (no auto-vectorised loops with scalar tails),
- * so letting the compiler fuse multiply-adds (-ffp-contract=fast) changes nothing.
+ * arithmetic is on explicit vectors (no auto-vectorised loops with scalar tails), so
+ * letting the compiler fuse multiply-adds (-ffp-contract=fast) changes nothing. Their
+ * width is vec.h's EW_LANES: 16 with AVX-512, 8 on AVX2, where GCC spilled 16-lane
+ * vectors through the stack (3-4x slower). A score is one key's lane and a P @ V sum
+ * one dim's, and the denominator keeps its 16 sums at either width, so both widths
+ * give the same bits.
  *
  * Numerics follow transformers' eager bf16 attention: scores rounded to bf16 (a bf16
  * matmul's output), softmax in fp32, probabilities rounded to bf16, P @ V accumulated
@@ -31,6 +35,10 @@
 #include "threadpool.h"
 
 #include <stdlib.h>
+
+/* this file's vector width: EW_LANES (vec.h), 8 on AVX2, 16 with AVX-512 */
+#undef LANES
+#define LANES EW_LANES
 
 typedef dw_attention_args Args; /* kernels.h */
 
@@ -64,36 +72,49 @@ typedef struct {
 
 /* query-heads that share key tiles in the score and P @ V loops */
 #define QGROUP 4
+/* vectors per pass of the score and P @ V loops (keys or dims per pass: AV * LANES):
+ * four of 16 lanes, two of 8 (four of 8 would hold QGROUP x 4 accumulators in all 16 of
+ * AVX2's registers, and spill). Each lane's sums are the same whatever AV is. */
+#if LANES == 16
+#define AV 4
+#else
+#define AV 2
+#endif
 
-/* acc[g][u] += pair src[g][at] (broadcast) x pair vector u of ``row`` (four 16-lane vectors
- * of bf16 pairs), for G query-heads: the inner step of both the score and P @ V loops. */
-static inline __attribute__((always_inline)) void dot2_rows(v16f acc[][4], const uint32_t *row,
+/* acc[g][u] += pair src[g][at] (broadcast) x pair vector u of ``row`` (AV vectors of bf16
+ * pairs), for G query-heads: the inner step of both the score and P @ V loops. */
+static inline __attribute__((always_inline)) void dot2_rows(vewf acc[][AV], const uint32_t *row,
                                                             const uint32_t *const src[],
                                                             int64_t at, const int G) {
-    v16u x0, x1, x2, x3; /* named, not an array: an array is spilled to the stack */
+    vewu x0, x1; /* named, not an array: an array is spilled to the stack */
     memcpy(&x0, row, sizeof x0);
     memcpy(&x1, row + LANES, sizeof x1);
+#if LANES == 16
+    vewu x2, x3;
     memcpy(&x2, row + 2 * LANES, sizeof x2);
     memcpy(&x3, row + 3 * LANES, sizeof x3);
+#endif
     for (int g = 0; g < G; g++) {
-        const v16u p = v16_splat_u32(src[g][at]);
-        acc[g][0] = v16_dot2_bf16(acc[g][0], p, x0);
-        acc[g][1] = v16_dot2_bf16(acc[g][1], p, x1);
-        acc[g][2] = v16_dot2_bf16(acc[g][2], p, x2);
-        acc[g][3] = v16_dot2_bf16(acc[g][3], p, x3);
+        const vewu p = EW(splat_u32)(src[g][at]);
+        acc[g][0] = EW(dot2_bf16)(acc[g][0], p, x0);
+        acc[g][1] = EW(dot2_bf16)(acc[g][1], p, x1);
+#if LANES == 16
+        acc[g][2] = EW(dot2_bf16)(acc[g][2], p, x2);
+        acc[g][3] = EW(dot2_bf16)(acc[g][3], p, x3);
+#endif
     }
 }
 
-/* Scores of G query-heads against four 16-key blocks starting at ``base`` (a column of
+/* Scores of G query-heads against AV blocks of LANES keys starting at ``base`` (a column of
  * kt2, keys' head dims as bf16 pairs). Each (query-head, block) is one accumulator summing
  * dim pairs in order, exactly as when that query-head is alone; G only decides how many
  * share each load of kt2. */
 static inline __attribute__((always_inline)) void score_group(const uint32_t *base,
                                                               const uint32_t *const qv[QGROUP],
                                                               const int G, int64_t d2,
-                                                              int64_t npad, v16f acc[QGROUP][4]) {
+                                                              int64_t npad, vewf acc[QGROUP][AV]) {
     for (int g = 0; g < G; g++)
-        for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
+        for (int u = 0; u < AV; u++) acc[g][u] = EW(splat)(0.0f);
     for (int64_t c = 0; c < d2; c++, base += npad) dot2_rows(acc, base, qv, c, G);
 }
 
@@ -102,7 +123,7 @@ static void score_tiles(const uint32_t *base, const uint32_t *q2, const int64_t 
                         float *s, int64_t b) {
     const uint32_t *qv[QGROUP];
     for (int g = 0; g < ng; g++) qv[g] = q2 + grp[g] * d2;
-    v16f acc[QGROUP][4];
+    vewf acc[QGROUP][AV];
     switch (ng) {
     case 1: score_group(base, qv, 1, d2, npad, acc); break;
     case 2: score_group(base, qv, 2, d2, npad, acc); break;
@@ -110,13 +131,13 @@ static void score_tiles(const uint32_t *base, const uint32_t *q2, const int64_t 
     default: score_group(base, qv, 4, d2, npad, acc); break;
     }
     for (int g = 0; g < ng; g++)
-        for (int u = 0; u < 4 && b + u < nbs[g]; u++) {
-            const v16f x = v16_round_bf16(acc[g][u]) * v16_splat(scale);
+        for (int u = 0; u < AV && b + u < nbs[g]; u++) {
+            const vewf x = EW(round_bf16)(acc[g][u]) * EW(splat)(scale);
             memcpy(s + grp[g] * npad + (b + u) * LANES, &x, sizeof x);
         }
 }
 
-/* o[q] = sum over key pairs M of (p[2M] v[2M] + p[2M+1] v[2M+1]) for four 16-dim vectors
+/* o[q] = sum over key pairs M of (p[2M] v[2M] + p[2M+1] v[2M+1]) for AV vectors of dims
  * starting at dim v0, pairs from ``m0`` to each query-head's own end: pairs in order, so
  * each query-head's sums are the same as alone; the group shares the V loads up to its
  * shortest end. vp2 holds V as bf16 pairs of consecutive keys, sp2[g] p as bf16 pairs. */
@@ -125,10 +146,10 @@ static inline __attribute__((always_inline)) void pv_group(const uint32_t *vp2,
                                                            float *const og[QGROUP],
                                                            const int64_t *ends, const int G,
                                                            int64_t m0, int64_t d, int64_t v0) {
-    v16f acc[QGROUP][4];
+    vewf acc[QGROUP][AV];
     int64_t common = ends[0];
     for (int g = 0; g < G; g++) {
-        for (int u = 0; u < 4; u++) acc[g][u] = v16_splat(0.0f);
+        for (int u = 0; u < AV; u++) acc[g][u] = EW(splat)(0.0f);
         common = ends[g] < common ? ends[g] : common;
     }
     const uint32_t *vr = vp2 + m0 * d + v0;
@@ -145,7 +166,7 @@ static void pv_pairs(const uint32_t *vp2, const uint32_t *const sp2[QGROUP],
                      float *const og[QGROUP], const int64_t *ends, int ng, int64_t m0,
                      int64_t d) {
     int64_t v0 = 0;
-    for (; v0 + 4 * LANES <= d; v0 += 4 * LANES) {
+    for (; v0 + AV * LANES <= d; v0 += AV * LANES) {
         switch (ng) {
         case 1: pv_group(vp2, sp2, og, ends, 1, m0, d, v0); break;
         case 2: pv_group(vp2, sp2, og, ends, 2, m0, d, v0); break;
@@ -153,20 +174,20 @@ static void pv_pairs(const uint32_t *vp2, const uint32_t *const sp2[QGROUP],
         default: pv_group(vp2, sp2, og, ends, 4, m0, d, v0); break;
         }
     }
-    for (; v0 < d; v0 += LANES) /* head_dim not a multiple of 64: one vector at a time */
+    for (; v0 < d; v0 += LANES) /* head_dim not a multiple of AV * LANES: one at a time */
         for (int g = 0; g < ng; g++) {
-            v16f acc = v16_splat(0.0f);
+            vewf acc = EW(splat)(0.0f);
             const uint32_t *vr = vp2 + m0 * d + v0;
             for (int64_t m = m0; m < ends[g]; m++, vr += d) {
-                v16u x;
+                vewu x;
                 memcpy(&x, vr, sizeof x);
-                acc = v16_dot2_bf16(acc, v16_splat_u32(sp2[g][m]), x);
+                acc = EW(dot2_bf16)(acc, EW(splat_u32)(sp2[g][m]), x);
             }
             memcpy(og[g] + v0, &acc, sizeof acc);
         }
 }
 
-/* One key's dim pairs down a column of kt2 (the keys after the last whole 16). */
+/* One key's dim pairs down a column of kt2 (the keys after the last whole LANES). */
 static void memcpy_pairs_column(uint32_t *col, int64_t npad, const uint16_t *key, int64_t d2) {
     for (int64_t c = 0; c < d2; c++) memcpy(col + c * npad, key + 2 * c, sizeof(uint32_t));
 }
@@ -174,11 +195,41 @@ static void memcpy_pairs_column(uint32_t *col, int64_t npad, const uint16_t *key
 /* Two consecutive keys' values as bf16 pairs (either may be NULL: zeros). */
 static void write_pair(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, int64_t d) {
     for (int64_t c = 0; c < d; c += LANES) {
-        const v16u a = lo ? v16_load_u16(lo + c) : v16_splat_u32(0);
-        const v16u b = hi ? v16_load_u16(hi + c) << 16 : v16_splat_u32(0);
-        const v16u x = a | b;
+        const vewu a = lo ? EW(load_u16)(lo + c) : EW(splat_u32)(0);
+        const vewu b = hi ? EW(load_u16)(hi + c) << 16 : EW(splat_u32)(0);
+        const vewu x = a | b;
         memcpy(dst + c, &x, sizeof x);
     }
+}
+
+/* The softmax denominator: 16 running sums over x[0 .. n16) (sum l takes x[l], x[l + 16],
+ * ...), then the fixed pairwise tree over them (v16_sum); at 8 lanes the sums are two
+ * vectors and the tree's first stage adds them, so both widths give the same bits. */
+static inline float sum16_blocks(const float *x, int64_t n16) {
+#if LANES == 16
+    v16f den = v16_splat(0.0f);
+    for (int64_t b = 0; b < n16; b += 16) {
+        v16f e;
+        memcpy(&e, x + b, sizeof e);
+        den = den + e;
+    }
+    return v16_sum(den);
+#else
+    v8f lo = v8_splat(0.0f), hi = v8_splat(0.0f);
+    for (int64_t b = 0; b < n16; b += 16) {
+        v8f e0, e1;
+        memcpy(&e0, x + b, sizeof e0);
+        memcpy(&e1, x + b + 8, sizeof e1);
+        lo = lo + e0;
+        hi = hi + e1;
+    }
+    float t[8];
+    const v8f half = lo + hi;
+    memcpy(t, &half, sizeof t);
+    for (int w = 4; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
+    return t[0];
+#endif
 }
 
 /* One row, one kv head: every query token x every query head sharing that kv head. The
@@ -227,22 +278,22 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             vprev = vp;
         krow[j % LANES] = a->kc + off;
         if (j % LANES != LANES - 1) continue;
-        /* 16 keys gathered: transpose their dim pairs into kt2, 16 x 16 pairs at a time */
+        /* LANES keys gathered: transpose their dim pairs into kt2, a square of pairs at a time */
         const int64_t j0 = j - (LANES - 1);
         for (int64_t c0 = 0; c0 < d2; c0 += LANES) {
             const int64_t np = d2 - c0 < LANES ? d2 - c0 : LANES;
-            v16f t[LANES];
+            vewf t[LANES];
             for (int l = 0; l < LANES; l++) {
-                v16u x = v16_splat_u32(0);
+                vewu x = EW(splat_u32)(0);
                 memcpy(&x, krow[l] + 2 * c0, (size_t)np * sizeof(uint32_t));
-                t[l] = (v16f)x;
+                t[l] = (vewf)x;
             }
-            v16_transpose(t); /* bit moves only */
+            EW(transpose)(t); /* bit moves only */
             for (int l = 0; l < np; l++) memcpy(kt2 + (c0 + l) * npad + j0, &t[l], sizeof t[l]);
         }
     }
     if (vprev) write_pair(vp2 + ((nkeys - 1 + odd0) >> 1) * d, vprev, NULL, d); /* odd end */
-    for (int64_t jt = nkeys / LANES * LANES; jt < nkeys; jt++) /* the last, partial 16 */
+    for (int64_t jt = nkeys / LANES * LANES; jt < nkeys; jt++) /* the last, partial block */
         memcpy_pairs_column(kt2 + jt, npad, krow[jt % LANES], d2);
     for (int64_t c = 0; c < d2; c++)
         for (int64_t j = nkeys; j < npad; j++) kt2[c * npad + j] = 0;
@@ -261,9 +312,9 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t lo_ = first_key(a, pos_);            \
     const int64_t J0 = lo_ - lo_all, N = pos_ - lo_ + 1
 
-    /* scores: four blocks of 16 keys per pass, all query-heads per tile; query-heads
+    /* scores: AV blocks of LANES keys per pass, all query-heads per tile; query-heads
      * that start at the same key share each tile load (up to QGROUP at a time) */
-    for (int64_t b = 0; b < max_blocks; b += 4) {
+    for (int64_t b = 0; b < max_blocks; b += AV) {
         int64_t qi = 0;
         while (qi < nq) {
             QRANGE(qi, j0, n);
@@ -280,41 +331,42 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             qi += ng;
         }
     }
-    /* softmax per query-head: exact max, exp, 16-lane denominator, bf16 probabilities */
+    /* softmax per query-head: exact max, exp, 16-sum denominator, bf16 probabilities */
     for (int64_t qi = 0; qi < nq; qi++) {
         QRANGE(qi, j0, n);
         float *sq = s + qi * npad;
         const int64_t nb = (n + LANES - 1) / LANES;
-        for (int64_t j = n; j < nb * LANES; j++) sq[j] = -INFINITY;
-        v16f vm = v16_splat(-INFINITY); /* max is exact: any order gives the same */
+        const int64_t n16 = (n + 15) / 16 * 16; /* the denominator's 16 sums (below) */
+        for (int64_t j = n; j < n16; j++) sq[j] = -INFINITY;
+        vewf vm = EW(splat)(-INFINITY); /* max is exact: any order gives the same */
         for (int64_t b = 0; b < nb; b++) {
-            v16f x;
+            vewf x;
             memcpy(&x, sq + b * LANES, sizeof x);
-            v16i gt = x > vm;
-            vm = (v16f)((gt & (v16i)x) | (~gt & (v16i)vm));
+            vewi gt = x > vm;
+            vm = (vewf)((gt & (vewi)x) | (~gt & (vewi)vm));
         }
         float mm[LANES], m = -INFINITY;
         memcpy(mm, &vm, sizeof mm);
         for (int l = 0; l < LANES; l++) m = mm[l] > m ? mm[l] : m;
-        v16f den = v16_splat(0.0f);
-        for (int64_t b = 0; b < nb; b++) {
-            v16f x;
+        /* exp, then the denominator as 16 running sums (sum l takes keys l, l + 16, ...)
+         * and a fixed tree over them, at either vector width: the same bits */
+        for (int64_t b = 0; b < n16 / LANES; b++) {
+            vewf x;
             memcpy(&x, sq + b * LANES, sizeof x);
-            v16f e = v16_exp_nonpos(x - v16_splat(m));
-            v16f keep = (v16f)((v16i)(x > v16_splat(-INFINITY)) & (v16i)e);
+            vewf e = EW(exp_nonpos)(x - EW(splat)(m));
+            vewf keep = (vewf)((vewi)(x > EW(splat)(-INFINITY)) & (vewi)e);
             memcpy(sq + b * LANES, &keep, sizeof keep);
-            den = den + keep;
         }
-        const v16f denom = v16_splat(v16_sum(den));
+        const vewf denom = EW(splat)(sum16_blocks(sq, n16));
         /* bf16 probabilities into sp at this query-head's place in the pair layout, with
          * a zero beside each end that shares a pair with a key it does not see */
         uint16_t *spq = sp + qi * spw;
         const int64_t first = odd0 + j0, last = first + n;
         if (first & 1) spq[first - 1] = 0;
         for (int64_t b = 0; b < nb; b++) {
-            v16f e;
+            vewf e;
             memcpy(&e, sq + b * LANES, sizeof e);
-            const v16u bits = (v16u)v16_round_bf16(e / denom) >> 16;
+            const vewu bits = (vewu)EW(round_bf16)(e / denom) >> 16;
             uint16_t tmp[LANES];
             for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)bits[l];
             memcpy(spq + first + b * LANES, tmp, sizeof tmp);
@@ -401,7 +453,7 @@ static void attend_items(void *ctx, int64_t begin, int64_t end) {
 }
 
 int dw_attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t dim) {
-    return dim % LANES == 0 && dim > 0 && dim <= 512 && kv_heads > 0 && heads % kv_heads == 0;
+    return dim % 16 == 0 && dim > 0 && dim <= 512 && kv_heads > 0 && heads % kv_heads == 0;
 }
 
 int dw_paged_attention_run(const Args *a, int threads) {

@@ -93,17 +93,6 @@ typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
 typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
 DW_VEC_HELPERS(v8, v8f, v8i, v8u, 8)
 
-#if defined(__AVX512F__) || !(defined(__x86_64__) || defined(__i386__))
-#define EW_LANES 16
-typedef v16f vewf;
-typedef v16i vewi;
-#define EW(name) v16_##name
-#else
-#define EW_LANES 8
-typedef v8f vewf;
-typedef v8i vewi;
-#define EW(name) v8_##name
-#endif
 
 /* Fixed pairwise tree over the 16 lanes. */
 static inline float v16_sum(v16f x) {
@@ -168,5 +157,57 @@ static inline void v16_transpose(v16f r[LANES]) {
     V16_SWAP_STAGE(r, 2, V16_LO2, V16_HI2)
     V16_SWAP_STAGE(r, 1, V16_LO1, V16_HI1)
 }
+
+/* The 8-lane forms of the pair helpers above (same operations per lane). */
+static inline v8u v8_splat_u32(uint32_t x) { return (v8u){x, x, x, x, x, x, x, x}; }
+static inline v8u v8_load_u16(const uint16_t *p) {
+    uint16_t tmp[8];
+    memcpy(tmp, p, sizeof tmp);
+    v8u x;
+    for (int l = 0; l < 8; l++) x[l] = tmp[l];
+    return x;
+}
+static inline v8f v8_dot2_bf16(v8f acc, v8u a, v8u b) {
+    const v8f alo = (v8f)(a << 16), ahi = (v8f)(a & 0xffff0000u);
+    const v8f blo = (v8f)(b << 16), bhi = (v8f)(b & 0xffff0000u);
+    return acc + alo * blo + ahi * bhi;
+}
+/* Transpose an 8x8 fp32 tile held as 8 row vectors, in place: stages b = 4, 2, 1 of
+ * V16_SWAP_STAGE's rule at 8 lanes (c_ indexes from 8). Exact (moves only). */
+#define V8_SWAP_STAGE(r, b, LO, HI)                                                      \
+    for (int i_ = 0; i_ < 8; i_++) {                                                     \
+        if (i_ & (b)) continue;                                                          \
+        const v8f a_ = (r)[i_], c_ = (r)[i_ + (b)];                                      \
+        (r)[i_] = __builtin_shufflevector(a_, c_, LO);                                   \
+        (r)[i_ + (b)] = __builtin_shufflevector(a_, c_, HI);                             \
+    }
+#define V8_LO4 0, 1, 2, 3, 8, 9, 10, 11
+#define V8_HI4 4, 5, 6, 7, 12, 13, 14, 15
+#define V8_LO2 0, 1, 8, 9, 4, 5, 12, 13
+#define V8_HI2 2, 3, 10, 11, 6, 7, 14, 15
+#define V8_LO1 0, 8, 2, 10, 4, 12, 6, 14
+#define V8_HI1 1, 9, 3, 11, 5, 13, 7, 15
+static inline void v8_transpose(v8f r[8]) {
+    V8_SWAP_STAGE(r, 4, V8_LO4, V8_HI4)
+    V8_SWAP_STAGE(r, 2, V8_LO2, V8_HI2)
+    V8_SWAP_STAGE(r, 1, V8_LO1, V8_HI1)
+}
+
+/* The width of the loops whose lanes are independent (elementwise kernels, argmax, the
+ * attention kernel's per-key and per-dim lanes): 16 only where the build has AVX-512
+ * (and off x86, as before), else 8 (see v8f above). */
+#if defined(__AVX512F__) || !(defined(__x86_64__) || defined(__i386__))
+#define EW_LANES 16
+typedef v16f vewf;
+typedef v16i vewi;
+typedef v16u vewu;
+#define EW(name) v16_##name
+#else
+#define EW_LANES 8
+typedef v8f vewf;
+typedef v8i vewi;
+typedef v8u vewu;
+#define EW(name) v8_##name
+#endif
 
 #endif
