@@ -109,8 +109,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from draftwise.bootstrap import finish_backend
+    from draftwise.formats.default_model import default_model_path
     from draftwise.models.loader import load_model
 
+    # the embedded model by path: llama-bench needs the file (it was handed None)
+    args.model = args.model or default_model_path()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
     finish_backend(loaded, args.threads)  # as the engine does (threads and backend)
