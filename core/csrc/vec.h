@@ -79,20 +79,42 @@ static inline uint16_t f32_to_bf16(float f) {
         uint16_t tmp[N];                                                                   \
         for (int l = 0; l < (N); l++) tmp[l] = (uint16_t)(bits[l] >> 16);                  \
         memcpy(p, tmp, sizeof tmp);                                                        \
+    }                                                                                      \
+    static inline VU P##_splat_u32(uint32_t x) {                                           \
+        VU v;                                                                              \
+        for (int l = 0; l < (N); l++) v[l] = x;                                            \
+        return v;                                                                          \
+    }                                                                                      \
+    /* N uint16 values zero-extended to 32 bits */                                         \
+    static inline VU P##_load_u16(const uint16_t *p) {                                     \
+        uint16_t tmp[N];                                                                   \
+        memcpy(tmp, p, sizeof tmp);                                                        \
+        VU x;                                                                              \
+        for (int l = 0; l < (N); l++) x[l] = tmp[l];                                       \
+        return x;                                                                          \
+    }
+
+/* acc + a.lo * b.lo + a.hi * b.hi per lane, where each 32-bit lane of a and b holds two
+ * bf16 values (lo in the low half): two fused multiply-adds (where the build has
+ * AVX512-BF16, v16_dot2_bf16 is one vdpbf16ps instead; a build always uses one, so
+ * results never depend on the batch). */
+#define DW_VEC_DOT2(P, VF, VU)                                                             \
+    static inline VF P##_dot2_bf16(VF acc, VU a, VU b) {                                   \
+        const VF alo = (VF)(a << 16), ahi = (VF)(a & 0xffff0000u);                         \
+        const VF blo = (VF)(b << 16), bhi = (VF)(b & 0xffff0000u);                         \
+        return acc + alo * blo + ahi * bhi;                                                \
     }
 
 DW_VEC_HELPERS(v16, v16f, v16i, v16u, 16)
 
-/* 8-lane vectors for the loops whose lanes are independent (elementwise kernels,
- * argmax): GCC lowers a 16-lane generic vector badly where the hardware's are 8 wide
- * (AVX2: through the stack, measured 110 us for an argmax over 49k floats that takes
- * 7.8 us at 8 lanes), so those loops run at EW_LANES, 16 only where the build has
- * AVX-512 (and off x86, as before). */
+/* 8-lane vectors: GCC lowers a 16-lane generic vector badly where the hardware's are 8
+ * wide (AVX2: through the stack; an argmax over 49k floats took 110 us, 7.8 us at 8
+ * lanes). See EW_LANES below. */
 typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
 typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
 typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
 DW_VEC_HELPERS(v8, v8f, v8i, v8u, 8)
-
+DW_VEC_DOT2(v8, v8f, v8u)
 
 /* Fixed pairwise tree over the 16 lanes. */
 static inline float v16_sum(v16f x) {
@@ -103,41 +125,23 @@ static inline float v16_sum(v16f x) {
     return a[0];
 }
 
-/* 16 uint16 values zero-extended to 32 bits. */
-static inline v16u v16_load_u16(const uint16_t *p) {
-    uint16_t tmp[LANES];
-    memcpy(tmp, p, sizeof tmp);
-    v16u x;
-    for (int l = 0; l < LANES; l++) x[l] = tmp[l];
-    return x;
-}
-
-/* acc + a.lo * b.lo + a.hi * b.hi per lane, where each 32-bit lane of a and b holds two
- * bf16 values (lo in the low half): one vdpbf16ps where the build has AVX512-BF16, else
- * two fused multiply-adds. The two round differently, but a build always uses one, so
- * results never depend on the batch. */
+/* v16_dot2_bf16: one vdpbf16ps where the build has AVX512-BF16 (see DW_VEC_DOT2) */
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 static inline v16f v16_dot2_bf16(v16f acc, v16u a, v16u b) {
     return (v16f)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
 }
 #else
-static inline v16f v16_dot2_bf16(v16f acc, v16u a, v16u b) {
-    const v16f alo = (v16f)(a << 16), ahi = (v16f)(a & 0xffff0000u);
-    const v16f blo = (v16f)(b << 16), bhi = (v16f)(b & 0xffff0000u);
-    return acc + alo * blo + ahi * bhi;
-}
+DW_VEC_DOT2(v16, v16f, v16u)
 #endif
-
-static inline v16u v16_splat_u32(uint32_t x) { return (v16u){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* Transpose a 16x16 fp32 tile held as 16 row vectors, in place: four stages that swap
  * the off-diagonal b x b sub-blocks (b = 8, 4, 2, 1), 64 two-vector shuffles in all
  * instead of 256 scalar moves. Exact (moves only). */
-#define V16_SWAP_STAGE(r, b, LO, HI)                                                     \
-    for (int i_ = 0; i_ < LANES; i_++) {                                                 \
+#define DW_SWAP_STAGE(VF, N, r, b, LO, HI)                                               \
+    for (int i_ = 0; i_ < (N); i_++) {                                                   \
         if (i_ & (b)) continue;                                                          \
-        const v16f a_ = (r)[i_], c_ = (r)[i_ + (b)];                                     \
+        const VF a_ = (r)[i_], c_ = (r)[i_ + (b)];                                       \
         (r)[i_] = __builtin_shufflevector(a_, c_, LO);                                   \
         (r)[i_ + (b)] = __builtin_shufflevector(a_, c_, HI);                             \
     }
@@ -152,35 +156,14 @@ static inline v16u v16_splat_u32(uint32_t x) { return (v16u){x, x, x, x, x, x, x
 #define V16_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
 
 static inline void v16_transpose(v16f r[LANES]) {
-    V16_SWAP_STAGE(r, 8, V16_LO8, V16_HI8)
-    V16_SWAP_STAGE(r, 4, V16_LO4, V16_HI4)
-    V16_SWAP_STAGE(r, 2, V16_LO2, V16_HI2)
-    V16_SWAP_STAGE(r, 1, V16_LO1, V16_HI1)
+    DW_SWAP_STAGE(v16f, 16, r, 8, V16_LO8, V16_HI8)
+    DW_SWAP_STAGE(v16f, 16, r, 4, V16_LO4, V16_HI4)
+    DW_SWAP_STAGE(v16f, 16, r, 2, V16_LO2, V16_HI2)
+    DW_SWAP_STAGE(v16f, 16, r, 1, V16_LO1, V16_HI1)
 }
 
-/* The 8-lane forms of the pair helpers above (same operations per lane). */
-static inline v8u v8_splat_u32(uint32_t x) { return (v8u){x, x, x, x, x, x, x, x}; }
-static inline v8u v8_load_u16(const uint16_t *p) {
-    uint16_t tmp[8];
-    memcpy(tmp, p, sizeof tmp);
-    v8u x;
-    for (int l = 0; l < 8; l++) x[l] = tmp[l];
-    return x;
-}
-static inline v8f v8_dot2_bf16(v8f acc, v8u a, v8u b) {
-    const v8f alo = (v8f)(a << 16), ahi = (v8f)(a & 0xffff0000u);
-    const v8f blo = (v8f)(b << 16), bhi = (v8f)(b & 0xffff0000u);
-    return acc + alo * blo + ahi * bhi;
-}
-/* Transpose an 8x8 fp32 tile held as 8 row vectors, in place: stages b = 4, 2, 1 of
- * V16_SWAP_STAGE's rule at 8 lanes (c_ indexes from 8). Exact (moves only). */
-#define V8_SWAP_STAGE(r, b, LO, HI)                                                      \
-    for (int i_ = 0; i_ < 8; i_++) {                                                     \
-        if (i_ & (b)) continue;                                                          \
-        const v8f a_ = (r)[i_], c_ = (r)[i_ + (b)];                                      \
-        (r)[i_] = __builtin_shufflevector(a_, c_, LO);                                   \
-        (r)[i_ + (b)] = __builtin_shufflevector(a_, c_, HI);                             \
-    }
+/* Transpose an 8x8 fp32 tile held as 8 row vectors, in place: stages b = 4, 2, 1 of the
+ * same rule at 8 lanes (c_ indexes from 8). Exact (moves only). */
 #define V8_LO4 0, 1, 2, 3, 8, 9, 10, 11
 #define V8_HI4 4, 5, 6, 7, 12, 13, 14, 15
 #define V8_LO2 0, 1, 8, 9, 4, 5, 12, 13
@@ -188,9 +171,9 @@ static inline v8f v8_dot2_bf16(v8f acc, v8u a, v8u b) {
 #define V8_LO1 0, 8, 2, 10, 4, 12, 6, 14
 #define V8_HI1 1, 9, 3, 11, 5, 13, 7, 15
 static inline void v8_transpose(v8f r[8]) {
-    V8_SWAP_STAGE(r, 4, V8_LO4, V8_HI4)
-    V8_SWAP_STAGE(r, 2, V8_LO2, V8_HI2)
-    V8_SWAP_STAGE(r, 1, V8_LO1, V8_HI1)
+    DW_SWAP_STAGE(v8f, 8, r, 4, V8_LO4, V8_HI4)
+    DW_SWAP_STAGE(v8f, 8, r, 2, V8_LO2, V8_HI2)
+    DW_SWAP_STAGE(v8f, 8, r, 1, V8_LO1, V8_HI1)
 }
 
 /* The width of the loops whose lanes are independent (elementwise kernels, argmax, the
