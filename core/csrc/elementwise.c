@@ -10,34 +10,14 @@
 #include "kernels.h"
 #include "threadpool.h"
 
-/* 1 / sqrt(mean(x^2) + eps) of one bf16 row, summed in fp32: 16 running sums (sum l
- * takes elements l, l + 16, ...), the fixed pairwise tree over them, then the tail: the
- * one sum of squares both norms below share, so they scale rows alike. At 8-lane width
- * (EW_LANES) the 16 sums are two vectors and the tree's first stage adds them: the same
- * operations in the same order, so the same bits. */
+/* 1 / sqrt(mean(x^2) + eps) of one bf16 row, summed in fp32: 16 running sums and their
+ * fixed tree (vec.h dw_sum16), then the tail: the one sum of squares both norms below
+ * share, so they scale rows alike. */
 static inline float row_inv_rms(const uint16_t *xr, int64_t dim, float eps) {
+    dw_sum16 acc = dw_sum16_zero();
     int64_t c = 0;
-#if EW_LANES == 16
-    v16f acc = v16_splat(0.0f);
-    for (; c + 16 <= dim; c += 16) {
-        v16f v = v16_load_bf16(xr + c);
-        acc = acc + v * v;
-    }
-    float ss = v16_sum(acc);
-#else
-    v8f lo = v8_splat(0.0f), hi = v8_splat(0.0f);
-    for (; c + 16 <= dim; c += 16) {
-        v8f a = v8_load_bf16(xr + c), b = v8_load_bf16(xr + c + 8);
-        lo = lo + a * a;
-        hi = hi + b * b;
-    }
-    float t[8];
-    v8f half = lo + hi;
-    memcpy(t, &half, sizeof t);
-    for (int w = 4; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
-    float ss = t[0];
-#endif
+    for (; c + 16 <= dim; c += 16) dw_sum16_add_squares_bf16(&acc, xr + c);
+    float ss = dw_sum16_total(&acc);
     for (; c < dim; c++) ss += bf16_to_f32(xr[c]) * bf16_to_f32(xr[c]);
     return 1.0f / sqrtf(ss / (float)dim + eps);
 }

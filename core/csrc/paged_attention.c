@@ -202,36 +202,6 @@ static void write_pair(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, in
     }
 }
 
-/* The softmax denominator: 16 running sums over x[0 .. n16) (sum l takes x[l], x[l + 16],
- * ...), then the fixed pairwise tree over them (v16_sum); at 8 lanes the sums are two
- * vectors and the tree's first stage adds them, so both widths give the same bits. */
-static inline float sum16_blocks(const float *x, int64_t n16) {
-#if LANES == 16
-    v16f den = v16_splat(0.0f);
-    for (int64_t b = 0; b < n16; b += 16) {
-        v16f e;
-        memcpy(&e, x + b, sizeof e);
-        den = den + e;
-    }
-    return v16_sum(den);
-#else
-    v8f lo = v8_splat(0.0f), hi = v8_splat(0.0f);
-    for (int64_t b = 0; b < n16; b += 16) {
-        v8f e0, e1;
-        memcpy(&e0, x + b, sizeof e0);
-        memcpy(&e1, x + b + 8, sizeof e1);
-        lo = lo + e0;
-        hi = hi + e1;
-    }
-    float t[8];
-    const v8f half = lo + hi;
-    memcpy(t, &half, sizeof t);
-    for (int w = 4; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
-    return t[0];
-#endif
-}
-
 /* One row, one kv head: every query token x every query head sharing that kv head. The
  * loops run keys-outer so a tile of keys (or values) is reused by all queries while it is
  * in L1; each (query, head) still sums its keys in the same order as when alone. */
@@ -357,7 +327,9 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             vewf keep = (vewf)((vewi)(x > EW(splat)(-INFINITY)) & (vewi)e);
             memcpy(sq + b * LANES, &keep, sizeof keep);
         }
-        const vewf denom = EW(splat)(sum16_blocks(sq, n16));
+        dw_sum16 den = dw_sum16_zero();
+        for (int64_t b = 0; b < n16; b += 16) dw_sum16_add(&den, sq + b);
+        const vewf denom = EW(splat)(dw_sum16_total(&den));
         /* bf16 probabilities into sp at this query-head's place in the pair layout, with
          * a zero beside each end that shares a pair with a key it does not see */
         uint16_t *spq = sp + qi * spw;

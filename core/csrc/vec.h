@@ -40,10 +40,13 @@ static inline uint16_t f32_to_bf16(float f) {
         VU nan = (VU)((bits & 0x7fffffffu) > 0x7f800000u); /* all-ones where NaN */        \
         return (VF)((rounded & ~nan) | (0x7fc00000u & nan));                               \
     }                                                                                      \
+    /* broadcasts: vector + scalar is one broadcast (a lane-by-lane fill was compiled to \
+     * lane inserts in the attention's inner loop: 1.4x slower there) */                  \
+    static inline VU P##_splat_u32(uint32_t x) { return (VU){0} + x; }                     \
     static inline VF P##_splat(float x) {                                                  \
-        VF v;                                                                              \
-        for (int l = 0; l < (N); l++) v[l] = x;                                            \
-        return v;                                                                          \
+        uint32_t bits;                                                                     \
+        memcpy(&bits, &x, sizeof bits);                                                    \
+        return (VF)P##_splat_u32(bits);                                                    \
     }                                                                                      \
     /* exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a        \
      * degree-6 polynomial, ~2 ulp. */                                                     \
@@ -79,11 +82,6 @@ static inline uint16_t f32_to_bf16(float f) {
         uint16_t tmp[N];                                                                   \
         for (int l = 0; l < (N); l++) tmp[l] = (uint16_t)(bits[l] >> 16);                  \
         memcpy(p, tmp, sizeof tmp);                                                        \
-    }                                                                                      \
-    static inline VU P##_splat_u32(uint32_t x) {                                           \
-        VU v;                                                                              \
-        for (int l = 0; l < (N); l++) v[l] = x;                                            \
-        return v;                                                                          \
     }                                                                                      \
     /* N uint16 values zero-extended to 32 bits */                                         \
     static inline VU P##_load_u16(const uint16_t *p) {                                     \
@@ -192,5 +190,42 @@ typedef v8i vewi;
 typedef v8u vewu;
 #define EW(name) v8_##name
 #endif
+
+/* 16 running fp32 sums at EW_LANES width (sum l takes the l-th of every 16 values added)
+ * and the fixed pairwise tree over them (v16_sum's): the one way the kernels reduce a
+ * row (the norms' sum of squares, the softmax denominator), with the same bits at 16
+ * lanes (one vector) and at 8 (two, whose sum is the tree's first stage). */
+typedef struct {
+    vewf part[16 / EW_LANES];
+} dw_sum16;
+
+static inline dw_sum16 dw_sum16_zero(void) {
+    dw_sum16 s;
+    for (int k = 0; k < 16 / EW_LANES; k++) s.part[k] = EW(splat)(0.0f);
+    return s;
+}
+
+/* the next 16 values, from x (fp32) */
+static inline void dw_sum16_add(dw_sum16 *s, const float *x) {
+    for (int k = 0; k < 16 / EW_LANES; k++) {
+        vewf v;
+        memcpy(&v, x + k * EW_LANES, sizeof v);
+        s->part[k] = s->part[k] + v;
+    }
+}
+
+/* the next 16 values' squares, from x (bf16) */
+static inline void dw_sum16_add_squares_bf16(dw_sum16 *s, const uint16_t *x) {
+    for (int k = 0; k < 16 / EW_LANES; k++) {
+        const vewf v = EW(load_bf16)(x + k * EW_LANES);
+        s->part[k] = s->part[k] + v * v;
+    }
+}
+
+static inline float dw_sum16_total(const dw_sum16 *s) {
+    v16f all;
+    memcpy(&all, s->part, sizeof all);
+    return v16_sum(all);
+}
 
 #endif
