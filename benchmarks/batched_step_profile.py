@@ -24,8 +24,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-WRAPPED = ("linear_quant", "linear_bf16", "paged_attention", "rms_norm", "add_rms_norm",
-           "silu_mul", "rope_", "argmax_f32", "quant_dequant_rows")
 
 
 def main() -> None:
@@ -42,7 +40,7 @@ def main() -> None:
     from draftwise.models import kernels
     from draftwise.sampling import SamplingParams
     from side_by_side import build_ours
-    from timing import cpu_wall, write_report
+    from timing import KERNEL_WRAPPERS, cpu_wall, write_report
 
     engine = build_ours(args.model, None, "auto", args.threads, max_num_seqs=args.rows)
     gen = torch.Generator().manual_seed(0)
@@ -57,7 +55,7 @@ def main() -> None:
     ms: dict[str, float] = defaultdict(float)
     cpu_ms: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    for name in WRAPPED:
+    for name in KERNEL_WRAPPERS:
         real = getattr(kernels, name)
 
         def timed(*a: Any, _real: Callable[..., Any] = real, _n: str = name, **kw: Any) -> Any:

@@ -29,8 +29,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-WRAPPED = ("linear_quant", "linear_bf16", "paged_attention", "paged_attention_qkv", "rms_norm",
-           "add_rms_norm", "silu_mul", "rope_qkv_", "argmax_f32", "quant_dequant_rows")
 
 
 def main() -> None:
@@ -47,7 +45,7 @@ def main() -> None:
     from draftwise.models import kernels
     from draftwise.models.loader import load_model
     from draftwise.runner import ModelRunner
-    from timing import write_report
+    from timing import KERNEL_WRAPPERS, write_report
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype="auto")
@@ -69,7 +67,7 @@ def main() -> None:
     calls: dict[str, int] = defaultdict(int)
     nbytes: dict[str, int] = defaultdict(int)
     real_linear_quant = kernels.linear_quant
-    for name in WRAPPED:
+    for name in KERNEL_WRAPPERS:
         if not hasattr(kernels, name):
             continue
         real = getattr(kernels, name)

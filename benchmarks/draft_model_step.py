@@ -33,8 +33,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-WRAPPED = ("linear_quant", "linear_bf16", "paged_attention_qkv", "rms_norm", "add_rms_norm",
-           "silu_mul", "rope_qkv_", "argmax_f32", "quant_dequant_rows", "attention_index")
 PHASES = ("schedule", "propose", "forward", "verify", "commit")
 
 
@@ -93,7 +91,9 @@ def instrument_globals(spans: Spans, kernels_too: bool) -> None:
     attention.AttentionMetadata.build = staticmethod(  # type: ignore[method-assign]
         spans.wrap(lambda: f"{spans.where}_attn_meta", real_meta, cpu=False))
     if kernels_too:
-        for name in WRAPPED:
+        from timing import KERNEL_WRAPPERS
+
+        for name in (*KERNEL_WRAPPERS, "attention_index"):
             if hasattr(kernels, name):
                 setattr(kernels, name, spans.wrap(
                     lambda _n=name: f"{spans.where}_k_{_n}", getattr(kernels, name), cpu=False))

@@ -1,5 +1,6 @@
-"""What the step profilers share (``batched_step_profile.py``, ``hybrid_step.py``): a span
-timed in process CPU and wall at once, and the report written the one way.
+"""What the step profilers share (``batched_step_profile.py``, ``decode_profile.py``,
+``draft_model_step.py``, ``hybrid_step.py``): the kernel wrappers they time, a span timed
+in process CPU and wall at once, and the report written the one way.
 
 Both clocks, because this machine is shared: wall time moves with other processes' load,
 process CPU (every thread of this process) mostly does not, so a report carries both and
@@ -16,6 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+#: every ``models.kernels`` entry point a forward calls, timed per call by the profilers
+#: (one list: a kernel missing from a profiler's copy was counted as "outside kernels",
+#: as the attention was in ``batched_step_profile``'s)
+KERNEL_WRAPPERS: tuple[str, ...] = (
+    "linear_quant", "linear_bf16", "paged_attention", "paged_attention_qkv", "rms_norm",
+    "add_rms_norm", "silu_mul", "rope_", "rope_qkv_", "argmax_f32", "quant_dequant_rows",
+)
 
 
 @dataclass(slots=True)
