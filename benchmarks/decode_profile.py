@@ -30,7 +30,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
