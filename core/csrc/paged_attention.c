@@ -123,6 +123,11 @@ typedef struct {
 #define AV 2
 #endif
 
+/* Row ``i`` of a broadcast-side array of ``width`` bf16 values a row (width even). */
+static inline src_t *src_row(src_t *base, int64_t i, int64_t width) {
+    return base + i * width * SRC_PER_PAIR / 2;
+}
+
 /* n bf16 values written as the broadcast side from value k of ``base`` on (value 2m is
  * pair m's low half, 2m + 1 its high half) */
 static inline void put_src(src_t *base, int64_t k, const uint16_t *bf16, int64_t n) {
@@ -133,6 +138,18 @@ static inline void put_src(src_t *base, int64_t k, const uint16_t *bf16, int64_t
         const uint32_t bits = (uint32_t)bf16[i] << 16;
         memcpy(base + k + i, &bits, sizeof bits);
     }
+#endif
+}
+
+/* LANES values already rounded to bf16 (low 16 bits clear), written as put_src would */
+static inline void put_src_rounded(src_t *base, int64_t k, vewf r) {
+#if SRC_PER_PAIR == 1
+    const vewu bits = (vewu)r >> 16;
+    uint16_t tmp[LANES];
+    for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)bits[l];
+    put_src(base, k, tmp, LANES);
+#else
+    memcpy(base + k, &r, sizeof r); /* the bf16 values, as fp32 */
 #endif
 }
 
@@ -333,7 +350,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     for (int64_t qi = 0; qi < nq; qi++) {
         const int64_t t = q0 + qi / rep, head = g * rep + qi % rep;
         const uint16_t *qp = a->q + t * a->q_stride + head * d;
-        put_src(q2 + qi * d2 * SRC_PER_PAIR, 0, qp, d); /* dim pairs */
+        put_src(src_row(q2, qi, d), 0, qp, d); /* dim pairs */
         const int64_t pos = first_pos + qi / rep;
         const int64_t nb = (pos - first_key(a, pos) + 1 + LANES - 1) / LANES;
         max_blocks = nb > max_blocks ? nb : max_blocks;
@@ -393,22 +410,14 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         const vewf denom = EW(splat)(dw_sum16_total(&den));
         /* bf16 probabilities into sp at this query-head's place in the pair layout, with
          * a zero beside each end that shares a pair with a key it does not see */
-        src_t *spq = sp + qi * spw * SRC_PER_PAIR / 2;
+        src_t *spq = src_row(sp, qi, spw);
         const int64_t first = odd0 + j0, last = first + n;
         const uint16_t zero = 0;
         if (first & 1) put_src(spq, first - 1, &zero, 1);
         for (int64_t b = 0; b < nb; b++) {
             vewf e;
             memcpy(&e, sq + b * LANES, sizeof e);
-            const vewf r = EW(round_bf16)(e / denom); /* low 16 bits clear */
-#if SRC_PER_PAIR == 2
-            memcpy(spq + first + b * LANES, &r, sizeof r); /* the bf16 values, as fp32 */
-#else
-            const vewu bits = (vewu)r >> 16;
-            uint16_t tmp[LANES];
-            for (int l = 0; l < LANES; l++) tmp[l] = (uint16_t)bits[l];
-            put_src(spq, first + b * LANES, tmp, LANES);
-#endif
+            put_src_rounded(spq, first + b * LANES, EW(round_bf16)(e / denom));
         }
         if (last & 1) put_src(spq, last, &zero, 1);
     }
@@ -425,7 +434,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
             QRANGE(qj, j0b, nb_);
             if (j0b != j0) break;
-            sp2[ng] = sp + qj * spw * SRC_PER_PAIR / 2;
+            sp2[ng] = src_row(sp, qj, spw);
             og[ng] = o + qj * d;
             ends[ng++] = (odd0 + j0b + nb_ + 1) >> 1;
         }
@@ -485,7 +494,7 @@ static void attend_items(void *ctx, int64_t begin, int64_t end) {
     Scratch w = {.kt2 = (uint32_t *)buf};
     w.vp2 = w.kt2 + (d / 2 + 1) * j->npad;
     w.q2 = (src_t *)(w.vp2 + j->pairs * d);
-    w.o = (float *)(w.q2 + j->nq * d / 2 * SRC_PER_PAIR);
+    w.o = (float *)src_row(w.q2, j->nq, d);
     w.s = w.o + j->nq * d;
     w.sp = (src_t *)(w.s + j->nq * j->npad);
     for (int64_t i = begin; i < end; i++) attend_group(a, i / a->kv_heads, i % a->kv_heads, &w);
