@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from itertools import compress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -210,7 +211,7 @@ class Tokenizer:
                 t if set(t) <= alphabet else "".join(chars[b] for b in t.encode("utf-8"))
                 for t in tokens
             ]
-        vocab = {t: i for i, t in enumerate(spelled)}
+        vocab = dict(zip(spelled, range(len(spelled))))
         if len(vocab) < len(spelled):
             _refuse_duplicate(path, tokens, spelled)
         merges = _split_merges(v, vocab)
@@ -225,16 +226,18 @@ class Tokenizer:
         backend = Backend(bpe)
         backend.pre_tokenizer = pre
         backend.decoder = decoders.ByteLevel()
+        # the few control and user-defined tokens, picked out in C (compress), not a
+        # Python pass over every token
         control = [
             AddedToken(t, special=True, normalized=False)
-            for t, kind_id in zip(tokens, types)
-            if kind_id == _CONTROL and set(t) <= alphabet
+            for t in compress(tokens, map(_CONTROL.__eq__, types))
+            if set(t) <= alphabet
         ]
         backend.add_special_tokens(control)
         user = [
             AddedToken(t, special=False, normalized=False)
-            for t, kind_id in zip(tokens, types)
-            if kind_id == _USER_DEFINED and t in vocab
+            for t in compress(tokens, map(_USER_DEFINED.__eq__, types))
+            if t in vocab
         ]
         if user:
             backend.add_tokens(user)
@@ -262,6 +265,7 @@ def _is_tokenizers_failure(exc: BaseException) -> bool:
 
 #: llama.cpp token types: undefined, normal, unknown, control, user-defined, unused, byte
 _TOKEN_TYPES = range(7)
+_TOKEN_TYPE_SET = frozenset(_TOKEN_TYPES)
 
 
 def _token_types(v: ConfigValues, n: int) -> list[int]:
@@ -272,6 +276,8 @@ def _token_types(v: ConfigValues, n: int) -> list[int]:
         return [1] * n
     if not isinstance(types, list) or len(types) != n:
         raise v.error(key, f"a list of {n:,} token types (one per token)")
+    if set(map(type, types)) <= {int} and set(types) <= _TOKEN_TYPE_SET:  # checked in C
+        return types
     bad = next((i for i, t in enumerate(types) if t not in _TOKEN_TYPES or t is True), None)
     if bad is not None:
         raise TokenizerError(
@@ -308,7 +314,14 @@ def _split_merges(v: ConfigValues, vocab: Mapping[str, int]) -> list[tuple[str, 
     merge at fault only when it refuses. The shape (two non-empty parts) is checked here:
     with an empty token in the vocabulary tokenizers would accept ``"ab "``.
     """
-    split = [m.partition(" ") for m in v.texts(_MERGES, [])]
+    merges = v.texts(_MERGES, [])
+    # the usual case in C: one join, one split, and a re-join that must give back every
+    # merge, which holds only when each had exactly one space (and no part is empty)
+    parts = " ".join(merges).split(" ")
+    pairs = list(zip(parts[::2], parts[1::2]))
+    if len(parts) == 2 * len(merges) and "" not in parts and list(map(" ".join, pairs)) == merges:
+        return pairs
+    split = [m.partition(" ") for m in merges]  # a part may hold a space: split at the first
     if not all(left and sep and right for left, sep, right in split):
         _check_merges(v, vocab)
     return [(left, right) for left, _, right in split]

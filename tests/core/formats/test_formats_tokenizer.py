@@ -266,3 +266,37 @@ def test_no_token_covers_more_than_max_token_chars(default_tokenizers, text: str
     ours, _ = default_tokenizers
     ids = ours.encode(text, add_special_tokens=False)
     assert len(ids) * ours.max_token_chars >= len(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="ab c", max_size=6), max_size=12))
+def test_merges_split_at_the_first_space_on_either_path(merges: list[str]) -> None:
+    """The one-split fast path gives what splitting each merge at its first space gives,
+    and a merge that is not two non-empty parts is still refused by index."""
+    from draftwise.formats.tokenizer import _split_merges
+    from draftwise.formats.values import ConfigValues
+
+    v = ConfigValues({"tokenizer.ggml.merges": merges}, "x.gguf")
+    split = [m.partition(" ") for m in merges]
+    if all(left and sep and right for left, sep, right in split):
+        assert _split_merges(v, {}) == [(left, right) for left, _, right in split]
+    else:
+        with pytest.raises(TokenizerError, match=r"tokenizer\.ggml\.merges\[\d+\]"):
+            _split_merges(v, {})
+
+
+@pytest.mark.parametrize("types, fragment", [
+    ([1, 1, 3, 1, 7], r"token_type\[4\] is 7"),
+    ([1, True, 1, 1, 1], r"token_type\[1\] is True"),
+    ([1, 1, -1, 1, 1], r"token_type\[2\] is -1"),
+])
+def test_token_types_outside_llama_cpps_are_named(types: list, fragment: str) -> None:
+    meta = {**_MERGE_META, "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.token_type": types}
+    with pytest.raises(TokenizerError, match=fragment):
+        Tokenizer.from_gguf_metadata(meta, "x.gguf")
+
+
+def test_a_token_that_is_not_a_string_is_named() -> None:
+    meta = {**_MERGE_META, "tokenizer.ggml.tokens": ["a", "b", 3, "ab", "abc"]}
+    with pytest.raises(Exception, match=r"tokenizer\.ggml\.tokens"):
+        Tokenizer.from_gguf_metadata(meta, "x.gguf")
