@@ -28,6 +28,8 @@ PyObject *dw_nvfp4_pack_py(PyObject *self, PyObject *const *args, Py_ssize_t nar
 #define DW_HAVE_LINEAR_BF16 1
 PyObject *dw_linear_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* gguf_strings.c: a GGUF string array into a list of str (formats/gguf_header.py) */
+PyObject *dw_gguf_strings(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* markov.c: DSpark's greedy Markov pass on the packed GEMM (every build: gemm_bf16.h) */
 PyObject *dw_markov_pass(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* ---- the GIL-free bodies the decoder stack (decoder_stack.c) composes ----

@@ -40,6 +40,9 @@ static PyMethodDef methods[] = {
      "nvfp4_pack(code_rows, scale_rows, multipliers, dst, rows, k, threads): NVFP4 rows "
      "(int64 addresses, 0 for zero padding; fp32 multipliers) into tiles at dst (quant.h); "
      "linear_quant runs them as type 256"},
+    {"gguf_strings", (PyCFunction)(void (*)(void))dw_gguf_strings, METH_FASTCALL,
+     "gguf_strings(buffer, offset, count): a GGUF string array as (list of str, end offset), "
+     "or None where a string runs past the buffer or is not UTF-8 (the caller names it)"},
     {"markov_pass", (PyCFunction)(void (*)(void))dw_markov_pass, METH_FASTCALL,
      "markov_pass(w1, w2_packed, w2_rows_or_0, norms_or_0, latent_w_or_0, latent_b_or_0, "
      "tables, hidden, base, counts, anchors, tok_out, prev_out, stats_out, d2t_or_0, kind, "

@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from draftwise.formats.errors import (
     ModelFormatError,
     UnexpectedTensorError,
     UnsupportedTensorTypeError,
 )
+from draftwise.formats.ggml import GGMLQuantizationType
 from draftwise.formats.gguf_file import GGUFFile, TensorInfo
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
@@ -61,6 +60,20 @@ _LAYER_NAMES = {
 
 #: GGUF tensors that carry no weights the HF layout has (handled elsewhere or unused)
 SIDE_TENSORS = frozenset({"rope_freqs.weight"})
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """bf16 bytes as float32: the upper half of each float (exact)."""
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+#: float storage read as numpy views here, as gguf-py's ``dequantize`` reads them, so a
+#: load whose weights all run quantized never imports gguf-py's package (``formats.ggml``)
+_FLOAT_VIEWS = {
+    GGMLQuantizationType.F32: lambda raw: raw.view(np.float32),
+    GGMLQuantizationType.F16: lambda raw: raw.view(np.float16),
+    GGMLQuantizationType.BF16: _bf16_to_f32,
+}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -134,8 +147,14 @@ class GGUFCheckpoint:
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
         t = self._tensors[name]
+        raw = self._file.raw(name)
+        float_view = _FLOAT_VIEWS.get(t.qtype)
+        if float_view is not None:  # the norms and biases of every model: no gguf-py
+            return np.asarray(float_view(raw), dtype=np.float32).reshape(t.shape)
+        from gguf.quants import dequantize  # a type the kernels do not cover (rare)
+
         try:
-            arr = dequantize(self._file.raw(name), t.qtype)
+            arr = dequantize(raw, t.qtype)
         except NotImplementedError:
             raise UnsupportedTensorTypeError(self.path, name, t.qtype.name) from None
         return np.asarray(arr, dtype=np.float32).reshape(t.shape)

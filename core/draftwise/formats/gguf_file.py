@@ -20,8 +20,8 @@ import mmap
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
 
+from draftwise.formats.ggml import GGML_QUANT_SIZES
 from draftwise.formats.gguf_header import GGUFHeader, GGUFTensorEntry, read_gguf_header
 
 #: a checked tensor info (name, qtype, ggml-order dims, absolute offset, nbytes)

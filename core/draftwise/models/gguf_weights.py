@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from gguf import GGMLQuantizationType
 
+from draftwise.formats.ggml import GGMLQuantizationType
 from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.models import packed_cache
 from draftwise.models.config import ModelConfig

@@ -33,8 +33,8 @@ from enum import IntEnum
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from draftwise.formats.ggml import GGML_QUANT_SIZES, GGMLQuantizationType
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.kernels import KernelInputError, kernel_threads
