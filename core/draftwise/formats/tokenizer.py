@@ -10,9 +10,10 @@ and falls back to plain GPT-2 splitting, which differs on text like ``"a  5"``.
 from __future__ import annotations
 
 import functools
+import operator
 import os
-from itertools import compress
 from collections.abc import Mapping, Sequence
+from itertools import compress, repeat
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
@@ -315,12 +316,13 @@ def _split_merges(v: ConfigValues, vocab: Mapping[str, int]) -> list[tuple[str, 
     with an empty token in the vocabulary tokenizers would accept ``"ab "``.
     """
     merges = v.texts(_MERGES, [])
-    # the usual case in C: one join, one split, and a re-join that must give back every
-    # merge, which holds only when each had exactly one space (and no part is empty)
+    # the usual case in C-level passes: one join and one split give 2n parts exactly when
+    # the merges hold n spaces in all, which with a space in each means one in each; and
+    # no part may be empty
     parts = " ".join(merges).split(" ")
-    pairs = list(zip(parts[::2], parts[1::2]))
-    if len(parts) == 2 * len(merges) and "" not in parts and list(map(" ".join, pairs)) == merges:
-        return pairs
+    if (len(parts) == 2 * len(merges) and "" not in parts
+            and all(map(operator.contains, merges, repeat(" ")))):
+        return list(zip(parts[::2], parts[1::2]))
     split = [m.partition(" ") for m in merges]  # a part may hold a space: split at the first
     if not all(left and sep and right for left, sep, right in split):
         _check_merges(v, vocab)
