@@ -28,7 +28,10 @@
  * split into its two fp32 values once, where it is written (src_t below), not at every
  * use; with the key walk's block-table lookups done without a division a position, that
  * made the kernel ~20% faster on AVX2 (Zen 3: 8 rows at context 140, 20.7 -> 16.4 us a
- * row with the cache warm; 83 -> 65 at 600) with the same bits.
+ * row with the cache warm; 83 -> 65 at 600) with the same bits. With the probabilities
+ * split, a decode's P @ V needs no value pairs either: it reads each key's value row in
+ * the cache, in key order (reads_values_in_place decides where that pays), the same
+ * multiply-adds again: an 8-row decode step of the default model 1.07x at context 300.
  *
  * Layouts: q [T, H, D], k and v [T, KV, D] (token rows may be strided: views into the fused
  * qkv output), out [T, H, D]; caches [num_blocks, block_size, KV, D]; slot_mapping [T],
@@ -108,6 +111,7 @@ typedef struct {
     src_t *q2; /* [nq, dim / 2] the queries, head dims as pairs (src_t) */
     float *s;  /* [nq, npad] scores, then probabilities */
     uint32_t *vp2; /* [npad / 2 + 1, dim] values as bf16 pairs of consecutive keys */
+    const uint16_t **vrow; /* [npad] each key's value row in the cache (vp2's memory) */
     src_t *sp;  /* [nq, npad + 4] bf16 probabilities in the pair layout (src_t) */
     float *o;  /* [nq, dim] fp32 output accumulators */
 } Scratch;
@@ -259,6 +263,100 @@ static void pv_pairs(const uint32_t *vp2, const src_t *const sp2[QGROUP],
         }
 }
 
+#if SRC_PER_PAIR == 2
+/* acc[g][u] += p of key ``at`` of src[g] x AV vectors of the key's value row ``v`` (bf16,
+ * widened): with the probabilities already fp32 (src_t), a key pair's two multiply-adds
+ * need no pair, so P @ V reads the value rows where they are in the cache instead of
+ * first interleaving them by key pairs (write_pair): the same fused multiply-adds on the
+ * same values in the same key order as dot2_src's, so the same bits. The pair's extra
+ * key beside a query-head's ends had probability 0 (adds a zero: no change). */
+static inline __attribute__((always_inline)) void dot1_rows(vewf acc[][AV], const uint16_t *v,
+                                                            const src_t *const src[],
+                                                            int64_t at, const int G) {
+    const vewf x0 = (vewf)(EW(load_u16)(v) << 16), x1 = (vewf)(EW(load_u16)(v + LANES) << 16);
+#if LANES == 16
+    const vewf x2 = (vewf)(EW(load_u16)(v + 2 * LANES) << 16);
+    const vewf x3 = (vewf)(EW(load_u16)(v + 3 * LANES) << 16);
+#endif
+    for (int g = 0; g < G; g++) {
+        const vewf p = EW(splat)(src[g][at]);
+        acc[g][0] = acc[g][0] + p * x0;
+        acc[g][1] = acc[g][1] + p * x1;
+#if LANES == 16
+        acc[g][2] = acc[g][2] + p * x2;
+        acc[g][3] = acc[g][3] + p * x3;
+#endif
+    }
+}
+
+/* pv_group over keys: keys k0 .. each query-head's own end, values read in place */
+static inline __attribute__((always_inline)) void pv_keys_group(const uint16_t *const *vrow,
+                                                                const src_t *const spk[QGROUP],
+                                                                float *const og[QGROUP],
+                                                                const int64_t *ends, const int G,
+                                                                int64_t k0, int64_t v0) {
+    vewf acc[QGROUP][AV];
+    int64_t common = ends[0];
+    for (int g = 0; g < G; g++) {
+        for (int u = 0; u < AV; u++) acc[g][u] = EW(splat)(0.0f);
+        common = ends[g] < common ? ends[g] : common;
+    }
+    int64_t k = k0;
+    for (; k < common; k++) dot1_rows(acc, vrow[k] + v0, spk, k, G);
+    for (int g = 0; g < G; g++) {
+        for (int64_t kg = k; kg < ends[g]; kg++) dot1_rows(acc + g, vrow[kg] + v0, spk + g, kg, 1);
+        memcpy(og[g] + v0, acc[g], sizeof acc[g]);
+    }
+}
+
+/* pv_pairs over keys (spk[g]: query-head g's probabilities indexed by key) */
+static void pv_keys(const uint16_t *const *vrow, const src_t *const spk[QGROUP],
+                    float *const og[QGROUP], const int64_t *ends, int ng, int64_t k0, int64_t d) {
+    int64_t v0 = 0;
+    for (; v0 + AV * LANES <= d; v0 += AV * LANES) {
+        switch (ng) {
+        case 1: pv_keys_group(vrow, spk, og, ends, 1, k0, v0); break;
+        case 2: pv_keys_group(vrow, spk, og, ends, 2, k0, v0); break;
+        case 3: pv_keys_group(vrow, spk, og, ends, 3, k0, v0); break;
+        default: pv_keys_group(vrow, spk, og, ends, 4, k0, v0); break;
+        }
+    }
+    for (; v0 < d; v0 += LANES) /* head_dim not a multiple of AV * LANES: one at a time */
+        for (int g = 0; g < ng; g++) {
+            vewf acc = EW(splat)(0.0f);
+            for (int64_t k = k0; k < ends[g]; k++)
+                acc = acc + EW(splat)(spk[g][k]) * (vewf)(EW(load_u16)(vrow[k] + v0) << 16);
+            memcpy(og[g] + v0, &acc, sizeof acc);
+        }
+}
+#endif
+
+/* Whether P @ V reads the value rows in place (pv_keys) rather than interleaving them by
+ * key pairs first (write_pair, pv_pairs), for a (row, kv head) of ``nq`` query-heads: the
+ * one place this is decided. Both give the same bits. In place saves the interleaving
+ * but widens each value vector once per group of QGROUP query-heads, where the pairs
+ * cost one interleaving shared by all of them: measured on AVX2 (Zen 3, 9/3 heads, dim
+ * 64, context 300, 8 rows), in place is 6% faster at 1 query token a row (3 query-heads:
+ * a decode), 3% at 2, even at 3, and 3-12% slower from 4 (a verify of 3+ drafts, a
+ * prefill: 274 tokens 9-14% slower). So up to two groups. A build with vdpbf16ps takes
+ * the pairs whole (SRC_PER_PAIR 1): never in place. */
+static inline int reads_values_in_place(int64_t nq) {
+#if SRC_PER_PAIR == 2
+    return nq <= 2 * QGROUP;
+#else
+    (void)nq;
+    return 0;
+#endif
+}
+
+#if SRC_PER_PAIR == 1
+/* (never called: reads_values_in_place is 0 here) */
+static void pv_keys(const uint16_t *const *vrow, const src_t *const spk[QGROUP],
+                    float *const og[QGROUP], const int64_t *ends, int ng, int64_t k0, int64_t d) {
+    (void)vrow, (void)spk, (void)og, (void)ends, (void)ng, (void)k0, (void)d;
+}
+#endif
+
 /* One key's dim pairs down a column of kt2 (the keys after the last whole LANES). */
 static void memcpy_pairs_column(uint32_t *col, int64_t npad, const uint16_t *key, int64_t d2) {
     for (int64_t c = 0; c < d2; c++) memcpy(col + c * npad, key + 2 * c, sizeof(uint32_t));
@@ -282,6 +380,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     const int64_t q0 = a->qsl[row], qlen = a->qsl[row + 1] - q0, ctx = a->seq[row];
     if (qlen <= 0) return;
     const int64_t first_pos = ctx - qlen, nq = qlen * rep;
+    const int in_place = reads_values_in_place(nq);
     /* keys any query of this row can see */
     const int64_t lo_all = first_key(a, first_pos);
     const int64_t nkeys = ctx - lo_all;
@@ -317,7 +416,9 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             prefetch_row(a->kc + far, row_bytes), prefetch_row(a->vc + far, row_bytes);
             walk_next(&ahead);
         }
-        if ((j + odd0) & 1)
+        if (in_place)
+            w->vrow[j] = vp;
+        else if ((j + odd0) & 1)
             write_pair(vp2 + ((j + odd0) >> 1) * d, vprev, vp, d), vprev = NULL;
         else
             vprev = vp;
@@ -434,11 +535,17 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         for (int64_t qj = qi; qj < nq && ng < QGROUP; qj++) {
             QRANGE(qj, j0b, nb_);
             if (j0b != j0) break;
-            sp2[ng] = src_row(sp, qj, spw);
             og[ng] = o + qj * d;
-            ends[ng++] = (odd0 + j0b + nb_ + 1) >> 1;
+            sp2[ng] = src_row(sp, qj, spw);
+            if (in_place) /* indexed by key, and the keys it sees */
+                sp2[ng] += odd0, ends[ng++] = j0b + nb_;
+            else /* by pair, and the pairs */
+                ends[ng++] = (odd0 + j0b + nb_ + 1) >> 1;
         }
-        pv_pairs(vp2, sp2, og, ends, ng, (odd0 + j0) >> 1, d);
+        if (in_place)
+            pv_keys(w->vrow, sp2, og, ends, ng, j0, d);
+        else
+            pv_pairs(vp2, sp2, og, ends, ng, (odd0 + j0) >> 1, d);
         qi += ng;
     }
 #undef QRANGE
@@ -493,6 +600,9 @@ static void attend_items(void *ctx, int64_t begin, int64_t end) {
     const int64_t d = a->dim;
     Scratch w = {.kt2 = (uint32_t *)buf};
     w.vp2 = w.kt2 + (d / 2 + 1) * j->npad;
+    /* the in-place P @ V's row pointers (SRC_PER_PAIR 2) in vp2's memory, which it does
+     * not use: npad pointers fit in its (npad / 2 + 1) * dim words, 32-byte aligned */
+    w.vrow = (const uint16_t **)(void *)w.vp2;
     w.q2 = (src_t *)(w.vp2 + j->pairs * d);
     w.o = (float *)src_row(w.q2, j->nq, d);
     w.s = w.o + j->nq * d;
