@@ -42,13 +42,18 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.formats.ggml import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, Keys
-from draftwise.formats.ggml import GGUFValueType as V
 from draftwise.formats.errors import (
     ModelFormatError,
     TruncatedFileError,
     UnsupportedTensorTypeError,
 )
+from draftwise.formats.ggml import (
+    GGML_QUANT_SIZES,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGMLQuantizationType,
+    Keys,
+)
+from draftwise.formats.ggml import GGUFValueType as V
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
