@@ -247,18 +247,14 @@ def _value(cur: _Cursor, key: str) -> tuple[Any, tuple[V, ...]]:
 _U64 = struct.Struct("<Q")
 
 
-def _native_strings() -> Callable[[Any, int, int], tuple[list[str], int] | None] | None:
-    """The C reader of a string array (``core/csrc/gguf_strings.c``), or None in a build
-    without the extension. Imported here, not through ``models.kernels`` (the wrapper of
-    every tensor kernel), so that reading a header does not import torch."""
-    try:
-        from draftwise._cpu_kernels import gguf_strings
-    except ImportError:
-        return None
-    return gguf_strings
-
-
-_NATIVE_STRINGS = _native_strings()
+# The C reader of a string array (``core/csrc/gguf_strings.c``), None in a build without
+# the extension. Imported here, not through ``models.kernels`` (the wrapper of every tensor
+# kernel), so that reading a header does not import torch.
+_NATIVE_STRINGS: Callable[[Any, int, int], tuple[list[str], int] | None] | None
+try:
+    from draftwise._cpu_kernels import gguf_strings as _NATIVE_STRINGS
+except ImportError:
+    _NATIVE_STRINGS = None
 
 
 def _strings(cur: _Cursor, count: int, key: str) -> list[str]:

@@ -29,10 +29,16 @@ def packed(strings: list[bytes], lead: bytes = b"\x07" * 5, tail: bytes = b"") -
     return lead + b"".join(struct.pack("<Q", len(s)) + s for s in strings) + tail
 
 
+def _at(buf: bytes, pos: int) -> _Cursor:
+    """A cursor over ``buf`` at ``pos``."""
+    cur = _Cursor(buf, "x.gguf")
+    cur.pos = pos
+    return cur
+
+
 def both(buf: bytes, start: int, count: int) -> tuple[list[str], int, list[str], int]:
     """(C strings, C end, Python strings, Python end) for one array."""
-    c, p = _Cursor(buf, "x.gguf"), _Cursor(buf, "x.gguf")
-    c.pos = p.pos = start
+    c, p = _at(buf, start), _at(buf, start)
     out_c = _strings(c, count, "k")
     out_p = _python_strings(p, count, "k")
     return out_c, c.pos, out_p, p.pos
@@ -70,12 +76,6 @@ def test_what_c_cannot_read_python_names(items, count: int, fragment: str) -> No
     assert gguf_header._NATIVE_STRINGS(buf, 5, count) is None
     with pytest.raises(ModelFormatError, match=fragment):
         _strings(_at(buf, 5), count, "k")
-
-
-def _at(buf: bytes, pos: int) -> _Cursor:
-    cur = _Cursor(buf, "x.gguf")
-    cur.pos = pos
-    return cur
 
 
 @native
