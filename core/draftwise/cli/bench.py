@@ -157,6 +157,10 @@ def bench(
             off = results["draftwise_spec_off"]
             report["ratios"] = report.get("ratios", {})
             report["ratios"]["spec_on_vs_off"] = _ratio(report, "draftwise", "draftwise_spec_off")
+            if concurrency > 1:  # what a server delivers: tokens over the whole run's wall time
+                throughput = _throughput_ratio(report, "draftwise", "draftwise_spec_off")
+                if throughput:
+                    report["ratios"]["throughput_spec_on_vs_off"] = throughput
             report["identical_to_spec_off"] = _identical(ours, off)
             if "draftwise_fixed_k" in results:
                 report["ratios"]["fixed_k_vs_off"] = _ratio(
@@ -301,6 +305,18 @@ def _echo_per_prompt(report: dict[str, Any]) -> None:
         click.echo(f"  {pid:30s} {cells}", err=True)
     click.echo(f"  {'min':30s} " + "  ".join(f"{table[lb]['min']:8.2f}" for lb in labels),
                err=True)
+
+
+def _throughput_ratio(report: dict[str, Any], a: str, b: str) -> dict[str, float]:
+    """Wall throughput of ``a`` over ``b`` (whole workload; empty where either lacks it).
+
+    Why beside :func:`_ratio`: that one divides tokens by the requests' own seconds, the
+    rate a request sees; at concurrency above 1 the run's wall time is set by its slowest
+    request too, so a config that speeds most requests while slowing the last one can
+    raise the one and lower the other."""
+    wa = report[a]["summary"]["all"].get("wall_tok_per_s")
+    wb = report[b]["summary"]["all"].get("wall_tok_per_s")
+    return {"all": wa / wb} if wa and wb else {}
 
 
 def _ratio(report: dict[str, Any], a: str, b: str) -> dict[str, float]:

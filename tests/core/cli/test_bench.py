@@ -38,6 +38,11 @@ def test_bench_writes_report_with_spec_and_off(tiny: Path, tmp_path: Path) -> No
     assert report["identical_to_spec_off"] == 3  # greedy: speculation is lossless
     assert set(report["draftwise"]["summary"]) == {"all", "grounded", "open"}
     assert report["ratios"]["spec_on_vs_off"]["all"] > 0
+    # at concurrency 2 the wall throughput ratio stands beside the request-time one
+    walls = [report[k]["summary"]["all"]["wall_tok_per_s"]
+             for k in ("draftwise", "draftwise_spec_off")]
+    assert report["ratios"]["throughput_spec_on_vs_off"] == {"all": walls[0] / walls[1]}
+    assert "ratio throughput_spec_on_vs_off:" in result.output
     # the report says which fast paths produced the numbers (bf16 default on CPU)
     assert report["draftwise"]["packed_weights"] is can_pack(torch.empty(2, 2, dtype=torch.bfloat16))
     assert report["draftwise"]["attention_backend"] == choose_backend(torch.bfloat16, 32, "cpu")
@@ -80,6 +85,7 @@ def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
     assert report["draftwise_fixed_k"]["speculative_config"].get("draftwise") is None
     assert report["identical_to_spec_off"] == report["identical_fixed_k_to_spec_off"] == 2
     assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
+    assert "throughput_spec_on_vs_off" not in report["ratios"]  # one at a time: the same figure
     assert set(report["per_prompt_vs_off"]["draftwise"]["per_prompt"]) == {"p0", "p1"}
     cost = report["draftwise"]["adaptive"]["cost_model"]
     assert cost["rows"] == [1] and len(cost["forward_seconds"][0]) == 3
