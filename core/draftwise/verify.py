@@ -150,15 +150,13 @@ def verify(
     num_rows = len(b.num_draft)
     outputs: list[list[int]] = [[]] * num_rows  # every row is replaced below
     accepted = [0] * num_rows
-    if b.sampling.all_greedy:  # the common batch: no row sets to pick out
+    if b.sampling.all_greedy:  # the common batch: every row, no split
         _verify_greedy(b, None, outputs, accepted)
-        return VerifyResult(outputs, accepted, b.logits)
-    greedy_rows = np.flatnonzero(b.sampling.greedy)
-    random_rows = np.flatnonzero(~b.sampling.greedy)
-    if greedy_rows.size:
-        _verify_greedy(b, greedy_rows, outputs, accepted)
-    if random_rows.size:
-        _verify_random(b, random_rows, outputs, accepted)
+    else:
+        greedy_rows = np.flatnonzero(b.sampling.greedy)
+        if greedy_rows.size:
+            _verify_greedy(b, greedy_rows, outputs, accepted)
+        _verify_random(b, np.flatnonzero(~b.sampling.greedy), outputs, accepted)
     return VerifyResult(outputs, accepted, b.logits)
 
 
@@ -244,7 +242,7 @@ def _verify_greedy(
 ) -> None:
     """Accept while draft == argmax; one argmax over the rows' logits, compared on CPU.
     ``rows``: the greedy rows, in order (None: every row)."""
-    if rows is None or rows.size == len(b.num_draft):
+    if rows is None:
         top = argmax_rows(b.logits).tolist()
         order = range(len(b.num_draft))
     else:
@@ -388,9 +386,12 @@ def _leading_true(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:  # [D],
     return pad.argmin(1)
 
 
-def _cumsum0(counts: np.ndarray) -> np.ndarray:  # [B] -> [B + 1]
-    """Offsets: 0, c0, c0 + c1, ..."""
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+def _cumsum0(counts: np.ndarray | Sequence[int]) -> np.ndarray:  # [B] -> [B + 1]
+    """Offsets: 0, c0, c0 + c1, ... summed as Python ints (a handful per batch: right
+    after the forward, with the interpreter's caches cold, each numpy reduction costs
+    10-20 us)."""
+    seq = counts.tolist() if isinstance(counts, np.ndarray) else counts
+    return np.fromiter(accumulate(seq, initial=0), dtype=np.int64, count=len(seq) + 1)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:  # [R], [R] -> [sum]
@@ -416,9 +417,7 @@ def _prepare(
     except ValueError:
         valid = ", ".join(repr(m.value) for m in VerifyMethod)
         raise VerifyInputError(f"method {method!r} is not one of {valid}") from None
-    # the per-request counts and offsets are a handful of ints: plain Python, not numpy
-    # (this runs every step right after the forward, when the interpreter's caches are
-    # cold: each numpy reduction then costs ~10-20 us, ~0.2 ms a 1-row step in all)
+    # the per-request counts are a handful of ints: checked as Python ints (_cumsum0 says why)
     counts = np.asarray(num_draft_tokens, dtype=np.int64).reshape(-1).tolist()
     if counts and (min(counts) < 0 or max(counts) > MAX_SPEC_LEN):
         raise VerifyInputError(
@@ -457,8 +456,7 @@ def _prepare(
             f"{num_rows} requests, but sampling covers {sampling.num_rows} and "
             f"{len(generators)} generators were given"
         )
-    cu_logits = np.fromiter(accumulate(counts, lambda a, n: a + n + 1, initial=0),
-                            dtype=np.int64, count=num_rows + 1)
+    cu_logits = _cumsum0([n + 1 for n in counts])
     logits = target_logits.float()
     if histories is not None:
         if len(histories) != num_rows:
@@ -469,8 +467,7 @@ def _prepare(
         drafts=drafts,
         num_draft=np.array(counts, dtype=np.int64),
         cu_logits=cu_logits,
-        cu_draft=np.fromiter(accumulate(counts, initial=0), dtype=np.int64,
-                             count=num_rows + 1),
+        cu_draft=_cumsum0(counts),
         sampling=sampling,
         generators=list(generators),
         draft_probs=draft_probs,
