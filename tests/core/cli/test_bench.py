@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 from tiny_checkpoints import save_tiny
 
 from draftwise.cli import cli
+from draftwise.cli.bench import _paired_ratios
 from draftwise.models.attention import choose_backend
 from draftwise.models.linear import can_pack
 
@@ -87,6 +89,9 @@ def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
     assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
     assert "throughput_spec_on_vs_off" not in report["ratios"]  # one at a time: the same figure
     assert set(report["per_prompt_vs_off"]["draftwise"]["per_prompt"]) == {"p0", "p1"}
+    paired = report["per_prompt_vs_off"]["draftwise"]["paired"]  # two rounds: each paired
+    assert set(paired) == {"p0", "p1"}
+    assert all(v["min"] <= v["median"] <= v["max"] for v in paired.values())
     cost = report["draftwise"]["adaptive"]["cost_model"]
     assert cost["rows"] == [1] and len(cost["forward_seconds"][0]) == 3
 
@@ -177,3 +182,24 @@ def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
         assert [p for _, p in runs] == [("p0", "p1")] * 4
     report = json.loads(out.read_text())
     assert [r["id"] for r in report["draftwise"]["per_prompt"]] == ["p0", "p1"]
+
+
+def test_paired_ratios_compare_runs_of_the_same_round() -> None:
+    """Round 1: 10 against 5 tok/s (2.0x); round 2: 6 against 6 (1.0x). Best of each
+    config would read 10 / 6 = 1.67x, from different rounds; the paired ratios are the
+    rounds' own: median 1.5, [1.0, 2.0]. One round: nothing to pair."""
+
+    def run(*tok_per_s: float) -> tuple[list[SimpleNamespace], float]:
+        return [SimpleNamespace(id=f"p{i}", tok_per_s=t) for i, t in enumerate(tok_per_s)], 0.0
+
+    runs = {"draftwise": [run(10.0, 3.0), run(6.0, 3.0)],
+            "draftwise_spec_off": [run(5.0, 4.0), run(6.0, 2.0)]}
+    report: dict = {"per_prompt_vs_off": {"draftwise": {}}}
+    _paired_ratios(report, runs, ["draftwise"])
+    got = report["per_prompt_vs_off"]["draftwise"]
+    assert got["paired"]["p0"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    assert got["paired"]["p1"] == {"median": 1.125, "min": 0.75, "max": 1.5}
+    assert got["paired_min_median"] == 1.125
+    one: dict = {"per_prompt_vs_off": {"draftwise": {}}}
+    _paired_ratios(one, {k: v[:1] for k, v in runs.items()}, ["draftwise"])
+    assert "paired" not in one["per_prompt_vs_off"]["draftwise"]
