@@ -27,6 +27,8 @@ def generate(target: Path, config: dict[str, Any] | None, prompts: Sequence[list
     assert all(o.error is None for o in outs), [o.error for o in outs]
     assert llm.engine.kv.num_used_blocks == 0
     assert llm.engine.spec is None or llm.engine.spec.num_tracked_requests == 0
+    if llm.engine.spec is not None:  # a proposer's own per-request state (n-gram's indexes)
+        assert all(getattr(p, "num_indexed_requests", 0) == 0 for p in llm.engine.spec.proposers)
     return outs, llm
 
 

@@ -1,10 +1,12 @@
 """NgramProposer: vLLM's prompt lookup behind the core's Proposer protocol.
 
-The proposer is stateless: every step looks the draft up again in the row's accepted
-tokens, so ``on_verified`` and ``release`` have nothing to do. Drafts carry no
-probabilities (verification treats q as one-hot at the draft token); each row's
-``evidence`` is the length of the match its draft followed (adaptive depth keeps
-acceptance by it).
+Every step looks the draft up again in the row's accepted tokens, so ``on_verified``
+has nothing to do. The lookup runs on a per-request :class:`~draftwise_ngram.index.NgramIndex`
+(a few dict probes instead of a scan of the context; ``release`` drops it), or, for a
+``prompt_lookup_max`` above :data:`~draftwise_ngram.index.INDEX_MAX_N`, on the numpy scan
+below, which is also the index's reference. Drafts carry no probabilities (verification
+treats q as one-hot at the draft token); each row's ``evidence`` is the length of the
+match its draft followed (adaptive depth keeps acceptance by it).
 
 The lookup follows vLLM (``_find_longest_matched_ngram_and_propose_tokens``, a KMP scan
 under numba):
@@ -31,7 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from draftwise.speculator import DraftInput, Drafts, ProposerContext, VerifyOutcome
+from draftwise.speculator import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
+from draftwise_ngram.index import INDEX_MAX_N, NgramIndex
 
 if TYPE_CHECKING:
     from draftwise_ngram.options import NgramOptions
@@ -110,6 +113,9 @@ class NgramProposer:
         self.max_n = options.prompt_lookup_max
         self.k = ctx.num_speculative_tokens
         self.max_model_len = ctx.max_model_len
+        #: req_id -> its n-gram index (None: max_n past what is indexed, scan instead)
+        self._indexes: dict[str, NgramIndex] | None = (
+            {} if self.max_n <= INDEX_MAX_N else None)
 
     def propose(self, batch: DraftInput) -> Drafts:
         """Up to min(k, row.max_draft, max_model_len - len) tokens per row; [] when no
@@ -118,16 +124,46 @@ class NgramProposer:
         lengths: list[int] = []
         for row in batch.rows:
             k = min(self.k, row.max_draft)
-            draft, length = (_no_draft(), 0) if k <= 0 else propose_ngram_with_length(
-                row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
+            draft, length = (_no_draft(), 0) if k <= 0 else self._lookup(row, k)
             drafts.append(draft)
             lengths.append(length)
-        flat = np.concatenate(drafts) if drafts else _no_draft()
+        if len(drafts) == 1:
+            flat = drafts[0]
+        else:
+            flat = np.concatenate(drafts) if drafts else _no_draft()
         return Drafts(flat.astype(np.int64, copy=False), [len(d) for d in drafts],
                       evidence=lengths)
+
+    def _lookup(self, row: DraftRow, k: int) -> tuple[np.ndarray, int]:
+        """:func:`propose_ngram_with_length` for one row, on the row's index when there
+        is one (built on its first lookup, extended by the tokens committed since)."""
+        indexes = self._indexes
+        if indexes is None:
+            return propose_ngram_with_length(
+                row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
+        n = row.token_ids.shape[0]
+        k = min(k, self.max_model_len - n)
+        if n < self.min_n or k <= 0:
+            return _no_draft(), 0
+        index = indexes.get(row.req_id)
+        if index is None or not index.sync(row.token_ids):
+            index = indexes[row.req_id] = NgramIndex(self.max_n)
+            index.sync(row.token_ids)
+        match = index.longest_match()
+        if match is None or match[0] < self.min_n:
+            return _no_draft(), 0
+        length, end = match
+        return np.array(index.seq[end + 1 : end + 1 + k], dtype=np.int64), length
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         """Nothing to update: the next lookup reads the committed tokens."""
 
     def release(self, req_id: str) -> None:
-        """No per-request state to drop."""
+        """The request's index goes (a request back after preemption builds a new one)."""
+        if self._indexes is not None:
+            self._indexes.pop(req_id, None)
+
+    @property
+    def num_indexed_requests(self) -> int:
+        """Requests with an index (0 once every request was released: nothing leaks)."""
+        return len(self._indexes) if self._indexes is not None else 0
