@@ -215,7 +215,8 @@ def choose_depths(
                 cands.append((last, i, d, step))
             else:
                 cands.append((cum, i, d, cum))
-        log_gain += math.log(expected)
+        if fair:
+            log_gain += math.log(expected)
     if num_rows > 1:  # one row's are in order already: cumulative acceptance never grows
         cands.sort(key=_by_gain)  # stable: a row's positions stay in order
     best_n = 0

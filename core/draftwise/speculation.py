@@ -115,8 +115,9 @@ class Speculation:
         owner: list[int | None] = [None] * n
         evidence: list[int | None] = [None] * n
         kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
-        for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
-            self._state(row)
+        if self._own_kv or self._hidden_users:  # (state only a model-based member needs)
+            for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
+                self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
         self.last_draft_seconds = 0.0
         if not pending:
@@ -162,7 +163,10 @@ class Speculation:
             self.policy.cost.observe_draft(self.last_draft_seconds, num_made + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
-        token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
+        if len(flat) == 1:  # (one drafting row, the usual case at concurrency 1: no copy)
+            token_ids = flat[0].astype(np.int64, copy=False)
+        else:
+            token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
         drafts = StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs),
                             kv_valid, evidence)
         evidence = evidence_to_cut_on(evidence, probs)

@@ -92,10 +92,11 @@ class StepDrafts:
                               else None)
             for i, (n, c, f) in enumerate(zip(keep, self.num_draft_tokens, first))
         ]
-        kept = np.concatenate(
-            [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)]
-            or [np.zeros(0, dtype=np.int64)]
-        )
+        if any(keep):
+            kept = np.concatenate(
+                [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)])
+        else:  # every draft cut (adaptive depth on weak evidence, the usual cut)
+            kept = np.zeros(0, dtype=np.int64)
         if probs is not None:
             import torch
 
