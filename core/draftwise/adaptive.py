@@ -18,7 +18,9 @@ buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A r
 at 0 gets a probe of ``probe_depth`` drafts every ``probe_interval`` steps, so a request
 whose text turns repetitive gets speculation back; each probe whose drafts are all
 rejected multiplies that interval by ``probe_backoff`` (up to ``max_probe_interval``), and
-an accepted draft resets it, so text that never repeats stops paying for probes.
+an accepted draft resets it, so text that never repeats stops paying for probes. A probe
+that could not pay even if every draft held (:meth:`DepthPolicy.probe_could_pay`: a
+batch whose forward is compute-bound) waits for a step where it could.
 
 A fresh request starts from the engine's population rates, but weakly: they count as
 ``prior_strength`` observations, so the request's own first outcomes move its estimate
@@ -473,12 +475,11 @@ class DepthPolicy:
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included."""
-        ks = choose_depths(
-            [self.reserve_rates(e) for e in estimates],
-            [self.reserve_draft_rates(e) for e in estimates],
-            caps, self.step_seconds(len(caps)), self.cost.draft_seconds_per_token,
-            fair=self.fair,
-        )
+        rates = [self.reserve_rates(e) for e in estimates]
+        draft_rates = [self.reserve_draft_rates(e) for e in estimates]
+        seconds = self.step_seconds(len(caps))
+        ks = choose_depths(rates, draft_rates, caps, seconds, self.cost.draft_seconds_per_token,
+                           fair=self.fair)
         # a fresh request warms up at probe depth (below) only while the engine has seen
         # no evidence: with evidence its drafts are cut on the engine's rates for theirs
         # (:meth:`cut`), which hold across prompts where whole-request rates do not
@@ -497,8 +498,12 @@ class DepthPolicy:
                 ks[i] = min(ks[i], self.config.probe_depth)
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1
-                if est.steps_off >= self.probe_interval(est):
-                    ks[i] = min(cap, self.config.probe_depth)
+                depth = min(cap, self.config.probe_depth)
+                # (a probe that would not pay even if all its drafts held waits, its count
+                # kept, for a step where it could: a smaller batch, a cheaper forward)
+                if est.steps_off >= self.probe_interval(est) and self.probe_could_pay(
+                        ks, rates, draft_rates, seconds, depth):
+                    ks[i] = depth
                     est.steps_off = 0
                     est.num_probes += 1
                     est.probing = True
@@ -506,6 +511,49 @@ class DepthPolicy:
                 est.steps_off = 0
             est.last_k = ks[i]
         return ks
+
+    def probe_could_pay(
+        self,
+        ks: Sequence[int],
+        rates: Sequence[Sequence[float]],
+        draft_rates: Sequence[Sequence[float]],
+        seconds: Callable[[float], float],
+        depth: int,
+    ) -> bool:
+        """Whether probing one more row at ``depth`` drafts (the row at k = 0 now) could
+        raise this step's objective if every probed draft held.
+
+        A probe buys knowledge, and knowledge is worth something only if some acceptance
+        would make drafting pay. Where the forward is compute-bound at the batch's size (the
+        1.5B target at 6-8 rows on 2 cores: two tokens a row cost ~1.8x one), even drafts
+        that all hold lose to the step time they add, so a probe there is pure cost, and a
+        draft model's probe costs more still (its catch-up pass over the positions it
+        skipped: 18% of the step time at concurrency 8 before this check). The catch-up is
+        left out of the price, so a probe that pays on its own drafts is never refused for
+        it (one row of the same pair on the same machine: a draft token adds ~8% to the
+        step and, held, doubles its output, so probes go on). Same objective as
+        :func:`choose_depths`.
+        """
+        num_rows = len(ks)
+        gain = log_gain = 0.0
+        tokens, drafted = float(num_rows), 0.0
+        for k, row_rates, row_drafts in zip(ks, rates, draft_rates):
+            expected, cum = 1.0, 1.0
+            for j in range(k):
+                p, d = row_rates[j], row_drafts[j]
+                cum *= 1.0 if p > 1.0 else (p if p > 0.0 else 0.0)
+                d = 1.0 if d > 1.0 else (d if d > 0.0 else 0.0)
+                expected += d * cum
+                tokens += d
+                drafted += d
+            gain += expected
+            log_gain += math.log(expected)
+        per_draft = self.cost.draft_seconds_per_token
+        before = max(seconds(tokens) + per_draft * drafted, 1e-12)
+        after = max(seconds(tokens + depth) + per_draft * (drafted + depth), 1e-12)
+        if self.fair and num_rows > 1:  # the probed row's E goes from 1 to 1 + depth
+            return math.log1p(depth) - num_rows * math.log(after / before) > LOG_MIN_GAIN
+        return (gain + depth) / after > gain / before * (1.0 + MIN_GAIN)
 
     def summary(self) -> dict[str, Any]:
         """JSON for bench reports and ``/metrics``: settings, cost model, population."""

@@ -516,3 +516,40 @@ def test_a_sampled_draft_is_never_cut_on_its_evidence() -> None:
 
     q = torch.full((2, 4), 0.25)
     assert evidence_to_cut_on([3, 1, None], [None, q, None]) == [3, None, None]
+
+
+def compute_bound_policy(**settings) -> DepthPolicy:
+    """One row's forward costs the same at 1 or 3 tokens; at 4 rows every token costs a
+    full share (two tokens a row take twice as long as one): what a 1.5B target does on 2
+    cores at 1 and at 6-8 rows."""
+    rows, toks = [1, 4], [1, 2, 3]
+    grid = [[1.0, 1.0, 1.0], [4.0 * 1.0, 4.0 * 2.0, 4.0 * 3.0]]
+    return DepthPolicy(AdaptiveConfig(**settings), 2, CostModel(rows, toks, grid))
+
+
+@pytest.mark.parametrize("objective", ["throughput", "fair"])
+def test_a_probe_that_cannot_pay_waits_for_a_step_where_it_can(objective: str) -> None:
+    """At 4 rows a held draft adds exactly the step time it saves (minus nothing): no
+    acceptance makes it pay, so the parked row is not probed however long it waits; alone,
+    the same row is probed at once (its count was kept)."""
+    pol = compute_bound_policy(prior=0.0, probe_interval=2, objective=objective)
+    ests = [pol.new_estimate() for _ in range(4)]
+    for est in ests:  # past the first-step probe: parked at k = 0 by failed drafts
+        est.num_probes, est.seen[0] = 1, 1
+    pol.cost.draft_seconds_per_token = 0.01
+    for _ in range(10):
+        assert pol.choose(ests, [2] * 4) == [0, 0, 0, 0]
+    assert all(e.steps_off == 10 and not e.probing for e in ests)
+    assert pol.choose(ests[:1], [2]) == [1] and ests[0].probing and ests[0].steps_off == 0
+
+
+def test_probe_could_pay_is_the_one_step_optimistic_bound() -> None:
+    pol = compute_bound_policy()
+    ones = [(1.0, 1.0)] * 4
+    seconds = pol.step_seconds(4)
+    # 4 rows at k = 0: +1 token for +1 share of the step; it needs a cheaper forward
+    assert not pol.probe_could_pay([0] * 4, ones, ones, seconds, 1)
+    one = pol.step_seconds(1)
+    assert pol.probe_could_pay([0], ones[:1], ones[:1], one, 1)
+    pol.cost.draft_seconds_per_token = 2.0  # a draft dearer than the step it saves
+    assert not pol.probe_could_pay([0], ones[:1], ones[:1], one, 1)
