@@ -484,26 +484,35 @@ class DepthPolicy:
         # no evidence: with evidence its drafts are cut on the engine's rates for theirs
         # (:meth:`cut`), which hold across prompts where whole-request rates do not
         warm_up = not self.pooled
+        # probes are priced (probe_could_pay) once drafts were seen and none came with
+        # evidence: an evidence-cut draft costs a lookup, not a forward (cut), and the
+        # first drafts verified are what tells the two apart
+        priced = warm_up and self.population.seen[0] > 0
+
+        def could_pay(depth: int) -> bool:
+            return not priced or self.probe_could_pay(ks, rates, draft_rates, seconds, depth)
+
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False
             fresh = warm_up and not est.seen[0]  # nothing of its own verified yet
-            if fresh and cap > 0 and not est.num_probes:
+            first = min(cap, self.config.probe_depth)
+            if fresh and cap > 0 and not est.num_probes and (ks[i] or could_pay(first)):
                 # nothing of its own verified yet: its first decode step is a probe, at
                 # probe depth whatever the population says (a draft model also catches
-                # up on the prompt there, so its blocks become prefix-cacheable)
-                ks[i] = min(cap, self.config.probe_depth)
+                # up on the prompt there, so its blocks become prefix-cacheable), unless
+                # no acceptance could pay for it in this batch: then it waits, as a
+                # periodic probe does, and the prompt's blocks wait with it
+                ks[i] = first
                 est.num_probes += 1
                 est.probing = True
             elif fresh:  # still nothing verified: no deeper than a probe
                 ks[i] = min(ks[i], self.config.probe_depth)
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1
-                depth = min(cap, self.config.probe_depth)
                 # (a probe that would not pay even if all its drafts held waits, its count
                 # kept, for a step where it could: a smaller batch, a cheaper forward)
-                if est.steps_off >= self.probe_interval(est) and self.probe_could_pay(
-                        ks, rates, draft_rates, seconds, depth):
-                    ks[i] = depth
+                if est.steps_off >= self.probe_interval(est) and could_pay(first):
+                    ks[i] = first
                     est.steps_off = 0
                     est.num_probes += 1
                     est.probing = True
@@ -532,7 +541,9 @@ class DepthPolicy:
         left out of the price, so a probe that pays on its own drafts is never refused for
         it (one row of the same pair on the same machine: a draft token adds ~8% to the
         step and, held, doubles its output, so probes go on). Same objective as
-        :func:`choose_depths`.
+        :func:`choose_depths`. Only drafts without evidence are priced so (:meth:`choose`):
+        a draft that comes with evidence is cut on it before the forward (:meth:`cut`),
+        so its probe costs a lookup and still learns.
         """
         num_rows = len(ks)
         gain = log_gain = 0.0

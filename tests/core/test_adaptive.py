@@ -533,6 +533,7 @@ def test_a_probe_that_cannot_pay_waits_for_a_step_where_it_can(objective: str) -
     acceptance makes it pay, so the parked row is not probed however long it waits; alone,
     the same row is probed at once (its count was kept)."""
     pol = compute_bound_policy(prior=0.0, probe_interval=2, objective=objective)
+    pol.observe(pol.new_estimate(), 1, 1, 0)  # drafts were seen, none with evidence
     ests = [pol.new_estimate() for _ in range(4)]
     for est in ests:  # past the first-step probe: parked at k = 0 by failed drafts
         est.num_probes, est.seen[0] = 1, 1
@@ -553,3 +554,17 @@ def test_probe_could_pay_is_the_one_step_optimistic_bound() -> None:
     assert pol.probe_could_pay([0], ones[:1], ones[:1], one, 1)
     pol.cost.draft_seconds_per_token = 2.0  # a draft dearer than the step it saves
     assert not pol.probe_could_pay([0], ones[:1], ones[:1], one, 1)
+
+
+def test_a_probe_is_not_priced_before_any_draft_was_seen_or_when_drafts_carry_evidence() -> None:
+    """The first drafts tell a drafter whose drafts are cut on evidence (a lookup's worth,
+    learned from at no forward cost) from one whose probe costs a forward: only the
+    latter's probes wait for a step where they could pay."""
+    pol = compute_bound_policy(prior=0.0, probe_interval=2)
+    ests = [pol.new_estimate() for _ in range(4)]
+    assert pol.choose(ests, [2] * 4) == [1] * 4  # nothing seen yet: every first step probes
+    for est in ests:
+        pol.observe(est, 1, 1, 0, evidence=1)  # rejected, on evidence
+    for _ in range(5):  # evidence seen: probes go on, their drafts cut before the forward
+        pol.choose(ests, [2] * 4)
+    assert all(e.num_probes >= 2 for e in ests)
