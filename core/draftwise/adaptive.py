@@ -546,8 +546,7 @@ class DepthPolicy:
         so its probe costs a lookup and still learns.
         """
         num_rows = len(ks)
-        gain = log_gain = 0.0
-        tokens, drafted = float(num_rows), 0.0
+        gain, tokens, drafted = 0.0, float(num_rows), 0.0
         for k, row_rates, row_drafts in zip(ks, rates, draft_rates):
             expected, cum = 1.0, 1.0
             for j in range(k):
@@ -558,7 +557,6 @@ class DepthPolicy:
                 tokens += d
                 drafted += d
             gain += expected
-            log_gain += math.log(expected)
         per_draft = self.cost.draft_seconds_per_token
         before = max(seconds(tokens) + per_draft * drafted, 1e-12)
         after = max(seconds(tokens + depth) + per_draft * (drafted + depth), 1e-12)

@@ -16,8 +16,10 @@ lookup requires), and adds the few new ends each step. The lookup is then:
 - its earliest occurrence: the position stored for that length.
 
 Both are the numpy lookup's answers exactly (tested against it on random contexts).
-Memory is ``max_n`` dict entries a context token, so the proposer uses the index only up
-to :data:`INDEX_MAX_N` (vLLM's default is 5) and scans beyond it.
+Memory is ``max_n`` dict entries a context token (~0.1 KB each), so the proposer indexes
+only for ``prompt_lookup_max <= INDEX_MAX_N`` (vLLM's default is 5) and contexts of at
+most :data:`INDEX_MAX_TOKENS` (a few MB a request), and scans otherwise: past that length
+a scan's tens of microseconds are small beside the forward over such a context.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 #: the longest ``prompt_lookup_max`` indexed (entries a token grow with it, and keys of
 #: length n cost O(n) each: past this the numpy scan's O(len) a step is the better buy)
 INDEX_MAX_N = 8
+#: the longest context indexed; a longer one drops its index and is scanned
+INDEX_MAX_TOKENS = 8192
 
 
 class NgramIndex:
@@ -87,4 +91,4 @@ class NgramIndex:
         return length, end
 
 
-__all__ = ["INDEX_MAX_N", "NgramIndex"]
+__all__ = ["INDEX_MAX_N", "INDEX_MAX_TOKENS", "NgramIndex"]

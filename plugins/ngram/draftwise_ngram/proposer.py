@@ -3,8 +3,9 @@
 Every step looks the draft up again in the row's accepted tokens, so ``on_verified``
 has nothing to do. The lookup runs on a per-request :class:`~draftwise_ngram.index.NgramIndex`
 (a few dict probes instead of a scan of the context; ``release`` drops it), or, for a
-``prompt_lookup_max`` above :data:`~draftwise_ngram.index.INDEX_MAX_N`, on the numpy scan
-below, which is also the index's reference. Drafts carry no probabilities (verification
+``prompt_lookup_max`` above :data:`~draftwise_ngram.index.INDEX_MAX_N` or a context past
+:data:`~draftwise_ngram.index.INDEX_MAX_TOKENS`, on the numpy scan below, which is also
+the index's reference. Drafts carry no probabilities (verification
 treats q as one-hot at the draft token); each row's ``evidence`` is the length of the
 match its draft followed (adaptive depth keeps acceptance by it).
 
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from draftwise.speculator import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
-from draftwise_ngram.index import INDEX_MAX_N, NgramIndex
+from draftwise_ngram.index import INDEX_MAX_N, INDEX_MAX_TOKENS, NgramIndex
 
 if TYPE_CHECKING:
     from draftwise_ngram.options import NgramOptions
@@ -138,10 +139,12 @@ class NgramProposer:
         """:func:`propose_ngram_with_length` for one row, on the row's index when there
         is one (built on its first lookup, extended by the tokens committed since)."""
         indexes = self._indexes
-        if indexes is None:
+        n = row.token_ids.shape[0]
+        if indexes is None or n > INDEX_MAX_TOKENS:
+            if indexes is not None:
+                indexes.pop(row.req_id, None)  # (grown past the indexed length)
             return propose_ngram_with_length(
                 row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
-        n = row.token_ids.shape[0]
         k = min(k, self.max_model_len - n)
         if n < self.min_n or k <= 0:
             return _no_draft(), 0

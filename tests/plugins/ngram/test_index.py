@@ -96,3 +96,16 @@ def test_a_reused_request_id_with_other_tokens_is_rebuilt():
     other = DraftRow(req_id="r", token_ids=np.array([5, 6, 5], dtype=np.int64), max_draft=3)
     assert proposer.propose(DraftInput([first])).token_ids.tolist() == [3, 1, 2]
     assert proposer.propose(DraftInput([other])).token_ids.tolist() == [6, 5]
+
+
+def test_a_context_past_the_indexed_length_drops_its_index_and_scans(monkeypatch):
+    """Same drafts on either side of the cap; past it the request keeps no index."""
+    import draftwise_ngram.proposer as proposer_module
+
+    monkeypatch.setattr(proposer_module, "INDEX_MAX_TOKENS", 6)
+    proposer = _proposer(3)
+    tokens = [1, 2, 3, 1, 2, 3, 1, 2]
+    for n, want in [(5, [3, 1, 2]), (6, [1, 2, 3]), (7, [2, 3, 1]), (8, [3, 1, 2])]:
+        row = DraftRow(req_id="r", token_ids=np.array(tokens[:n], dtype=np.int64), max_draft=3)
+        assert proposer.propose(DraftInput([row])).token_ids.tolist() == want
+        assert proposer.num_indexed_requests == (1 if n <= 6 else 0)
