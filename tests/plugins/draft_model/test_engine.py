@@ -234,3 +234,38 @@ def test_min_draft_confidence_stops_unsure_rows_and_stays_identical(target_dir, 
     assert s["draft_tokens"] == s["rows_drafted"] >= s["confidence_stops"] > 0
     assert llm.engine.spec.metrics.num_accepted_tokens > 0
     assert_clean(llm)
+
+
+def test_evidence_is_the_band_of_the_first_drafts_confidence(target_dir, draft_dir, want,
+                                                            monkeypatch) -> None:
+    """Rule 6: each drafting row's evidence is its depth-0 confidence in 5 bands; the
+    jittered draft's confidences straddle 0.2, so both bands 0 and 1 occur; output never
+    moves (adaptive depth cuts on the bands: test_adaptive_engine)."""
+    import draftwise_draft_model.proposer as proposer_module
+
+    firsts: list[list[float]] = []  # per propose call, the depth-0 confidences
+    outs: list[tuple[list[int], list[int] | None]] = []
+    confidence, propose = proposer_module.draft_confidence, DraftModelProposer.propose
+
+    def record_confidence(logits):
+        got = confidence(logits)
+        if len(firsts) == len(outs):  # the call's first: depth 0
+            firsts.append(got.tolist())
+        return got
+
+    def record_propose(self, batch):
+        out = propose(self, batch)
+        outs.append((list(out.num_draft_tokens), out.evidence))
+        return out
+
+    monkeypatch.setattr(proposer_module, "draft_confidence", record_confidence)
+    monkeypatch.setattr(DraftModelProposer, "propose", record_propose)
+    got, llm = generate(target_dir, spec(draft_dir, 3), PROMPTS, max_num_seqs=4)
+    assert got == want
+    seen = set()
+    for confs, (counts, evidence) in zip(firsts, outs):
+        drafting = [e for n, e in zip(counts, evidence or []) if n]
+        assert drafting == [min(4, int(c * 5)) for c in confs]
+        seen.update(drafting)
+    assert {0, 1} <= seen <= set(range(5))
+    assert_clean(llm)
