@@ -332,7 +332,8 @@ class Drafts:
     #: draft of the row is accepted (None: nothing written, ``num_kv_computed`` stands)
     kv_valid: list[int] | None = None
     #: per row, how strong the drafter's reason for the draft is, as a small integer
-    #: (n-gram: the length of the suffix match it followed), or None: no such signal.
+    #: (n-gram: the length of the suffix match it followed; draft_model: its confidence
+    #: in the row's first draft, in bands), or None: no such signal.
     #: Adaptive depth keeps acceptance per value, so a draft on strong evidence is
     #: verified deeper than one on weak evidence (rows without a draft: any value).
     #: It must be fixed before the row's tokens are drawn (from the context, as n-gram's
