@@ -83,22 +83,25 @@ def propose_ngram_with_length(
     max_n: int,
     k: int,
     max_model_len: int,
+    index: NgramIndex | None = None,
 ) -> tuple[np.ndarray, int]:  # [<= k] int64, match length (0: no draft)
     """:func:`propose_ngram`'s draft and the length of the match it followed: the
     evidence adaptive depth conditions acceptance on (measured on the mixed and smoke
     workloads, teacher-forced: a draft after a 1-token match is accepted 15% of the
-    time, after 2-3 tokens about 50%, after 4 about 90%)."""
+    time, after 2-3 tokens about 50%, after 4 about 90%). With ``index`` (synced to
+    ``tokens``, ``max_n`` its own) the match is looked up there instead of scanned."""
     n = tokens.shape[0]
     if n < min_n:
         return _no_draft(), 0
     k = min(k, max_model_len - n)
     if k <= 0:
         return _no_draft(), 0
-    match = longest_earlier_match(tokens, max_n)
+    match = longest_earlier_match(tokens, max_n) if index is None else index.longest_match()
     if match is None or match[0] < min_n:
         return _no_draft(), 0
     length, end = match
-    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
+    source = tokens if index is None else index.seq
+    return np.array(source[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
 
 
 class NgramProposer:
@@ -128,35 +131,23 @@ class NgramProposer:
             draft, length = (_no_draft(), 0) if k <= 0 else self._lookup(row, k)
             drafts.append(draft)
             lengths.append(length)
-        if len(drafts) == 1:
-            flat = drafts[0]
-        else:
-            flat = np.concatenate(drafts) if drafts else _no_draft()
+        flat = drafts[0] if len(drafts) == 1 else np.concatenate(drafts or [_no_draft()])
         return Drafts(flat.astype(np.int64, copy=False), [len(d) for d in drafts],
                       evidence=lengths)
 
     def _lookup(self, row: DraftRow, k: int) -> tuple[np.ndarray, int]:
         """:func:`propose_ngram_with_length` for one row, on the row's index when there
         is one (built on its first lookup, extended by the tokens committed since)."""
-        indexes = self._indexes
-        n = row.token_ids.shape[0]
-        if indexes is None or n > INDEX_MAX_TOKENS:
-            if indexes is not None:
-                indexes.pop(row.req_id, None)  # (grown past the indexed length)
-            return propose_ngram_with_length(
-                row.token_ids, self.min_n, self.max_n, k, self.max_model_len)
-        k = min(k, self.max_model_len - n)
-        if n < self.min_n or k <= 0:
-            return _no_draft(), 0
-        index = indexes.get(row.req_id)
-        if index is None or not index.sync(row.token_ids):
-            index = indexes[row.req_id] = NgramIndex(self.max_n)
-            index.sync(row.token_ids)
-        match = index.longest_match()
-        if match is None or match[0] < self.min_n:
-            return _no_draft(), 0
-        length, end = match
-        return np.array(index.seq[end + 1 : end + 1 + k], dtype=np.int64), length
+        indexes, index = self._indexes, None
+        if indexes is not None and row.token_ids.shape[0] > INDEX_MAX_TOKENS:
+            indexes.pop(row.req_id, None)  # (grown past the indexed length: scanned)
+        elif indexes is not None:
+            index = indexes.get(row.req_id)
+            if index is None or not index.sync(row.token_ids):
+                index = indexes[row.req_id] = NgramIndex(self.max_n)
+                index.sync(row.token_ids)
+        return propose_ngram_with_length(
+            row.token_ids, self.min_n, self.max_n, k, self.max_model_len, index)
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         """Nothing to update: the next lookup reads the committed tokens."""
