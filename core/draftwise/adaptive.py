@@ -485,13 +485,22 @@ class DepthPolicy:
         # (:meth:`cut`), which hold across prompts where whole-request rates do not
         warm_up = not self.pooled
 
+        # (the answer depends on the batch's ks and the depth only, not on which parked row
+        # asks: once per depth a step, again whenever a row's k moved; a compute-bound
+        # batch asks for every parked row on every step)
+        paying: dict[int, bool] = {}
+
         def could_pay(depth: int) -> bool:
-            return self.probe_could_pay(ks, rates, draft_rates, seconds, depth)
+            got = paying.get(depth)
+            if got is None:
+                got = paying[depth] = self.probe_could_pay(ks, rates, draft_rates, seconds,
+                                                           depth)
+            return got
 
         for i, (est, cap) in enumerate(zip(estimates, caps)):
             est.probing = False
             fresh = warm_up and not est.seen[0]  # nothing of its own verified yet
-            first = min(cap, self.config.probe_depth)
+            first, chosen = min(cap, self.config.probe_depth), ks[i]
             if fresh and cap > 0 and not est.num_probes and (ks[i] or could_pay(first)):
                 # nothing of its own verified yet: its first decode step is a probe, at
                 # probe depth whatever the population says (a draft model also catches
@@ -503,6 +512,8 @@ class DepthPolicy:
                 est.probing = True
             elif fresh:  # still nothing verified: no deeper than a probe
                 ks[i] = min(ks[i], self.config.probe_depth)
+            if ks[i] != chosen:
+                paying.clear()
             if ks[i] == 0 and cap > 0:
                 est.steps_off += 1
                 # (a probe that would not pay even if all its drafts held waits, its count
@@ -512,6 +523,7 @@ class DepthPolicy:
                     est.steps_off = 0
                     est.num_probes += 1
                     est.probing = True
+                    paying.clear()
             else:
                 est.steps_off = 0
             est.last_k = ks[i]
