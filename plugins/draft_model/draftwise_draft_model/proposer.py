@@ -165,13 +165,16 @@ class DraftModelProposer:
 
         so_far: list[list[int]] = [[] for _ in rows]
         evidence = [0] * len(rows)
+        first_confidence: dict[int, float] = {}  # row -> its depth-0 confidence (float32)
 
         def pick(logits: torch.Tensor, live: list[int]) -> list[int]:
             histories = None
             if self.mapping is not None:
                 self.mapping.mask_(logits)  # draft-vocabulary logits: no target processing
             if not so_far[live[0]]:  # depth 0: every drafting row's first draft (rule 6)
-                bands = (draft_confidence(logits) * CONFIDENCE_BUCKETS).long()
+                confidence = draft_confidence(logits)
+                first_confidence.update(zip(live, confidence.tolist()))
+                bands = (confidence * CONFIDENCE_BUCKETS).long()
                 for r, band in zip(live, bands.clamp_(0, CONFIDENCE_BUCKETS - 1).tolist()):
                     evidence[r] = band
             if self.mapping is None:
@@ -188,7 +191,15 @@ class DraftModelProposer:
                     probs[r].append(q[j] if q is not None else _one_hot(tok[j], logits.shape[1]))
             return tok.tolist()
 
-        more = self._sure if self.min_confidence > 0.0 else None
+        def sure(logits: torch.Tensor, live: list[int]) -> list[bool]:
+            if len(so_far[live[0]]) == 1:  # after depth 0: pick measured it (rule 6)
+                confidence = torch.tensor([first_confidence[r] for r in live],
+                                          dtype=torch.float32)
+            else:
+                confidence = draft_confidence(logits)
+            return self._sure(confidence, live)
+
+        more = sure if self.min_confidence > 0.0 else None
         drafts = draft_autoregressive(first, starts, wants, step, pick, more)
         out = Drafts.from_lists([self._to_target(d) for d in drafts])
         out.evidence = evidence
@@ -202,9 +213,10 @@ class DraftModelProposer:
         self.counters["draft_tokens"] += sum(len(d) for d in drafts)
         return out
 
-    def _sure(self, logits: torch.Tensor, live: list[int]) -> list[bool]:  # [R, V]
-        """Rule 5: whether each row's draft just picked was sure enough to draft past."""
-        sure = (draft_confidence(logits) >= self.min_confidence).tolist()
+    def _sure(self, confidence: torch.Tensor, live: list[int]) -> list[bool]:  # [R]
+        """Rule 5: whether each row's draft just picked was sure enough to draft past
+        (``confidence``: :func:`draft_confidence` of the logits it was picked from)."""
+        sure = (confidence >= self.min_confidence).tolist()
         self.counters["confidence_stops"] += len(sure) - sum(sure)
         return sure
 
