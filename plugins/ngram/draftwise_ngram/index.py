@@ -42,7 +42,7 @@ class NgramIndex:
         if not 1 <= max_n <= INDEX_MAX_N:
             raise ValueError(f"an n-gram index covers max_n 1..{INDEX_MAX_N}, got {max_n}")
         self.max_n = max_n
-        #: the context indexed so far (a copy: drafts are sliced from it)
+        #: the context indexed so far (a copy, as the Python ints its keys are made of)
         self.seq: list[int] = []
         #: ``_first[n - 1]``: n-gram (the token itself for n = 1, else a tuple) -> the
         #: earliest index it ends at

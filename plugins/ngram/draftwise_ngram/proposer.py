@@ -100,8 +100,7 @@ def propose_ngram_with_length(
     if match is None or match[0] < min_n:
         return _no_draft(), 0
     length, end = match
-    source = tokens if index is None else index.seq
-    return np.array(source[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
+    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
 
 
 class NgramProposer:
