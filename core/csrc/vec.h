@@ -78,10 +78,9 @@ static inline uint16_t f32_to_bf16(float f) {
     }                                                                                      \
     /* N fp32 values stored as bf16, rounded to nearest even */                            \
     static inline void P##_store_bf16(uint16_t *p, VF x) {                                 \
-        VU bits = (VU)P##_round_bf16(x);                                                   \
-        uint16_t tmp[N];                                                                   \
-        for (int l = 0; l < (N); l++) tmp[l] = (uint16_t)(bits[l] >> 16);                  \
-        memcpy(p, tmp, sizeof tmp);                                                        \
+        typedef uint16_t half_t __attribute__((vector_size(2 * (N))));                     \
+        const half_t h = __builtin_convertvector((VU)P##_round_bf16(x) >> 16, half_t);     \
+        memcpy(p, &h, sizeof h);                                                           \
     }                                                                                      \
     /* N uint16 values zero-extended to 32 bits */                                         \
     static inline VU P##_load_u16(const uint16_t *p) {                                     \
