@@ -150,7 +150,8 @@ def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, concurrency: int
 ) -> None:
     """At concurrency 1 every engine runs a prompt before any engine runs the next, so a
-    prompt's ratios compare runs seconds apart; batched, the workload is the unit."""
+    prompt's ratios compare runs seconds apart, in reversed engine order every other round
+    (which engine ran just before moves a ratio); batched, the workload is the unit."""
     import draftwise.bench.run as run_mod
 
     real = run_mod.run_engine
@@ -178,6 +179,8 @@ def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
     assert len(engines) == 2
     if concurrency == 1:  # p0 on both engines, then p1 on both, twice
         assert [p for _, p in runs] == [("p0",), ("p0",), ("p1",), ("p1",)] * 2
+        a, b = engines
+        assert [e for e, _ in runs] == [a, b, a, b, b, a, b, a]
     else:
         assert [p for _, p in runs] == [("p0", "p1")] * 4
     report = json.loads(out.read_text())
