@@ -140,10 +140,9 @@ def bench(
                 # one request at a time: interleave prompt by prompt (A B C on prompt 1, then
                 # on prompt 2, ...), so the per-prompt ratios compare runs seconds apart, not
                 # a whole workload apart; each engine still sees the prompts in order. Every
-                # other round runs them C B A: which engine runs right after which moved a
-                # prompt's ratio by up to 10% (cpu-smoke-8, adaptive first: lighthouse 0.88x
-                # its spec-off run in all three rounds; adaptive last: 0.99x), so a fixed
-                # order biases every per-prompt ratio the same way
+                # other round runs them C B A: which engine ran just before moves a prompt's
+                # ratio (up to 10%, docs/speculative-decoding.md), so a fixed order would
+                # bias every per-prompt ratio the same way
                 order = configs if round_ % 2 == 0 else configs[::-1]
                 per: dict[str, list[Any]] = {label: [] for label, _ in configs}
                 for item in items:
