@@ -67,6 +67,10 @@ DRAFT_COST_WEIGHT = 0.1
 STEP_WEIGHT = 0.05
 #: engine steps at a grid point before their running time replaces its start-up timing
 MIN_STEPS = 8
+#: after a grid point's first ``MIN_STEPS`` readings, the grid is recalibrated once per
+#: this many more (a reading moves the running time by 1.25% at most, and noise mostly
+#: cancels; a rebuild every 8 readings cost ~10 us a decode step on the default model)
+RECALIBRATE_EVERY = 64
 #: one reading moves a running time by at most this fraction of it (a step stalled by a
 #: page fault or another process is one step, not a new price)
 MAX_STEP_CHANGE = 0.25
@@ -157,7 +161,8 @@ class CostModel:
             return
         point = self.steps[self.rows.index(num_rows)][self.tokens_per_row.index(per_row)]
         point.add(forward)
-        if point.count % MIN_STEPS == 0:  # an anchor now, or one that moved: recalibrate
+        if point.count == MIN_STEPS or point.count % RECALIBRATE_EVERY == 0:
+            # an anchor now, or one that had time to move: recalibrate
             self.seconds = self.calibrated()
             self.version += 1
 

@@ -91,6 +91,8 @@ class SpecDecodingStats:
             raise MetricsError(
                 f"cannot merge stats for k={other.num_spec_tokens} into k={self.num_spec_tokens}"
             )
+        if not other.num_drafts:  # (most adaptive steps verify no draft: nothing to add)
+            return
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
@@ -135,12 +137,14 @@ class SpecDecodingLogging:
     def observe(self, stats: SpecDecodingStats) -> None:
         """Add one step's stats to the current interval."""
         self._observed = True
-        self._num_drafts += stats.num_drafts
-        self._num_draft_tokens += stats.num_draft_tokens
-        self._num_accepted_tokens += stats.num_accepted_tokens
         per_pos = stats.num_accepted_tokens_per_pos
         if len(self._accepted_per_pos) < len(per_pos):
             self._accepted_per_pos.extend([0] * (len(per_pos) - len(self._accepted_per_pos)))
+        if not stats.num_drafts:  # (most adaptive steps verify no draft: nothing to add)
+            return
+        self._num_drafts += stats.num_drafts
+        self._num_draft_tokens += stats.num_draft_tokens
+        self._num_accepted_tokens += stats.num_accepted_tokens
         for i, n in enumerate(per_pos):
             self._accepted_per_pos[i] += n
 

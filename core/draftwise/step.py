@@ -92,17 +92,18 @@ class StepDrafts:
                               else None)
             for i, (n, c, f) in enumerate(zip(keep, self.num_draft_tokens, first))
         ]
-        if any(keep):
-            kept = np.concatenate(
-                [np.arange(cu[i], cu[i] + n, dtype=np.int64) for i, n in enumerate(keep)])
-        else:  # every draft cut (adaptive depth on weak evidence, the usual cut)
-            kept = np.zeros(0, dtype=np.int64)
+        # (slices, not an index array: every draft cut, adaptive depth on weak evidence,
+        # is the usual cut, and this runs on most of its steps)
+        pieces = [self.token_ids[cu[i] : cu[i] + n] for i, n in enumerate(keep) if n]
+        token_ids = (pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces) if pieces
+                     else self.token_ids[:0].copy())
         if probs is not None:
             import torch
 
-            probs = probs[torch.from_numpy(kept)]
+            kept = [j for i, n in enumerate(keep) for j in range(cu[i], cu[i] + n)]
+            probs = probs[torch.tensor(kept, dtype=torch.int64)]
         return StepDrafts(
-            token_ids=self.token_ids[kept],
+            token_ids=token_ids,
             num_draft_tokens=list(keep),
             owner=list(self.owner),
             draft_probs=probs,

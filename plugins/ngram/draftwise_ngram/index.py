@@ -60,10 +60,15 @@ class NgramIndex:
         """
         seq = self.seq
         old, n = len(seq), int(tokens.shape[0])
-        if n < old or (old and (int(tokens[old - 1]) != seq[-1] or int(tokens[0]) != seq[0])):
+        if n < old:
             return False
-        if n > old:
-            seq.extend(tokens[old:].tolist())
+        if old:  # (the overlap and the new tokens in one conversion: this runs every step)
+            new = tokens[old - 1 :].tolist()
+            if new[0] != seq[-1] or int(tokens[0]) != seq[0]:
+                return False
+            seq.extend(new[1:])
+        else:
+            seq.extend(tokens.tolist())
         first, max_n = self._first, self.max_n
         for end in range(self._indexed, n - 1):  # an occurrence ends before the last token
             first[0].setdefault(seq[end], end)
@@ -71,6 +76,10 @@ class NgramIndex:
                 first[m - 1].setdefault(tuple(seq[end - m + 1 : end + 1]), end)
         self._indexed = max(self._indexed, n - 1)
         return True
+
+    def following(self, end: int, k: int) -> list[int]:
+        """Up to ``k`` tokens of the context after index ``end`` (a draft, as ints)."""
+        return self.seq[end + 1 : end + 1 + k]
 
     def longest_match(self) -> tuple[int, int] | None:
         """(length <= max_n, end index) of the earliest occurrence of the longest suffix

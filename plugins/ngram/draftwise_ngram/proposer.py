@@ -90,17 +90,29 @@ def propose_ngram_with_length(
     workloads, teacher-forced: a draft after a 1-token match is accepted 15% of the
     time, after 2-3 tokens about 50%, after 4 about 90%). With ``index`` (synced to
     ``tokens``, ``max_n`` its own) the match is looked up there instead of scanned."""
+    span = _draft_span(tokens, min_n, max_n, k, max_model_len, index)
+    if span is None:
+        return _no_draft(), 0
+    length, end, k = span
+    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
+
+
+def _draft_span(
+    tokens: np.ndarray, min_n: int, max_n: int, k: int, max_model_len: int,
+    index: NgramIndex | None,
+) -> tuple[int, int, int] | None:  # (match length, end of its occurrence, drafts to take)
+    """The lookup's rules 1-5 (module docstring): which match a draft follows and how
+    many tokens it may take, or None when there is no draft."""
     n = tokens.shape[0]
     if n < min_n:
-        return _no_draft(), 0
+        return None
     k = min(k, max_model_len - n)
     if k <= 0:
-        return _no_draft(), 0
+        return None
     match = longest_earlier_match(tokens, max_n) if index is None else index.longest_match()
     if match is None or match[0] < min_n:
-        return _no_draft(), 0
-    length, end = match
-    return np.array(tokens[end + 1 : end + 1 + k], dtype=np.int64), length  # a copy
+        return None
+    return match[0], match[1], k
 
 
 class NgramProposer:
@@ -123,18 +135,21 @@ class NgramProposer:
     def propose(self, batch: DraftInput) -> Drafts:
         """Up to min(k, row.max_draft, max_model_len - len) tokens per row; [] when no
         match. Each row's evidence is the length of the match its draft followed."""
-        drafts: list[np.ndarray] = []
+        # (the drafts gathered as Python ints and made one array: a few per row, and
+        # this runs every step of every row, where each small numpy call costs
+        # microseconds right after a forward has streamed the weights through the caches)
+        flat: list[int] = []
+        counts: list[int] = []
         lengths: list[int] = []
         for row in batch.rows:
             k = min(self.k, row.max_draft)
-            draft, length = (_no_draft(), 0) if k <= 0 else self._lookup(row, k)
-            drafts.append(draft)
+            draft, length = ([], 0) if k <= 0 else self._lookup(row, k)
+            flat += draft
+            counts.append(len(draft))
             lengths.append(length)
-        flat = drafts[0] if len(drafts) == 1 else np.concatenate(drafts or [_no_draft()])
-        return Drafts(flat.astype(np.int64, copy=False), [len(d) for d in drafts],
-                      evidence=lengths)
+        return Drafts(np.array(flat, dtype=np.int64), counts, evidence=lengths)
 
-    def _lookup(self, row: DraftRow, k: int) -> tuple[np.ndarray, int]:
+    def _lookup(self, row: DraftRow, k: int) -> tuple[list[int], int]:
         """:func:`propose_ngram_with_length` for one row, on the row's index when there
         is one (built on its first lookup, extended by the tokens committed since)."""
         indexes, index = self._indexes, None
@@ -145,8 +160,13 @@ class NgramProposer:
             if index is None or not index.sync(row.token_ids):
                 index = indexes[row.req_id] = NgramIndex(self.max_n)
                 index.sync(row.token_ids)
-        return propose_ngram_with_length(
-            row.token_ids, self.min_n, self.max_n, k, self.max_model_len, index)
+        span = _draft_span(row.token_ids, self.min_n, self.max_n, k, self.max_model_len, index)
+        if span is None:
+            return [], 0
+        length, end, k = span
+        if index is not None:  # (the context as ints already)
+            return index.following(end, k), length
+        return row.token_ids[end + 1 : end + 1 + k].tolist(), length
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         """Nothing to update: the next lookup reads the committed tokens."""
