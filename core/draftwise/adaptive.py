@@ -59,6 +59,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from draftwise.batch_rest import BatchRest
+
 if TYPE_CHECKING:
     from draftwise.config.adaptive import AdaptiveConfig
     from draftwise.cost_model import CostModel
@@ -289,6 +291,10 @@ class DepthPolicy:
     #: whether this step's batch weighs each row's rate alike (``choose_depths``'s
     #: ``fair``), set by the scheduler each step through :meth:`set_waiting`
     fair: bool = field(init=False, default=False)
+    #: the batch's back-off when its drafts are never verified (``draftwise.batch_rest``)
+    rest: BatchRest = field(init=False)
+    #: rows of this step's :meth:`choose` when it asked any for drafts (0: it did not)
+    _asked_rows: int = field(init=False, default=0)
 
     def set_waiting(self, num_waiting: int) -> None:
         """This step's objective from the settings and whether requests wait for a
@@ -300,9 +306,14 @@ class DepthPolicy:
     def __post_init__(self) -> None:
         self.population = AcceptanceEstimate([self.config.prior] * self.max_k)
         self._ones = (1.0,) * self.max_k
+        cfg = self.config
+        self.rest = BatchRest(cfg.probe_interval, cfg.probe_backoff,
+                              max(cfg.probe_interval, cfg.max_probe_interval), cfg.batch_rest)
 
     def new_estimate(self) -> AcceptanceEstimate:
-        """A fresh request's estimate, starting from what the population showed so far."""
+        """A fresh request's estimate, starting from what the population showed so far
+        (a new request also ends the batch's rest: it may draft where the others do not)."""
+        self.rest.reset()
         pop = self.population
         return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
 
@@ -474,7 +485,13 @@ class DepthPolicy:
         return self._ones if est.by_evidence or self.pooled else est.draft_rates
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
-        """This step's depth per decode row (``caps``: each row's most), probes included."""
+        """This step's depth per decode row (``caps``: each row's most), probes included;
+        none while the batch rests (``draftwise.batch_rest``)."""
+        self._asked_rows = 0
+        if self.rest.resting(len(caps)):
+            for est in estimates:
+                est.probing, est.last_k = False, 0
+            return [0] * len(caps)
         rates = [self.reserve_rates(e) for e in estimates]
         draft_rates = [self.reserve_draft_rates(e) for e in estimates]
         seconds = self.step_seconds(len(caps))
@@ -527,7 +544,16 @@ class DepthPolicy:
             else:
                 est.steps_off = 0
             est.last_k = ks[i]
+        if any(ks):
+            self._asked_rows = len(caps)
         return ks
+
+    def step_verified(self, verified: bool) -> None:
+        """After this step's cut: whether it verifies any draft (a batch that asked for
+        drafts and verified none for long enough rests: ``draftwise.batch_rest``)."""
+        if self._asked_rows:
+            self.rest.observe(self._asked_rows, verified)
+            self._asked_rows = 0
 
     def probe_could_pay(
         self,
@@ -579,6 +605,7 @@ class DepthPolicy:
         return {
             "settings": self.config.model_dump(mode="json"),
             "cost_model": self.cost.summary(),
+            "batch_rest": self.rest.summary(),
             "population": self.population.as_dict(),
         }
 

@@ -170,10 +170,12 @@ class Speculation:
         drafts = StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs),
                             kv_valid, evidence)
         evidence = evidence_to_cut_on(evidence, probs)
-        if self.policy is not None and any(v is not None for v in evidence):
-            # adaptive depth, the drafts and their evidence known: verify what pays
-            drafts = drafts.cut(self.policy.cut(
-                [r.request.acceptance for r in rows], counts, evidence))
+        if self.policy is not None:
+            if any(v is not None for v in evidence):
+                # adaptive depth, the drafts and their evidence known: verify what pays
+                drafts = drafts.cut(self.policy.cut(
+                    [r.request.acceptance for r in rows], counts, evidence))
+            self.policy.step_verified(any(drafts.num_draft_tokens))
         return drafts
 
     def _state(self, row: ScheduledRow) -> _RequestState:

@@ -563,3 +563,37 @@ def test_a_fresh_request_waits_for_its_first_probe_where_none_could_pay() -> Non
     ests = [pol.new_estimate() for _ in range(4)]
     assert pol.choose(ests, [2] * 4) == [0] * 4 and not any(e.num_probes for e in ests)
     assert pol.choose(ests[:1], [2]) == [1] and ests[0].probing and ests[0].num_probes == 1
+
+
+def test_a_batch_whose_drafts_are_never_verified_rests() -> None:
+    pol = policy(prior=1.0, probe_interval=2)
+    ests = [pol.new_estimate(), pol.new_estimate()]
+    for _ in range(2):  # asked for drafts, none verified (cut, or the lookups missed)
+        assert any(pol.choose(ests, [4, 4]))
+        pol.step_verified(False)
+    off = [e.steps_off for e in ests]
+    assert pol.choose(ests, [4, 4]) == [0, 0] and pol.choose(ests, [4, 4]) == [0, 0]
+    assert [e.steps_off for e in ests] == off  # a resting step is not a parked row's step
+    pol.step_verified(False)  # (a step that asked for nothing does not count)
+    assert any(pol.choose(ests, [4, 4]))  # the rest is over
+    pol.step_verified(True)
+    assert pol.summary()["batch_rest"] == {"enabled": True, "rests": 1, "rested_steps": 2}
+
+
+def test_a_new_request_ends_the_batch_rest() -> None:
+    pol = policy(prior=1.0, probe_interval=2)
+    ests = [pol.new_estimate()]
+    for _ in range(2):
+        pol.choose(ests, [4])
+        pol.step_verified(False)
+    assert pol.choose(ests, [4]) == [0]
+    ests.append(pol.new_estimate())  # it may be grounded where the first is open text
+    assert all(pol.choose(ests, [4, 4]))
+
+
+def test_batch_rest_off_decides_every_step() -> None:
+    pol = policy(prior=1.0, probe_interval=1, batch_rest=False)
+    est = pol.new_estimate()
+    for _ in range(20):
+        assert pol.choose([est], [4])[0]
+        pol.step_verified(False)

@@ -349,3 +349,16 @@ def test_the_engine_times_its_decode_steps_for_the_cost_model(tiny: Path) -> Non
     # drafts, around its drafting: its rest is 3 ticks when it drafts, 2 when not
     assert set(cost.overhead) <= {1, 2}
     assert all(2.0 <= cost.overhead_seconds(r) <= 3.0 for r in cost.overhead)
+
+
+def test_a_batch_that_rests_stays_lossless(tiny: Path, plain: list[list[int]]) -> None:
+    # 3-token matches only: most lookups find nothing, so the batch rests between the
+    # steps whose matches are verified (draftwise.batch_rest)
+    config = {**ADAPTIVE, "prompt_lookup_min": 3}
+    llm = cheap_drafts(LLM(model=str(tiny), dtype="bfloat16", speculative_config=config,
+                           max_num_seqs=8))
+    for batch, want in (([prompts()[3]], [plain[3]]), (prompts(), plain)):
+        assert [o.outputs[0].token_ids for o in llm.generate(batch, greedy())] == want
+    rest = llm.engine.spec.policy.rest.summary()
+    assert rest["rests"] > 0 and rest["rested_steps"] > 0
+    assert llm.engine.spec.metrics.num_drafts > 0  # and the steps between them drafted

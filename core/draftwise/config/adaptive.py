@@ -49,6 +49,9 @@ class AdaptiveConfig(BaseModel):
     #: next in), fair while none waits (finishing one early frees a slot nobody takes,
     #: and the rows left pay for its verify tokens). One row: the same choice either way
     objective: Literal["auto", "throughput", "fair"] = "auto"
+    #: rest a batch whose lookups verified no draft for probe_interval steps in a row:
+    #: nobody drafts for a while, backed off like a probe (``draftwise.batch_rest``)
+    batch_rest: bool = True
     #: keep the measured cost model in a file cache (per model, dtype, threads, k grid)
     cost_cache: bool = True
     #: batch sizes the cost model times beyond which it extrapolates linearly
