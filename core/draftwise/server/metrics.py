@@ -45,6 +45,8 @@ class ServerMetrics:
         self.spec_feed = SpecCounterFeed(self.registry, spec, model_name) if spec else None
         if spec is not None and getattr(spec, "policy", None) is not None:
             cost_model_gauges(self.registry, spec.policy.cost, model_name)
+            if getattr(spec.policy, "rest", None) is not None:
+                batch_rest_gauges(self.registry, spec.policy.rest, model_name)
         labels = ["model_name"]
         reg = self.registry
         self.http_requests = Counter(
@@ -176,18 +178,33 @@ class SpecCounterFeed:
 
 def cost_model_gauges(registry: CollectorRegistry, cost: Any, model_name: str) -> None:
     """Adaptive depth's measured cost model: forward seconds per (rows, tokens per row),
-    and the drafters' running seconds per draft token (read at scrape time)."""
+    and the drafters' running seconds per draft token (read at scrape time: the engine's
+    steps recalibrate the grid as they run)."""
     forward = Gauge(
         "draftwise:spec_decode_cost_forward_seconds",
         "Measured seconds of one target forward of `rows` rows x `tokens_per_row` tokens.",
         ["model_name", "rows", "tokens_per_row"], registry=registry,
     )
-    for r, row in zip(cost.rows, cost.seconds):
-        for t, sec in zip(cost.tokens_per_row, row):
-            forward.labels(model_name, str(r), str(t)).set(sec)
+    for i, r in enumerate(cost.rows):
+        for j, t in enumerate(cost.tokens_per_row):
+            forward.labels(model_name, str(r), str(t)).set_function(
+                lambda i=i, j=j: float(cost.seconds[i][j]))
     draft = Gauge(
         "draftwise:spec_decode_cost_draft_seconds_per_token",
         "Running mean seconds the drafters spend per draft token asked for.",
         ["model_name"], registry=registry,
     )
     draft.labels(model_name).set_function(lambda: float(cost.draft_seconds_per_token))
+
+
+def batch_rest_gauges(registry: CollectorRegistry, rest: Any, model_name: str) -> None:
+    """How often adaptive depth's batch rested (``draftwise.batch_rest``), read at scrape
+    time: rests taken, and steps rested (no row drafted)."""
+    for name, doc, attr in (
+        ("spec_decode_batch_rests", "Times the batch rested: its drafts were not verified "
+         "for probe_interval steps in a row.", "num_rests"),
+        ("spec_decode_batch_rested_steps", "Steps in which the batch rested.",
+         "num_rested_steps"),
+    ):
+        gauge = Gauge(f"draftwise:{name}", doc, ["model_name"], registry=registry)
+        gauge.labels(model_name).set_function(lambda attr=attr: float(getattr(rest, attr)))
