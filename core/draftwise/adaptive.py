@@ -521,9 +521,9 @@ class DepthPolicy:
             if fresh and cap > 0 and not est.num_probes and (ks[i] or could_pay(first)):
                 # nothing of its own verified yet: its first decode step is a probe, at
                 # probe depth whatever the population says (a draft model also catches
-                # up on the prompt there, so its blocks become prefix-cacheable), unless
-                # no acceptance could pay for it in this batch: then it waits, as a
-                # periodic probe does, and the prompt's blocks wait with it
+                # up on the prompt there, so its blocks become ready for drafts on a
+                # prefix hit), unless no acceptance could pay for it in this batch: then
+                # it waits, as a periodic probe does
                 ks[i] = first
                 est.num_probes += 1
                 est.probing = True

@@ -233,6 +233,7 @@ def _build_engine_parts(
         detect_drafts,
         draft_kv_layouts,
         load_drafts,
+        reads_target_hidden,
         uses_next_token,
     )
     from draftwise.formats.default_model import resolve_model_path
@@ -265,6 +266,7 @@ def _build_engine_parts(
     kv = KVCacheManager(
         num_blocks, args.block_size, enable_prefix_caching=prefix,
         drop_last_cached_block=uses_next_token(detected),
+        hit_needs_drafts_ready=reads_target_hidden(detected),
     )
     scheduler = Scheduler(
         kv,

@@ -190,11 +190,19 @@ def uses_next_token(detected: list[DetectedDraft]) -> bool:
     return any(d.registration.speculator.capabilities.kv_uses_next_token for d in detected)
 
 
+def reads_target_hidden(detected: list[DetectedDraft]) -> bool:
+    """Whether some member is conditioned on the target's hidden states: it cannot catch
+    up over a prefix hit (those positions are not recomputed), so a hit stops at the
+    first block its KV is not written for (``KVCacheManager.hit_needs_drafts_ready``)."""
+    return any(d.registration.speculator.capabilities.needs_target_hidden for d in detected)
+
+
 __all__ = [
     "DetectedDraft",
     "build_speculation",
     "detect_drafts",
     "draft_kv_layouts",
     "load_drafts",
+    "reads_target_hidden",
     "uses_next_token",
 ]

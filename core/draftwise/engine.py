@@ -527,20 +527,22 @@ class LLMEngine:
         if req.status.finished:  # tokens past a stop are dropped with all the blocks
             req.finished_time = now
             # its full blocks of verified K/V stay reusable (the draft owners' frontier is
-            # the one before this step: smaller, so safe)
-            cacheable = None if toks is None else self._cacheable(
-                req.req_id, min(computed, len(req.all_token_ids)))
-            self.scheduler.finish(req, req.status, num_cacheable=cacheable)
+            # the one before this step: smaller, so safe to mark ready for drafts)
+            verified = min(computed, len(req.all_token_ids))
+            self.scheduler.finish(
+                req, req.status, num_cacheable=None if toks is None else verified,
+                num_drafts_ready=self._drafts_ready(req.req_id, verified))
             self._release_state(req.req_id)
             return
         if self.spec is not None:
             self.spec.commit_row(req.req_id, i, drafts, start, computed, hidden_states, offset)
         rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
-        self.scheduler.commit(req, computed, self._cacheable(req.req_id, computed))
+        self.scheduler.commit(req, computed, self._drafts_ready(req.req_id, computed))
 
-    def _cacheable(self, req_id: str, computed: int) -> int:
-        """Tokens the prefix cache may register: every KV owner has written them."""
-        return self.spec.cacheable(req_id, computed) if self.spec is not None else computed
+    def _drafts_ready(self, req_id: str, computed: int) -> int:
+        """Leading tokens every own-KV drafter has written (their blocks are ready for
+        drafts on a prefix hit)."""
+        return self.spec.drafts_ready(req_id, computed) if self.spec is not None else computed
 
     def _provenance(self, i: int, drafts: StepDrafts, outcome: StepOutcome) -> list[str]:
         """Where row ``i``'s output tokens came from: accepted drafts (by proposer), then

@@ -59,6 +59,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     #: tokens whose K/V is in the cache (verified tokens only, after each step)
     num_computed_tokens: int = 0
+    #: of the prefix hit on admission, the leading tokens whose own-KV drafters' KV is
+    #: written too (``KVCacheManager.num_drafts_ready_tokens``): where a draft model's
+    #: frontier starts, catching up from tokens over the rest
+    num_drafts_ready_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     stop_reason: int | str | None = None

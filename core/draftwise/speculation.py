@@ -9,9 +9,10 @@ Per request this module keeps what the core owes a model-based proposer:
 
 - its **KV frontier**: how many leading positions of the proposer's own KV (in the
   core's block pool, indexed by the request's target block table) are right. It starts
-  at the request's prefix-cache hit on admission, moves to ``min(kv_valid, committed)``
-  after each verify, and the prefix cache registers a block only once every frontier
-  passed it (so a hit always brings right draft KV with it);
+  on admission at the part of the request's prefix-cache hit whose blocks every frontier
+  had passed (``Request.num_drafts_ready_tokens``: the prefix cache marks a block ready
+  for drafts once they did, and a draft model catches up from tokens over the rest of the
+  hit) and moves to ``min(kv_valid, committed)`` after each verify;
 - the **target hidden states** of committed positions from the lowest frontier of a
   hidden-state consumer on, for the layers the loaded drafts asked for.
 
@@ -116,7 +117,7 @@ class Speculation:
         evidence: list[int | None] = [None] * n
         kv_valid: list[dict[int, int]] = [{} for _ in range(n)]
         if self._own_kv or self._hidden_users:  # (state only a model-based member needs)
-            for row in rows:  # every step, drafting or not: a frontier starts at the prefix hit
+            for row in rows:  # every step, drafting or not: a frontier starts on admission
                 self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
         self.last_draft_seconds = 0.0
@@ -182,8 +183,10 @@ class Speculation:
         """The request's state, made on its first row since admission (or preemption)."""
         req = row.request
         state = self._states.get(req.req_id)
-        if state is None:  # frontiers start at the prefix-cache hit: its blocks are complete
-            start = req.num_computed_tokens
+        if state is None:  # frontiers start where the prefix hit's blocks are ready for
+            # drafts (a draft model catches up from tokens over the rest; a hit is never
+            # past that for a hidden-state consumer: KVCacheManager.hit_needs_drafts_ready)
+            start = min(req.num_computed_tokens, req.num_drafts_ready_tokens)
             state = _RequestState({pid: start for pid in self._own_kv}, start)
             self._states[req.req_id] = state
         return state
@@ -315,8 +318,9 @@ class Speculation:
             state.hidden[layer] = rows[drop:].clone()
         state.hidden_start = floor
 
-    def cacheable(self, req_id: str, num_computed: int) -> int:
-        """Tokens of the request the prefix cache may register: every KV owner is past them."""
+    def drafts_ready(self, req_id: str, num_computed: int) -> int:
+        """Leading tokens of the request every own-KV member has written (the prefix cache
+        marks their blocks ready for drafts)."""
         state = self._states.get(req_id)
         if state is None or not self._own_kv:
             return num_computed

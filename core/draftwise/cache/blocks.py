@@ -66,6 +66,9 @@ class Block:
     block_id: int
     ref_count: int = 0
     entry: PrefixEntry | None = None
+    #: every own-KV drafter's KV of this block is written (its frontier passed it); a
+    #: block handed out afresh starts without (``KVCacheManager.mark_drafts_ready``)
+    drafts_ready: bool = False
 
 
 class BlockPool:
@@ -144,9 +147,18 @@ class BlockPool:
             else:
                 block_id, _ = self._free_cached.popitem(last=False)
                 self._evict(block_id)
-            self._blocks[block_id].ref_count = 1
+            block = self._blocks[block_id]
+            block.ref_count, block.drafts_ready = 1, False
             out.append(block_id)
         return out
+
+    def drafts_ready(self, block_id: int) -> bool:
+        """Whether the drafters' KV of the block is written (see ``Block.drafts_ready``)."""
+        return self._blocks[block_id].drafts_ready
+
+    def mark_drafts_ready(self, block_id: int) -> None:
+        """The drafters' KV of this block is written (it stays so until reallocated)."""
+        self._block(block_id).drafts_ready = True
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add a user to blocks found in the prefix cache (reviving free cached ones)."""

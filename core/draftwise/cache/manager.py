@@ -22,6 +22,15 @@ Semantics worth knowing:
   position stays valid until that position is truncated.
 - Blocks a request registered in the prefix cache are immutable: ``truncate`` may drop
   them only whole (at a block boundary), never keep one partially to be overwritten.
+- Drafters that keep their own KV in the pool (a draft model) write a block's entries
+  when their frontier passes it, which may be long after the target did (a row left at
+  k = 0 never shows its positions to the draft). So a block is registered once the
+  target's K/V is verified, and ``mark_drafts_ready`` records, per physical block, when
+  the drafters' KV is written too; a hit reports how many of its leading blocks are
+  (``num_drafts_ready_tokens``), where a draft model starts catching up from tokens. A
+  drafter conditioned on the target's hidden states cannot catch up over a hit (those
+  positions are not recomputed): with ``hit_needs_drafts_ready`` a hit stops at the first
+  block not ready.
 - When two requests compute the same prefix concurrently, the first to register it wins;
   the second keeps its own private copy and chains later blocks under the winner's entry.
   If the winner's block is later evicted, those later blocks become unreachable (a lost
@@ -73,6 +82,8 @@ class _RequestBlocks:
     block_ids: list[int] = field(default_factory=list)
     #: entry for each leading full verified block (its own block's, or an identical one's)
     entries: list[PrefixEntry] = field(default_factory=list)
+    #: leading blocks of ``block_ids`` whose drafters' KV is written (``Block.drafts_ready``)
+    drafts_ready: int = 0
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -90,6 +101,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         hash_fn: HashFn = hash_block_tokens,
         drop_last_cached_block: bool = False,
+        hit_needs_drafts_ready: bool = False,
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, hash_fn)
         self.block_size = block_size
@@ -98,6 +110,9 @@ class KVCacheManager:
         #: also depends on the next token, which the block's hash does not cover (MTP pairs
         #: h_p with x_{p+1}); vLLM drops the block for EAGLE-like drafters the same way
         self.drop_last_cached_block = drop_last_cached_block
+        #: a hit ends at the first block whose drafters' KV is not written (a drafter that
+        #: reads the target's hidden states cannot catch up over cached positions)
+        self.hit_needs_drafts_ready = hit_needs_drafts_ready
         self._requests: dict[str, _RequestBlocks] = {}
         self._stats = PrefixCacheStats()
 
@@ -165,15 +180,36 @@ class KVCacheManager:
         entries = self.pool.find_cached_prefix(token_ids, max_blocks)
         if self.drop_last_cached_block:
             entries = entries[:-1]
+        ready = 0
+        while ready < len(entries) and self.pool.drafts_ready(entries[ready].block_id):
+            ready += 1
+        if self.hit_needs_drafts_ready:
+            entries = entries[:ready]
         block_ids = [e.block_id for e in entries]
         self.pool.incref(block_ids)
         req.block_ids = block_ids
         req.entries = list(entries)
+        req.drafts_ready = ready
         num_cached = len(entries) * self.block_size
         self._stats.requests += 1
         self._stats.queries += len(token_ids)
         self._stats.hits += num_cached
         return num_cached
+
+    def num_drafts_ready_tokens(self, req_id: str) -> int:
+        """Leading tokens of the request whose drafters' KV is written: on admission, the
+        part of its prefix hit that is (see the module docstring)."""
+        return self._get(req_id).drafts_ready * self.block_size
+
+    def mark_drafts_ready(self, req_id: str, num_tokens: int) -> None:
+        """Every own-KV drafter has written the request's first ``num_tokens`` positions:
+        its full blocks up to there are ready for drafts (a later hit starts a draft's
+        frontier there). Only the request's own table's blocks are marked."""
+        req = self._get(req_id)
+        full = min(num_tokens // self.block_size, len(req.block_ids))
+        for i in range(req.drafts_ready, full):
+            self.pool.mark_drafts_ready(req.block_ids[i])
+        req.drafts_ready = max(req.drafts_ready, full)
 
     def num_new_blocks(self, req_id: str, num_total_tokens: int) -> int:
         """Blocks ``allocate_slots`` would take for this size (for preemption planning)."""
@@ -251,6 +287,7 @@ class KVCacheManager:
         dropped = req.block_ids[keep:]
         del req.block_ids[keep:]
         del req.entries[keep:]
+        req.drafts_ready = min(req.drafts_ready, keep)
         self.pool.decref(reversed(dropped))
         return len(dropped)
 

@@ -294,3 +294,44 @@ def test_numpy_token_ids_are_accepted_and_stored_as_ints() -> None:
     assert kv.get_computed_blocks("b", list(range(10))) == 8
     entry = kv.pool.entry(kv.block_table("b")[0])
     assert entry is not None and all(type(t) is int for t in entry.token_ids)
+
+
+def test_a_hit_says_how_much_of_it_is_ready_for_drafts() -> None:
+    kv = KVCacheManager(16, BS)
+    prefill(kv, "a", PROMPT)
+    kv.mark_drafts_ready("a", 5)  # the drafters' frontier passed the first block only
+    assert prefill(kv, "b", PROMPT) == 8
+    assert kv.num_drafts_ready_tokens("b") == BS
+    kv.mark_drafts_ready("b", 9)  # b's draft caught up over the second (shared) block
+    assert prefill(kv, "c", PROMPT) == 8 and kv.num_drafts_ready_tokens("c") == 8
+    kv.check_invariants()
+
+
+def test_a_hidden_state_drafter_hits_only_blocks_ready_for_drafts() -> None:
+    kv = KVCacheManager(16, BS, hit_needs_drafts_ready=True)
+    prefill(kv, "a", PROMPT)
+    assert prefill(kv, "b", PROMPT) == 0  # nothing of a's was written by the drafters
+    kv.mark_drafts_ready("a", 6)
+    kv.free("b")
+    assert prefill(kv, "c", PROMPT) == BS and kv.num_drafts_ready_tokens("c") == BS
+    kv.check_invariants()
+
+
+def test_a_reallocated_block_is_not_ready_for_drafts() -> None:
+    kv = KVCacheManager(4, BS)  # three usable blocks
+    prefill(kv, "a", PROMPT)
+    kv.mark_drafts_ready("a", 8)
+    kv.free("a")
+    prefill(kv, "b", [50 + t for t in range(10)])  # evicts a's cached blocks
+    kv.free("b")
+    assert kv.get_computed_blocks("c", PROMPT) == 0
+    assert all(not kv.pool.drafts_ready(i) for i in range(1, 4))
+
+
+def test_truncate_forgets_readiness_of_dropped_blocks() -> None:
+    kv = KVCacheManager(16, BS)
+    assert kv.get_computed_blocks("a", PROMPT) == 0
+    assert kv.allocate_slots("a", 12)
+    kv.mark_drafts_ready("a", 12)
+    kv.truncate("a", 4)
+    assert kv.num_drafts_ready_tokens("a") == BS

@@ -171,6 +171,40 @@ def test_prefix_cache_hits_give_the_same_drafts(target_dir, draft_dir, monkeypat
     assert_clean(warm)
 
 
+def test_a_prefix_the_draft_never_saw_is_a_hit_and_the_draft_catches_up(
+    target_dir, draft_dir, monkeypatch
+) -> None:
+    """A prompt served with speculation off leaves its blocks in the prefix cache for the
+    target, not for the draft (its KV there was never written): a later request on the
+    same prefix hits them, and its draft catches up from the tokens, drafting exactly
+    what it drafts on a cold cache."""
+    from draftwise import SpeculativeParams
+
+    seen: list[list[list[int]]] = []
+    real = DraftModelProposer.propose
+
+    def record(self, batch):
+        out = real(self, batch)
+        seen.append([out.row(i).tolist() for i in range(len(batch.rows))])
+        return out
+
+    monkeypatch.setattr(DraftModelProposer, "propose", record)
+    shared = list(range(30, 62))  # two full blocks of 16
+    a, b = shared + [5, 6, 7], shared + [8, 9]
+    cold = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    cold_out = cold.generate({"prompt_token_ids": b}, greedy(12))[0]
+    cold_drafts = list(seen)
+    warm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    seen.clear()
+    warm.generate({"prompt_token_ids": a}, greedy(12), speculative=SpeculativeParams(enabled=False))
+    assert not seen, "a's draft must never run"
+    warm_out = warm.generate({"prompt_token_ids": b}, greedy(12))[0]
+    assert warm_out.num_cached_tokens == 32, "b must hit a's two cached blocks"
+    assert seen == cold_drafts
+    assert warm_out.outputs[0].token_ids == cold_out.outputs[0].token_ids
+    assert_clean(warm)
+
+
 def test_a_gguf_checkpoint_drafts_too() -> None:
     """The embedded SmolLM2 GGUF drafting for itself: every draft is accepted."""
     path = default_model_path()
