@@ -293,8 +293,6 @@ class DepthPolicy:
     fair: bool = field(init=False, default=False)
     #: the batch's back-off when its drafts are never verified (``draftwise.batch_rest``)
     rest: BatchRest = field(init=False)
-    #: rows of this step's :meth:`choose` when it asked any for drafts (0: it did not)
-    _asked_rows: int = field(init=False, default=0)
 
     def set_waiting(self, num_waiting: int) -> None:
         """This step's objective from the settings and whether requests wait for a
@@ -487,7 +485,6 @@ class DepthPolicy:
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included;
         none while the batch rests (``draftwise.batch_rest``)."""
-        self._asked_rows = 0
         if self.rest.resting(len(caps)):
             for est in estimates:
                 est.probing, est.last_k = False, 0
@@ -545,15 +542,8 @@ class DepthPolicy:
                 est.steps_off = 0
             est.last_k = ks[i]
         if any(ks):
-            self._asked_rows = len(caps)
+            self.rest.asked_rows = len(caps)
         return ks
-
-    def step_verified(self, verified: bool) -> None:
-        """After this step's cut: whether it verifies any draft (a batch that asked for
-        drafts and verified none for long enough rests: ``draftwise.batch_rest``)."""
-        if self._asked_rows:
-            self.rest.observe(self._asked_rows, verified)
-            self._asked_rows = 0
 
     def probe_could_pay(
         self,

@@ -50,9 +50,13 @@ class BatchRest:
     #: rests taken and steps rested, for bench reports and ``/metrics``
     num_rests: int = 0
     num_rested_steps: int = 0
+    #: rows of this step when the policy asked any for drafts (0: it did not)
+    asked_rows: int = 0
 
     def resting(self, num_rows: int) -> bool:
-        """Whether this step of ``num_rows`` rows rests (asks no row for drafts)."""
+        """Whether this step of ``num_rows`` rows rests (asks no row for drafts); the
+        policy calls this first each step."""
+        self.asked_rows = 0
         if self.left <= 0:
             return False
         if num_rows != self.rows:  # a request came or went: decide again
@@ -61,6 +65,13 @@ class BatchRest:
         self.left -= 1
         self.num_rested_steps += 1
         return True
+
+    def step_verified(self, verified: bool) -> None:
+        """After the step's cut: whether it verifies any draft. Counts only a step whose
+        policy asked for drafts (``asked_rows``)."""
+        if self.asked_rows:
+            self.observe(self.asked_rows, verified)
+            self.asked_rows = 0
 
     def observe(self, num_rows: int, verified: bool) -> None:
         """A step of ``num_rows`` rows that asked for drafts: whether any was verified."""

@@ -529,9 +529,8 @@ class LLMEngine:
             # its full blocks of verified K/V stay reusable (the draft owners' frontier is
             # the one before this step: smaller, so safe to mark ready for drafts)
             verified = min(computed, len(req.all_token_ids))
-            self.scheduler.finish(
-                req, req.status, num_cacheable=None if toks is None else verified,
-                num_drafts_ready=self._drafts_ready(req.req_id, verified))
+            self.scheduler.finish(req, req.status, None if toks is None else verified,
+                                  self._drafts_ready(req.req_id, verified))
             self._release_state(req.req_id)
             return
         if self.spec is not None:

@@ -95,18 +95,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish(self, req: Request, status: RequestStatus,
-               num_cacheable: int | None = None, num_drafts_ready: int | None = None) -> None:
+               num_cacheable: int | None = None, num_drafts_ready: int = 0) -> None:
         """Take a request out of the queues and return all its blocks.
 
         ``num_cacheable``: a request finishing normally first registers its full blocks of
         verified K/V up to there, so a request that ends in the step its prefill completes
         (``max_tokens`` 1, an early stop) still leaves its prompt in the prefix cache;
-        ``num_drafts_ready`` (default: the same) of them have their drafters' KV written.
+        the first ``num_drafts_ready`` of them have their drafters' KV written too.
         """
         if num_cacheable is not None:
             self.kv.cache_blocks(req.req_id, req.all_token_ids, num_cacheable)
-            ready = num_cacheable if num_drafts_ready is None else num_drafts_ready
-            self.kv.mark_drafts_ready(req.req_id, min(ready, num_cacheable))
+            self.kv.mark_drafts_ready(req.req_id, min(num_drafts_ready, num_cacheable))
         req.status = status
         if req in self.running:
             self.running.remove(req)
@@ -211,9 +210,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
-                cached = self.kv.get_computed_blocks(req.req_id, cache_lookup_ids(req))
-                req.num_computed_tokens = cached
-                req.num_drafts_ready_tokens = self.kv.num_drafts_ready_tokens(req.req_id)
+                cached = self._attach_cached_prefix(req)
                 req.num_cached_tokens = max(req.num_cached_tokens, cached)
             need = req.num_tokens - req.num_computed_tokens
             num_new = min(need, budget)
@@ -242,14 +239,20 @@ class Scheduler:
         """
         self.kv.free(req.req_id)
         req.num_computed_tokens = 0
-        cached = self.kv.get_computed_blocks(req.req_id, cache_lookup_ids(req))
-        req.num_computed_tokens = cached
-        req.num_drafts_ready_tokens = self.kv.num_drafts_ready_tokens(req.req_id)
+        cached = self._attach_cached_prefix(req)
         num_new = min(req.num_tokens - cached, self.max_num_batched_tokens)
         if not self.kv.allocate_slots(req.req_id, cached + num_new):
             self._preempt(req, SchedulerOutput())
             return None
         return ScheduledRow(req, num_new, 0)
+
+    def _attach_cached_prefix(self, req: Request) -> int:
+        """(Re)admission: the request starts from its longest cached prefix (returned, in
+        tokens), and its drafts from the part of it ready for them."""
+        cached = self.kv.get_computed_blocks(req.req_id, cache_lookup_ids(req))
+        req.num_computed_tokens = cached
+        req.num_drafts_ready_tokens = self.kv.num_drafts_ready_tokens(req.req_id)
+        return cached
 
     def commit(self, req: Request, num_computed_tokens: int, num_drafts_ready: int) -> None:
         """After a step (and its rollback): record the request's new computed length,

@@ -176,7 +176,7 @@ class Speculation:
                 # adaptive depth, the drafts and their evidence known: verify what pays
                 drafts = drafts.cut(self.policy.cut(
                     [r.request.acceptance for r in rows], counts, evidence))
-            self.policy.step_verified(any(drafts.num_draft_tokens))
+            self.policy.rest.step_verified(any(drafts.num_draft_tokens))
         return drafts
 
     def _state(self, row: ScheduledRow) -> _RequestState:

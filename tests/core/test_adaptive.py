@@ -570,13 +570,13 @@ def test_a_batch_whose_drafts_are_never_verified_rests() -> None:
     ests = [pol.new_estimate(), pol.new_estimate()]
     for _ in range(2):  # asked for drafts, none verified (cut, or the lookups missed)
         assert any(pol.choose(ests, [4, 4]))
-        pol.step_verified(False)
+        pol.rest.step_verified(False)
     off = [e.steps_off for e in ests]
     assert pol.choose(ests, [4, 4]) == [0, 0] and pol.choose(ests, [4, 4]) == [0, 0]
     assert [e.steps_off for e in ests] == off  # a resting step is not a parked row's step
-    pol.step_verified(False)  # (a step that asked for nothing does not count)
+    pol.rest.step_verified(False)  # (a step that asked for nothing does not count)
     assert any(pol.choose(ests, [4, 4]))  # the rest is over
-    pol.step_verified(True)
+    pol.rest.step_verified(True)
     assert pol.summary()["batch_rest"] == {"enabled": True, "rests": 1, "rested_steps": 2}
 
 
@@ -585,7 +585,7 @@ def test_a_new_request_ends_the_batch_rest() -> None:
     ests = [pol.new_estimate()]
     for _ in range(2):
         pol.choose(ests, [4])
-        pol.step_verified(False)
+        pol.rest.step_verified(False)
     assert pol.choose(ests, [4]) == [0]
     ests.append(pol.new_estimate())  # it may be grounded where the first is open text
     assert all(pol.choose(ests, [4, 4]))
@@ -596,4 +596,4 @@ def test_batch_rest_off_decides_every_step() -> None:
     est = pol.new_estimate()
     for _ in range(20):
         assert pol.choose([est], [4])[0]
-        pol.step_verified(False)
+        pol.rest.step_verified(False)
