@@ -15,7 +15,11 @@ chat template applied once, by draftwise's tokenizer), greedy, one request at a 
 
 Every end-to-end figure is wall time per request including prefill, after a warm-up request,
 the fastest of ``--repeat`` runs per prompt (as ``compare_vllm.py``, ``draftwise bench`` and
-the peers table). The report leads with ratios taken in the same run, and per-prompt greedy
+the peers table). Every mode is started and warmed up first (each ``llama-server`` stays up,
+idle between its turns), then ``--repeat`` rounds run each mode's workload once, in reversed
+order every other round, so each mode meets each minute of a shared machine alike; beside the
+best-per-prompt ratios the report gives paired ones, round i of a mode over round i of the
+reference (median [min, max]). The report leads with ratios taken in the same run, and per-prompt greedy
 token identity of each draftwise speculative mode against draftwise plain (the lossless
 check; llama.cpp comparisons are informative). Build the peer first with
 ``benchmarks/setup_llamacpp.sh``; fetch real models with ``scripts/fetch_models.py``.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
@@ -49,7 +54,7 @@ sys.path.insert(0, str(HERE))  # the shared helpers beside this script
 
 from llamacpp import DEFAULT_BUILD, LlamaServer, binary_version, run_llama_bench
 from llamacpp_report import add_comparisons, print_markdown
-from side_by_side import build_ours, loadavg, log, measure_ours, peer_results
+from side_by_side import build_ours, loadavg, log, peer_results, record_ours
 
 DEFAULT_WORKLOAD = HERE / "workloads" / "llamacpp-6.jsonl"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
@@ -86,34 +91,55 @@ def llama_mode(text: str) -> tuple[str, list[str]]:
     return label, flags
 
 
-# -- draftwise side ----------------------------------------------------------------------
+# -- the modes of the end-to-end rounds --------------------------------------------------
 
 
-def run_ours(
-    args: argparse.Namespace, spec: dict[str, Any] | None, threads: int, items: list[Any],
-    prompts: list[dict[str, Any]], bench: bool,
-) -> dict[str, Any]:
-    """One draftwise mode at one thread count (and the pure forward bench on plain)."""
-    from decode_bench import measure as decode_measure
-    from draftwise.bench import prompt_ids
-    from draftwise.models.kernels import kernel_threads
+class OursMode:
+    """One draftwise engine (plain or one speculative config), built and warmed up once;
+    each :meth:`round` runs the workload once on it."""
 
-    engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype, threads)
-    ids = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(engine, i)} for i in items]
-    if prompts and ids != prompts:
-        raise RuntimeError("prompt ids changed between two draftwise engines")
-    prompts[:] = ids
-    rec = measure_ours(engine, items, args.max_tokens, args.repeat)
-    rec["speculative_config"] = spec
-    rec["threads"] = kernel_threads()
-    rec.pop("_results")
-    if bench:
-        rec["forward_bench"] = decode_measure(
-            engine.loaded, args.bench_prompt, args.bench_gen, args.bench_reps
-        )
-    del engine
-    gc.collect()
-    return rec
+    def __init__(self, args: argparse.Namespace, spec: dict[str, Any] | None, items: list[Any],
+                 prompts: list[dict[str, Any]], threads: int, forward_bench: bool = False) -> None:
+        from draftwise.bench import prompt_ids
+        from draftwise.bench.run import warm_up
+
+        self.args, self.spec, self.items, self.forward_bench = args, spec, items, forward_bench
+        self.engine = build_ours(args.model, json.dumps(spec) if spec else None, args.dtype,
+                                 threads)  # fmt: skip
+        ids = [{"id": i.id, "kind": i.kind, "ids": prompt_ids(self.engine, i)} for i in items]
+        if prompts and ids != prompts:
+            raise RuntimeError("prompt ids changed between two draftwise engines")
+        prompts[:] = ids
+        warm_up(self.engine, items)
+        self.runs: list[tuple[list[Any], float]] = []
+
+    def round(self) -> tuple[int, float]:
+        """Run the workload once: (tokens, seconds summed over its prompts)."""
+        from draftwise.bench.run import run_engine
+
+        results, wall = run_engine(self.engine, self.items, self.args.max_tokens, 1)
+        self.runs.append((results, wall))
+        return sum(r.num_output_tokens for r in results), sum(r.seconds for r in results)
+
+    def record(self) -> dict[str, Any]:
+        """The mode's record (and, with ``forward_bench``, the pure forward bench on its
+        model: the plain engine's)."""
+        from decode_bench import measure as decode_measure
+        from draftwise.models.kernels import kernel_threads
+
+        rec = record_ours(self.engine, self.runs)
+        rec.pop("_results")
+        rec["speculative_config"] = self.spec
+        rec["threads"] = kernel_threads()
+        if self.forward_bench:
+            a = self.args
+            rec["forward_bench"] = decode_measure(self.engine.loaded, a.bench_prompt, a.bench_gen,
+                                                  a.bench_reps)  # fmt: skip
+        return rec
+
+    def close(self) -> None:
+        del self.engine
+        gc.collect()
 
 
 def probe_ours(args: argparse.Namespace, threads: int, ids: list[int]) -> dict[str, Any]:
@@ -136,49 +162,80 @@ def probe_ours(args: argparse.Namespace, threads: int, ids: list[int]) -> dict[s
     return out
 
 
-# -- llama.cpp side ----------------------------------------------------------------------
+class LlamaMode:
+    """One ``llama-server`` (plain or one flag set), started, timed to its first token and
+    warmed up once, then left running (idle between its rounds) until ``stack`` closes."""
+
+    def __init__(self, args: argparse.Namespace, flags: list[str], threads: int,
+                 items: list[Any], prompts: list[dict[str, Any]], log_path: Path,
+                 stack: contextlib.ExitStack) -> None:
+        self.flags, self.items, self.prompts, self.max_tokens = flags, items, prompts, args.max_tokens
+        self.server = LlamaServer(args.llama_bin / "llama-server", args.model_path, threads, flags,
+                                  log_path, startup_timeout=args.startup_timeout)  # fmt: skip
+        stack.enter_context(self.server)
+        first = self.server.complete(prompts[0]["ids"], 1)
+        self.startup = {"startup_to_first_token_s": first["_done_at"] - self.server.started_at,
+                        "ready_s": self.server.ready_at - self.server.started_at}  # fmt: skip
+        self.server.complete(prompts[0]["ids"], 16)  # warm-up, as draftwise's warm_up
+        self.runs: list[list[dict[str, Any]]] = []
+
+    def round(self) -> tuple[int, float]:
+        """Run the workload once: (tokens, seconds summed over its prompts)."""
+        run = []
+        for p in self.prompts:
+            r = self.server.complete(p["ids"], self.max_tokens)
+            run.append({"id": p["id"], "token_ids": r.get("tokens", []),
+                        "seconds": r["_seconds"], "timings": r.get("timings", {}),
+                        "stop_type": r.get("stop_type")})  # fmt: skip
+        self.runs.append(run)
+        return sum(len(r["token_ids"]) for r in run), sum(r["seconds"] for r in run)
+
+    def record(self) -> dict[str, Any]:
+        """The mode's record; called while the server runs (its peak RSS is read here)."""
+        from draftwise.bench import summarize, to_json
+
+        results = peer_results(self.runs, self.items, self.prompts)
+        timings = [r["timings"] for run in self.runs for r in run]
+        drafted = sum(t.get("draft_n", 0) for t in timings)
+        accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
+        return {
+            "flags": self.flags,
+            "command": shlex.join(self.server.cmd),
+            "summary": summarize(results),
+            "per_prompt": to_json(results),
+            "rounds": [{"seconds": sum(r["seconds"] for r in run),
+                        "tokens": sum(len(r["token_ids"]) for r in run)} for run in self.runs],
+            "startup": self.startup | {"peak_rss_mib": self.server.peak_rss_mib()},
+            "spec_decode": {"draft_n": drafted, "draft_n_accepted": accepted,
+                            "draft_acceptance_rate": accepted / drafted if drafted else None}
+            if self.flags else None,  # fmt: skip
+            "raw_runs": self.runs,
+        }
+
+    def close(self) -> None:
+        """Nothing: the server stops when the rounds' ``ExitStack`` closes."""
 
 
-def run_llama(
-    args: argparse.Namespace, flags: list[str], threads: int, items: list[Any],
-    prompts: list[dict[str, Any]], log_path: Path,
-) -> dict[str, Any]:
-    """One llama-server mode at one thread count: start-up, warm-up, ``--repeat`` runs."""
-    from draftwise.bench import summarize, to_json
-
-    server = LlamaServer(args.llama_bin / "llama-server", args.model_path, threads, flags,
-                         log_path, startup_timeout=args.startup_timeout)  # fmt: skip
-    with server:
-        first = server.complete(prompts[0]["ids"], 1)
-        startup = {"startup_to_first_token_s": first["_done_at"] - server.started_at,
-                   "ready_s": server.ready_at - server.started_at}  # fmt: skip
-        server.complete(prompts[0]["ids"], 16)  # warm-up, as draftwise's warm_up
-        runs = []
-        for _ in range(args.repeat):
-            run = []
-            for p in prompts:
-                r = server.complete(p["ids"], args.max_tokens)
-                run.append({"id": p["id"], "token_ids": r.get("tokens", []),
-                            "seconds": r["_seconds"], "timings": r.get("timings", {}),
-                            "stop_type": r.get("stop_type")})  # fmt: skip
-            runs.append(run)
-        startup["peak_rss_mib"] = server.peak_rss_mib()
-    results = peer_results(runs, items, prompts)
-    timings = [r["timings"] for run in runs for r in run]
-    drafted = sum(t.get("draft_n", 0) for t in timings)
-    accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
-    rec = {
-        "flags": flags,
-        "command": shlex.join(server.cmd),
-        "summary": summarize(results),
-        "per_prompt": to_json(results),
-        "startup": startup,
-        "spec_decode": {"draft_n": drafted, "draft_n_accepted": accepted,
-                        "draft_acceptance_rate": accepted / drafted if drafted else None}
-        if flags else None,  # fmt: skip
-        "raw_runs": runs,
-    }
-    return rec
+def interleaved_rounds(modes: dict[str, Any], repeat: int, errors: dict[str, str],
+                       loads: dict[str, Any]) -> None:
+    """``repeat`` rounds, each running every mode's workload once, in reversed order every
+    other round: each mode meets each minute of a shared machine alike, so a ratio of two
+    modes' same round compares like with like (``rounds`` in the records; a mode measured
+    minutes after another read 1.02-1.17x of it from one run to the next here). A mode
+    that fails leaves the rounds, its error recorded by name."""
+    order = list(modes)
+    for r in range(repeat):
+        for label in order if r % 2 == 0 else order[::-1]:
+            if label in errors:
+                continue
+            try:
+                tokens, seconds = modes[label].round()
+            except Exception as exc:  # noqa: BLE001 - a failed mode is a finding, not a crash
+                errors[label] = f"{type(exc).__name__}: {exc}"
+                log(f"  round {r + 1}: {label} failed: {errors[label]}")
+                continue
+            log(f"  round {r + 1}: {label} {tokens / seconds if seconds else 0.0:.1f} tok/s")
+        loads[f"round {r + 1}"] = loadavg()
 
 
 # -- served throughput at N concurrent requests ------------------------------------------
@@ -302,29 +359,49 @@ def one_thread_count(
         rec["loadavg"]["concurrency"] = loadavg()
         return rec
 
-    def attempt(label: str, fn: Any) -> None:
-        log(f"t={threads}: {label}")
-        try:
-            runs[label] = fn()
-            s = runs[label]["summary"]["all"]
-            log(f"  {s['tok_per_s']:.1f} tok/s")
-        except Exception as exc:  # noqa: BLE001 - a refused mode is a finding, not a crash
-            log(f"  failed: {type(exc).__name__}: {exc}")
-            runs[label] = {"error": f"{type(exc).__name__}: {exc}"}
-        rec["loadavg"][label] = loadavg()
-
     bench = not args.no_bench
-    attempt("draftwise plain", lambda: run_ours(args, None, threads, items, prompts, bench))
-    if not prompts:
-        raise SystemExit("draftwise plain failed, so there are no prompt ids to compare on")
-    for label, spec in args.ours_specs:
-        attempt(f"draftwise {label}",
-                lambda s=spec: run_ours(args, s, threads, items, prompts, False))  # fmt: skip
-    for label, flags in [("plain", []), *args.llama_specs]:
-        slug = label.replace(" ", "_").replace("=", "")
-        log_path = out_path.with_suffix(f".t{threads}.{slug}.llama.log")
-        attempt(f"llama.cpp {label}",
-                lambda f=flags, lp=log_path: run_llama(args, f, threads, items, prompts, lp))  # fmt: skip
+    modes: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    labels: list[str] = []  # the report's order, failed modes included
+
+    def open_mode(label: str, fn: Any) -> None:
+        log(f"t={threads}: {label}: start and warm up")
+        labels.append(label)
+        try:
+            modes[label] = fn()
+        except Exception as exc:  # noqa: BLE001 - a refused mode is a finding, not a crash
+            errors[label] = f"{type(exc).__name__}: {exc}"
+            log(f"  failed: {errors[label]}")
+
+    with contextlib.ExitStack() as stack:  # every llama-server stops when the rounds end
+        try:
+            open_mode("draftwise plain", lambda: OursMode(args, None, items, prompts, threads, bench))
+            if not prompts:
+                raise SystemExit("draftwise plain failed, so there are no prompt ids to compare on")
+            for label, spec in args.ours_specs:
+                open_mode(f"draftwise {label}",
+                          lambda s=spec: OursMode(args, s, items, prompts, threads))  # fmt: skip
+            for label, flags in [("plain", []), *args.llama_specs]:
+                slug = label.replace(" ", "_").replace("=", "")
+                log_path = out_path.with_suffix(f".t{threads}.{slug}.llama.log")
+                open_mode(f"llama.cpp {label}",
+                          lambda f=flags, lp=log_path: LlamaMode(args, f, threads, items, prompts, lp,
+                                                                 stack))  # fmt: skip
+            rec["loadavg"]["started"] = loadavg()
+            interleaved_rounds(modes, args.repeat, errors, rec["loadavg"])
+            for label in labels:
+                if label not in errors:
+                    try:
+                        runs[label] = modes[label].record()
+                        log(f"{label}: {runs[label]['summary']['all']['tok_per_s']:.1f} tok/s "
+                            "(best run per prompt)")
+                        continue
+                    except Exception as exc:  # noqa: BLE001
+                        errors[label] = f"{type(exc).__name__}: {exc}"
+                runs[label] = {"error": errors[label]}
+        finally:
+            for mode in modes.values():
+                mode.close()
 
     if bench:
         log(f"t={threads}: llama-bench -p {args.bench_prompt} -n {args.bench_gen}")

@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from side_by_side import identity, ratio
+from side_by_side import identity, paired, ratio
 
 OURS, PEER = "draftwise plain", "llama.cpp plain"
 
@@ -42,16 +42,26 @@ def _get(d: Any, *keys: str) -> Any:
     return d
 
 
+def _with_paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """:func:`ratio` (best run per prompt), plus ``paired``: the same rounds' ratios, where
+    both records hold ``rounds`` (compare_llamacpp.py's interleaved rounds)."""
+    out: dict[str, Any] = ratio(a, b)
+    both = a.get("rounds"), b.get("rounds")
+    if all(both):
+        out["paired"] = paired(*both)
+    return out
+
+
 def add_comparisons(rec: dict[str, Any], ours: list[str], peers: list[str]) -> None:
     """Add ``ratios``, ``identity`` and ``figures`` to one thread count's record."""
     runs = rec["runs"]
     ratios: dict[str, Any] = {}
     for label in [OURS, *ours, *peers]:
         if _ok(runs, label) and _ok(runs, PEER):
-            ratios[f"{label} / {PEER}"] = ratio(runs[label], runs[PEER])
+            ratios[f"{label} / {PEER}"] = _with_paired(runs[label], runs[PEER])
     for label in ours:
         if _ok(runs, label) and _ok(runs, OURS):
-            ratios[f"{label} / {OURS}"] = ratio(runs[label], runs[OURS])
+            ratios[f"{label} / {OURS}"] = _with_paired(runs[label], runs[OURS])
     best_ours = max((x for x in [OURS, *ours] if _ok(runs, x)), key=lambda x: _tps(runs, x),
                     default=None)  # fmt: skip
     best_peer = max((x for x in [PEER, *peers] if _ok(runs, x)), key=lambda x: _tps(runs, x),
@@ -105,6 +115,12 @@ def _f(x: Any, fmt: str = ".1f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{fmt}}{suffix}"
 
 
+def _paired_cell(ratios: dict[str, Any], label: str, ref: str) -> str:
+    """``median [min, max]`` of the paired rounds of ``label`` over ``ref``, or ``-``."""
+    p = _get(ratios, f"{label} / {ref}", "paired")
+    return "-" if p is None else f"{p['median']:.2f}x [{p['min']:.2f}, {p['max']:.2f}]"
+
+
 def _bench_label(report: dict[str, Any], key: str) -> str:
     """Row names that carry the sizes actually run (pp256 / tg64 by default)."""
     t = next(iter(report["by_threads"].values()))
@@ -135,8 +151,8 @@ def print_markdown(report: dict[str, Any]) -> None:
         if not runs:  # --only-concurrency: the figures below are the whole report
             _print_figures(report, rec)
             continue
-        head = ["run", "tok/s", *kinds, f"x {PEER}", "x own plain", "identical to own plain",
-                "draft acceptance"]  # fmt: skip
+        head = ["run", "tok/s", *kinds, f"x {PEER}", "paired rounds", "x own plain",
+                "paired rounds", "identical to own plain", "draft acceptance"]  # fmt: skip
         print("| " + " | ".join(head) + " |")
         print("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
         for label, run in runs.items():
@@ -147,13 +163,15 @@ def print_markdown(report: dict[str, Any]) -> None:
             own = OURS if label.startswith("draftwise") else PEER
             vs_peer = 1.0 if label == PEER else _get(rec["ratios"], f"{label} / {PEER}", "all")
             vs_own = 1.0 if label == own else _get(rec["ratios"], f"{label} / {own}", "all")
+            pair_peer = _paired_cell(rec["ratios"], label, PEER)
+            pair_own = _paired_cell(rec["ratios"], label, own)
             ident = _get(rec["identity"], f"{label} vs {own}")
             sd = run.get("spec_decode") or {}
             drafted = sd.get("draft_n", sd.get("num_draft_tokens"))
             accept = "none drafted" if sd and not drafted else _f(sd.get("draft_acceptance_rate"), ".2f")
             cells = [label, _f(s["all"]["tok_per_s"]),
                      *(_f(_get(s, k, "tok_per_s")) for k in kinds),
-                     _f(vs_peer, ".2f", "x"), _f(vs_own, ".2f", "x"),
+                     _f(vs_peer, ".2f", "x"), pair_peer, _f(vs_own, ".2f", "x"), pair_own,
                      f"{ident['identical']}/{ident['of']}" if ident else "-",
                      accept]  # fmt: skip
             print("| " + " | ".join(cells) + " |")

@@ -10,6 +10,7 @@ same records, and the ratio and identity arithmetic, so the two reports mean the
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -77,17 +78,27 @@ def measure_ours(engine: Any, items: list[Any], max_tokens: int, repeat: int) ->
     The record's ``_results`` holds the PromptResults (popped by the caller before the
     report is written); everything else is JSON.
     """
-    from draftwise.bench import summarize, to_json
-    from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
+    from draftwise.bench.run import run_engine, warm_up
 
     warm_up(engine, items)
-    runs = [run_engine(engine, items, max_tokens, 1) for _ in range(repeat)]
+    return record_ours(engine, [run_engine(engine, items, max_tokens, 1) for _ in range(repeat)])
+
+
+def record_ours(engine: Any, runs: list[tuple[list[Any], float]]) -> dict[str, Any]:
+    """The report record of ``runs`` (each ``run_engine``'s results and wall time): the best
+    run per prompt, the engine's step profile and spec-decode metrics, and ``rounds``, each
+    run's own total (seconds summed over its prompts, and tokens) for paired ratios."""
+    from draftwise.bench import summarize, to_json
+    from draftwise.bench.run import best_of, engine_profile
+
     results, wall = best_of(runs)
     rec: dict[str, Any] = {
         "dtype": str(next(engine.loaded.model.parameters()).dtype),
         "summary": summarize(results, wall),
         "per_prompt": to_json(results),
         "profile": engine_profile(engine),
+        "rounds": [{"seconds": sum(r.seconds for r in rs),
+                    "tokens": sum(r.num_output_tokens for r in rs)} for rs, _ in runs],
         "_results": results,
     }
     if engine.spec is not None:
@@ -139,6 +150,19 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
         for k in sa
         if k in sb
     }
+
+
+def paired(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, float] | None:
+    """tok/s of ``a``'s round i over ``b``'s round i (``rounds`` records of runs measured
+    alternately, so each pair met the same minute of the machine): median, min and max, or
+    None where the two did not run the same number of rounds."""
+    if not a or len(a) != len(b):
+        return None
+    rs = sorted((x["tokens"] / x["seconds"]) / (y["tokens"] / y["seconds"])
+                for x, y in zip(a, b) if x["seconds"] > 0 and y["seconds"] > 0 and y["tokens"])
+    if not rs:
+        return None
+    return {"median": statistics.median(rs), "min": rs[0], "max": rs[-1]}
 
 
 def identity(a: list[Any], b: list[Any]) -> dict[str, Any]:

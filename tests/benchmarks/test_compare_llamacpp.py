@@ -52,12 +52,16 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     rec: dict[str, Any] = {
         "runs": {
             "draftwise plain": _run(20.0, same, forward_bench={
-                "prefill": {"tok_per_s": 300.0}, "decode": {"tok_per_s": 30.0}}),
+                "prefill": {"tok_per_s": 300.0}, "decode": {"tok_per_s": 30.0}},
+                rounds=[{"tokens": 10, "seconds": 1.0}, {"tokens": 10, "seconds": 0.5},
+                        {"tokens": 10, "seconds": 0.4}]),
             "draftwise ngram k=4": _run(30.0, same, spec_decode={"num_draft_tokens": 8,
                                                                  "draft_acceptance_rate": 0.5}),
             "draftwise draft_model k=4": {"error": "RefusedError: not yet"},
             "llama.cpp plain": _run(40.0, other, startup={
-                "startup_to_first_token_s": 1.5, "peak_rss_mib": 1800.0}),
+                "startup_to_first_token_s": 1.5, "peak_rss_mib": 1800.0},
+                rounds=[{"tokens": 8, "seconds": 1.0}, {"tokens": 8, "seconds": 0.2},
+                        {"tokens": 8, "seconds": 0.4}]),
             "llama.cpp ngram-mod": _run(44.0, same, spec_decode={"draft_n": 0}),
         },
         "llama_bench": {"prefill": {"tok_per_s": 200.0, "n_tokens": 256},
@@ -72,6 +76,10 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
                        ["llama.cpp ngram-mod"])
     r = rec["ratios"]
     assert r["draftwise plain / llama.cpp plain"]["all"] == pytest.approx(0.5)
+    # the same rounds' ratios: (10/1)/(8/1), (10/.5)/(8/.2), (10/.4)/(8/.4)
+    assert r["draftwise plain / llama.cpp plain"]["paired"] == pytest.approx(
+        {"median": 1.25, "min": 0.5, "max": 1.25})
+    assert "paired" not in r["draftwise ngram k=4 / draftwise plain"]  # no rounds recorded
     assert r["draftwise ngram k=4 / draftwise plain"]["all"] == pytest.approx(1.5)
     assert r["llama.cpp ngram-mod / llama.cpp plain"]["all"] == pytest.approx(1.1)
     assert r["best draftwise / best llama.cpp"]["draftwise"] == "draftwise ngram k=4"
@@ -91,11 +99,12 @@ def test_comparisons_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     lr.print_markdown(report)
     out = capsys.readouterr().out
     assert "### 2 threads" in out and "pure prefill pp256 tok/s" in out
-    assert "| draftwise ngram k=4 | 30.0 | 30.0 | 0.75x | 1.50x | 2/2 | 0.50 |" in out
+    assert "| draftwise ngram k=4 | 30.0 | 30.0 | 0.75x | - | 1.50x | - | 2/2 | 0.50 |" in out
+    assert "| draftwise plain | 20.0 | 20.0 | 0.50x | 1.25x [0.50, 1.25] | 1.00x | - | - | - |" in out
     assert "error: RefusedError: not yet" in out
     assert "| served c=8 tok/s, draftwise plain | 100.0 | 250.0 | 2.50x |" in out
-    assert "| llama.cpp plain | 40.0 | 40.0 | 1.00x | 1.00x | - | - |" in out
-    assert "| llama.cpp ngram-mod | 44.0 | 44.0 | 1.10x | 1.10x | 1/2 | none drafted |" in out
+    assert "| llama.cpp plain | 40.0 | 40.0 | 1.00x | - | 1.00x | - | - | - |" in out
+    assert "| llama.cpp ngram-mod | 44.0 | 44.0 | 1.10x | - | 1.10x | - | 1/2 | none drafted |" in out
 
 
 FAKE_SERVER = r'''#!PYTHON
@@ -163,15 +172,52 @@ def test_server_that_dies_is_named(fake_server: Path, tmp_path: Path) -> None:
     server.stop()
 
 
-def test_run_llama_records_acceptance_and_startup(fake_server: Path, tmp_path: Path) -> None:
+def test_llama_mode_rounds_and_record(fake_server: Path, tmp_path: Path) -> None:
+    import contextlib
+
     from draftwise.bench import WorkloadItem
 
     args = type("A", (), {"llama_bin": tmp_path, "model_path": "m.gguf", "startup_timeout": 30.0,
-                          "repeat": 2, "max_tokens": 4})()
+                          "max_tokens": 4})()
     items = [WorkloadItem(id="a", kind="open"), WorkloadItem(id="b", kind="grounded")]
     prompts = [{"id": "a", "kind": "open", "ids": [1, 2]}, {"id": "b", "kind": "grounded", "ids": [3]}]
-    rec = cl.run_llama(args, ["--spec-type", "ngram-mod"], 1, items, prompts, tmp_path / "l.log")
+    with contextlib.ExitStack() as stack:
+        mode = cl.LlamaMode(args, ["--spec-type", "ngram-mod"], 1, items, prompts,
+                            tmp_path / "l.log", stack)
+        assert mode.server.proc is not None  # started, and left running for its rounds
+        errors: dict[str, str] = {}
+        cl.interleaved_rounds({"llama.cpp ngram-mod": mode}, 2, errors, {})
+        rec = mode.record()
+    assert mode.server.proc is None  # the stack stopped it
+    assert not errors
     assert [p["token_ids"] for p in rec["per_prompt"]] == [[2] * 4, [3] * 4]
+    assert [r["tokens"] for r in rec["rounds"]] == [8, 8] and all(r["seconds"] > 0 for r in rec["rounds"])
     assert rec["spec_decode"]["draft_acceptance_rate"] == pytest.approx(0.5)
-    assert rec["startup"]["startup_to_first_token_s"] > 0
+    assert rec["startup"]["startup_to_first_token_s"] > 0 and "peak_rss_mib" in rec["startup"]
     assert json.dumps(rec)  # the report is JSON as it stands
+
+
+class _Mode:
+    """A stand-in mode: logs each round; fails on round ``fail_at``."""
+
+    def __init__(self, name: str, seen: list[str], fail_at: int | None = None) -> None:
+        self.name, self.seen, self.fail_at, self.n = name, seen, fail_at, 0
+
+    def round(self) -> tuple[int, float]:
+        self.n += 1
+        if self.n == self.fail_at:
+            raise RuntimeError("server went away")
+        self.seen.append(self.name)
+        return 10, 1.0
+
+
+def test_rounds_alternate_order_and_drop_a_failed_mode() -> None:
+    seen: list[str] = []
+    modes = {"a": _Mode("a", seen), "b": _Mode("b", seen, fail_at=2), "c": _Mode("c", seen)}
+    errors: dict[str, str] = {}
+    loads: dict[str, object] = {}
+    cl.interleaved_rounds(modes, 3, errors, loads)
+    # round 1 forward, round 2 reversed (b fails there), round 3 forward without b
+    assert seen == ["a", "b", "c", "c", "a", "a", "c"]
+    assert errors == {"b": "RuntimeError: server went away"}
+    assert list(loads) == ["round 1", "round 2", "round 3"]
