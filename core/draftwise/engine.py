@@ -563,9 +563,13 @@ class LLMEngine:
 
     def _fail(self, req: Request, exc: BaseException) -> RequestOutput:
         """Finish one request as failed, return its blocks, and say why in its output."""
-        logger.error("request %s failed inside a step: %s: %s", req.req_id,
-                     type(exc).__name__, exc, exc_info=exc)
-        req.error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RequestError):  # the request's own input: its message, its field
+            logger.warning("request %s failed inside a step: %s", req.req_id, exc)
+            req.error, req.error_field = str(exc), exc.field
+        else:
+            logger.error("request %s failed inside a step: %s: %s", req.req_id,
+                         type(exc).__name__, exc, exc_info=exc)
+            req.error = f"{type(exc).__name__}: {exc}"
         req.new_token_ids, req.new_text = [], ""
         req.finished_time = time.monotonic()
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)

@@ -35,6 +35,7 @@ def request_output(req: Request) -> RequestOutput:
         new_text=req.new_text,
         num_cached_tokens=req.num_cached_tokens,
         error=req.error,
+        error_field=req.error_field,
         prompt_logprobs=_prompt_logprobs(req),
     )
 
@@ -64,6 +65,7 @@ def parent_output(parent: ParentRequest, moved: list[Request]) -> RequestOutput:
         new_text="",
         num_cached_tokens=metrics["num_cached_tokens"],
         error=parent.error,
+        error_field=parent.error_field,
         prompt_logprobs=_prompt_logprobs(first),
     )
 

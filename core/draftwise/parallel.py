@@ -53,5 +53,10 @@ class ParentRequest:
         """The first child failure, which is the request's."""
         return next((c.error for c in self.children if c.error is not None), None)
 
+    @property
+    def error_field(self) -> str | None:
+        """The field at fault of the first failed sample (see ``Request.error_field``)."""
+        return next((c.error_field for c in self.children if c.error is not None), None)
+
 
 __all__ = ["ParentRequest", "child_params"]

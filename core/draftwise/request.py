@@ -68,6 +68,9 @@ class Request:
     stop_reason: int | str | None = None
     #: why the request failed (status FINISHED_ERROR): "<ExceptionType>: message"
     error: str | None = None
+    #: the request field at fault when its own input failed it (a grammar past the
+    #: library's limits mid-output, say); None when the engine failed it
+    error_field: str | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
     #: text produced so far (stop strings already cut off)
@@ -171,5 +174,8 @@ class RequestOutput:
     #: set when this request failed inside a step (finish_reason "error"); the others in
     #: that step were unaffected
     error: str | None = None
+    #: the request field at fault when the request's own input failed it (the server's
+    #: 4xx), None when the engine did (its 500)
+    error_field: str | None = None
     #: ``prompt_logprobs``: per prompt token (the first is None), once prefill is done
     prompt_logprobs: list[PositionLogprobs | None] | None = None

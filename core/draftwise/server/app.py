@@ -298,7 +298,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """POST /v1/chat/completions."""
     ctx = _ctx(request)
     request_id = new_id("chatcmpl")
-    plan = tool_plan(body, chat_template_of(ctx.loop.engine))
+    template = chat_template_of(ctx.loop.engine)
+    if body.tools:  # each tool's schema is checked, maybe compiled: off the event loop
+        plan = await ctx.grammar.run(lambda: tool_plan(body, template))
+    else:
+        plan = tool_plan(body, template)
     stream = await start(ctx, body, request_id, plan)
     if body.stream:
         chunks = (ToolChatChunks(ctx, body, request_id, plan) if plan is not None and plan.parses
@@ -372,6 +376,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
+            app.state.serving.grammar.stop()
             await asyncio.to_thread(loop.stop)
 
     docs: dict[str, Any] = dict(DOCS_ROUTES) if config.enable_docs else dict.fromkeys(DOCS_ROUTES)

@@ -323,7 +323,8 @@ class EngineLoop:
             if out.finished:
                 self._streams.pop(out.request_id, None)
             if out.error is not None:  # failed alone inside a step; the others went on
-                batch.append((stream, RequestFailed(f"request failed: {out.error}")))
+                status = 400 if out.error_field is not None else 500
+                batch.append((stream, RequestFailed(f"request failed: {out.error}", status)))
                 continue
             batch.append((stream, out))
         self._deliver(batch)

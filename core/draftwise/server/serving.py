@@ -26,6 +26,7 @@ from draftwise.sampling import SamplingParams
 from draftwise.spec_params import SpeculativeParams, check_against
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error
+from draftwise.server.grammar_worker import GrammarWorker
 from draftwise.server.limits import ServerLimits
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.protocol import (
@@ -94,6 +95,8 @@ class ServingContext:
     config: ServerConfig
     loop: EngineLoop
     metrics: ServerMetrics
+    #: where output constraints are checked and compiled (never on the event loop)
+    grammar: GrammarWorker = field(default_factory=GrammarWorker)
 
 
 def check_request(ctx: ServingContext, body: AnyRequest) -> None:
@@ -160,6 +163,28 @@ def sampling_params(body: AnyRequest, tools: ToolPlan | None = None) -> Sampling
         return SamplingParams(**fields)
     except ValidationError as exc:
         raise _rename(from_sampling_error(exc), body) from None
+
+
+#: request fields that carry an output constraint (each compiles a grammar)
+_CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
+                      "guided_grammar", "structured_outputs")
+
+
+def has_constraint(body: AnyRequest, tools: ToolPlan | None) -> bool:
+    """Whether admitting ``body`` compiles a grammar (a forced tool call's included)."""
+    if tools is not None and tools.constraint is not None:
+        return True
+    return any(getattr(body, name, None) is not None for name in _CONSTRAINT_FIELDS)
+
+
+def _constrained_params(ctx: ServingContext, body: AnyRequest,
+                        tools: ToolPlan | None) -> SamplingParams:
+    """On a grammar thread: the params (their constraint checked and bounded) and the
+    compiled grammar in the engine's cache, so the tokenizer thread only copies it."""
+    params = sampling_params(body, tools)
+    if params.structured_outputs is not None:
+        ctx.loop.engine.grammars.prepare(params.structured_outputs)
+    return params
 
 
 def _constraint(body: AnyRequest, tools: ToolPlan | None) -> Any:
@@ -237,9 +262,12 @@ async def start(ctx: ServingContext, body: AnyRequest, request_id: str,
                 tools: ToolPlan | None = None) -> RequestStream:
     """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
     check_request(ctx, body)
-    params = sampling_params(body, tools)
     speculative = speculative_params(body)
     try:
+        if has_constraint(body, tools):  # seconds for a huge schema: off the event loop
+            params = await ctx.grammar.run(lambda: _constrained_params(ctx, body, tools))
+        else:
+            params = sampling_params(body, tools)
         if speculative is not None:  # before tokenizing: the server's limits are known
             check_against(speculative, getattr(ctx.loop.engine, "spec", None))
         return await ctx.loop.submit(request_id, make_build(body, params, tools),

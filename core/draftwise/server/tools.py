@@ -84,6 +84,10 @@ class ToolPlan:
         return content, calls if self.parallel else calls[:1]
 
 
+#: tools one request may give (OpenAI's documented limit); each schema is checked, and a
+#: forced call compiles all of them into one grammar row
+MAX_TOOLS = 128
+
 def renders_tools(template: ChatTemplate | None) -> bool:
     """Whether the template shows the model a tool (the probe's name reaches the prompt)."""
     if template is None:
@@ -108,6 +112,9 @@ def tool_plan(body: Any, template: ChatTemplate | None) -> ToolPlan | None:
         if choice not in (None, "none"):
             raise _bad("tool_choice", "tool_choice needs tools; give the functions in tools")
         return None
+    if len(tools) > MAX_TOOLS:  # before any schema is compiled
+        raise _bad("tools", f"at most {MAX_TOOLS} tools may be given (OpenAI's limit), "
+                   f"got {len(tools)}")
     if not renders_tools(template):
         raise APIError(
             "tools: this checkpoint's chat template does not render tools, so the model "
@@ -286,5 +293,5 @@ def _bad(param: str, message: str) -> APIError:
     return APIError(f"{param}: {message}", param=param, code="invalid_value")
 
 
-__all__ = ["ToolPlan", "call_grammar", "chat_template_of", "finish_reason", "parse_calls",
+__all__ = ["MAX_TOOLS", "ToolPlan", "call_grammar", "chat_template_of", "finish_reason", "parse_calls",
            "renders_tools", "template_messages", "tool_names", "tool_plan"]

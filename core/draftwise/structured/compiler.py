@@ -22,6 +22,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from draftwise.errors import RequestError
+from draftwise.structured.bounds import library_limits
 from draftwise.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
@@ -68,10 +69,13 @@ class GrammarCompiler:
         self._template(params)
 
     def _template(self, params: StructuredOutputsParams) -> Any:
-        """The cached template matcher of a grammar, compiled on a miss.
+        """The cached template matcher of a grammar, compiled and checked on a miss.
 
         Compiling runs outside the lock (llguidance drops the GIL while it parses, up to
-        ~1 s for a huge grammar), so it never holds up a step that only copies.
+        ~1 s for a huge grammar), so it never holds up a step that only copies. The first
+        token mask is computed here too (:func:`_check_first_mask`): a grammar that admits
+        no output, or whose lexer or parser outgrows the library's limits at the first
+        token, is the request's 400, not an empty 200 or a failure inside a step.
         """
         import llguidance
 
@@ -81,12 +85,9 @@ class GrammarCompiler:
             if template is not None:
                 self._cache.move_to_end(text)
                 return template
-        template = llguidance.LLMatcher(self._tokenizer_view(), text, log_level=0)
-        if template.is_error():
-            raise RequestError(
-                "structured_outputs",
-                f"{params.kind}: the grammar does not compile: {template.get_error()}",
-            )
+        template = llguidance.LLMatcher(self._tokenizer_view(), text, log_level=0,
+                                        limits=library_limits())
+        _check_first_mask(template, params.kind)
         with self._lock:
             self._cache[text] = template
             if len(self._cache) > CACHE_SIZE:
@@ -128,6 +129,32 @@ class GrammarCompiler:
                 ) from None
             self._executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
         return self._ll_tokenizer
+
+
+def _check_first_mask(template: Any, kind: str) -> None:
+    """Refuse a grammar that fails or admits nothing before its first token.
+
+    The mask is computed on the template (its state does not move: only consuming a token
+    does), so each request's copy starts with it already checked. A grammar that accepts
+    only the empty output still allows EOS; an all-zero mask means no output at all can
+    match (``[^\\s\\S]``, a rule with no base case, a ``$ref`` cycle).
+    """
+    from draftwise.structured.params import short_message
+
+    if not template.is_error():
+        mask = template.compute_bitmask()
+        if not template.is_error() and any(mask):
+            return
+        # llguidance's stop reason when no token can extend the output
+        if not template.is_error() or "NoExtensionBias" in template.get_error():
+            raise RequestError(
+                "structured_outputs",
+                f"{kind}: the constraint admits no output at all (not even an empty one); "
+                "check for a rule or $ref with no base case, or a character class that "
+                "matches nothing")
+    raise RequestError(
+        "structured_outputs",
+        f"{kind}: the grammar does not compile: {short_message(template.get_error())}")
 
 
 def _text_added_tokens_as_vocab(tokenizer_json: str) -> str:

@@ -16,11 +16,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from draftwise.structured.bounds import (
+    MAX_CHOICES,
+    check_choices,
+    check_json_schema,
+    check_lark,
+    check_regex,
+    library_limits,
+)
+
 #: a grammar text past this many characters is refused (compiling is linear in it, but a
-#: request body's limit is the only other bound)
+#: request body's limit is the only other bound); nesting is bounded by ``bounds.py``
 MAX_GRAMMAR_CHARS = 1 << 20
-#: choices a request may give (each becomes one alternative of the grammar)
-MAX_CHOICES = 4096
 
 
 class StructuredOutputsParams(BaseModel):
@@ -66,8 +73,10 @@ _KINDS = {"json": "json_schema", "json_object": "json_object", "regex": "regex",
 
 
 def _grammar_text(kind: str, value: Any) -> str:
-    """The llguidance grammar of one constraint; malformed input raises ValueError."""
+    """The llguidance grammar of one constraint; malformed or unbounded input raises
+    ValueError (``bounds.py`` measures each document before the library parses it)."""
     import llguidance
+    from llguidance.gbnf_to_lark import any_to_lark
 
     from_schema = llguidance.LLMatcher.grammar_from_json_schema
     # JSON: OpenAI's and vLLM's outputs allow whitespace between items; the model picks
@@ -75,24 +84,33 @@ def _grammar_text(kind: str, value: Any) -> str:
     if kind == "json":
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except ValueError as exc:
+                value = json.loads(_sized("json", value))
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"json: the schema is not valid JSON: {exc}") from None
         if not isinstance(value, dict | bool):
             raise ValueError(f"json: a JSON schema is an object, got {type(value).__name__}")
-        return _sized("json", from_schema(json.dumps(value), defaults=options))
+        check_json_schema(value)
+        try:
+            text = json.dumps(value)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"json: the schema cannot be serialised: {exc}") from None
+        return _sized("json", from_schema(_sized("json", text), defaults=options))
     if kind == "json_object":
         return from_schema(json.dumps({"type": "object"}), defaults=options)
     if kind == "regex":
-        return _sized("regex", llguidance.LLMatcher.grammar_from_regex(_sized("regex", value)))
+        check_regex(_sized("regex", value))
+        return _sized("regex", llguidance.LLMatcher.grammar_from_regex(value))
     if kind == "choice":
-        if not value or len(value) > MAX_CHOICES:
-            raise ValueError(f"choice: give between 1 and {MAX_CHOICES} strings, got {len(value)}")
+        check_choices(value)
         return llguidance.grammar_from("choice", list(value))
     try:
-        return llguidance.grammar_from("grammar", _sized("grammar", value))
-    except ValueError as exc:
-        raise ValueError(f"grammar: {exc}") from None
+        lark = any_to_lark(_sized("grammar", value))  # GBNF -> Lark; Lark passes through
+    except (ValueError, RecursionError, IndexError, KeyError) as exc:
+        raise ValueError(f"grammar: the grammar does not parse: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the converter's own errors are plain Exception
+        raise ValueError(f"grammar: the grammar does not parse: {exc}") from None
+    check_lark(lark)
+    return llguidance.LLMatcher.grammar_from_lark(_sized("grammar", lark))
 
 
 def _sized(name: str, text: str) -> str:
@@ -102,12 +120,23 @@ def _sized(name: str, text: str) -> str:
 
 
 def _check_grammar(kind: str, text: str) -> None:
-    """llguidance's own check (schema keywords, regex syntax, grammar rules), by field."""
+    """llguidance's own check (schema keywords, regex syntax, grammar rules), by field.
+
+    With ``verbose_errors`` off the library leaves out its parser state; what is left is
+    put on one line and capped (:func:`short_message`).
+    """
     import llguidance
 
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        text, limits=library_limits())
     if is_error:
-        raise ValueError(f"{kind}: {messages[0].strip() if messages else 'invalid'}")
+        raise ValueError(f"{kind}: {short_message(messages[0] if messages else 'invalid')}")
 
 
-__all__ = ["MAX_CHOICES", "MAX_GRAMMAR_CHARS", "StructuredOutputsParams"]
+def short_message(message: str, limit: int = 300) -> str:
+    """A library message as a client sees it: one line, at most ``limit`` characters."""
+    line = " ".join(message.split()) or "invalid"
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+__all__ = ["MAX_CHOICES", "MAX_GRAMMAR_CHARS", "StructuredOutputsParams", "short_message"]
