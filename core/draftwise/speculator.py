@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from draftwise.logits_process import TokenHistory
     from draftwise.models.batch import KVCache
     from draftwise.sampling import SamplingParams
+    from draftwise.target import LoadedTarget
 
 #: the speculative-config keys the core itself honours (vLLM's names). The one list:
 #: config/ validates them (``SpeculativeConfig`` must declare exactly these) and a
@@ -266,8 +267,9 @@ class ProposerContext:
     draft_sample_method: str = "greedy"
     #: model-based methods: :attr:`LoadedDraft.weights`
     draft: Any = None
-    #: model-based methods: the target ``LoadedModel`` (embedding, LM head, tokenizer)
-    target: Any = None
+    #: model-based methods: the loaded target (``draftwise.target.LoadedTarget``: its
+    #: ``model`` is the declared :class:`~draftwise.target.TargetModel` surface)
+    target: LoadedTarget | None = None
     #: ``own_kv_cache``: this proposer's KV in the core's pool, indexed by block tables
     kv_cache: KVCache | None = None
     #: tokens per KV block (slot of position p: ``table[p // block_size]``)

@@ -22,8 +22,7 @@ PLUGIN_SOURCE = '''
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from draftwise import hookimpl
-from draftwise.speculator import Capabilities, Refusal, Speculator
+from draftwise.kit import Capabilities, Refusal, Speculator, hookimpl
 
 
 class LookaheadOptions(BaseModel):
@@ -52,8 +51,7 @@ def register_speculators(register):
 DUPLICATE_SOURCE = """
 from pydantic import BaseModel, ConfigDict
 
-from draftwise import hookimpl
-from draftwise.speculator import Speculator
+from draftwise.kit import Speculator, hookimpl
 
 
 class Options(BaseModel):

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftwise import hookimpl
-from draftwise.speculator import LazyLoader, Speculator
+from draftwise.kit import LazyLoader, Speculator, hookimpl
+
 from draftwise_dflash.options import CAPABILITIES, DESCRIPTION, REFUSALS, DFlashOptions
 
 if TYPE_CHECKING:
+    from draftwise.kit import Proposer, ProposerContext, RegisterSpeculator
     from pydantic import BaseModel
-
-    from draftwise.plugins.hookspecs import RegisterSpeculator
-    from draftwise.speculator import Proposer, ProposerContext
 
 
 def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:

@@ -30,8 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from draftwise.formats.errors import ModelFormatError
-from draftwise.models.config import ModelConfig
+from draftwise.kit import ModelConfig, ModelFormatError
 
 DFLASH1 = "DFlashDraftModel"
 DFLASH2 = "DFlash2DraftModel"

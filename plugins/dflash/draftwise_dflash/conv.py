@@ -24,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from draftwise.models.linear import Weight, linear
-from draftwise.models.quant import QuantWeight, dequant_rows
+from draftwise.kit import QuantWeight, Weight, dequant_rows, linear
 
 
 @dataclass(slots=True)

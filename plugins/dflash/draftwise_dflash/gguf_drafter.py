@@ -55,11 +55,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from draftwise.kit import (
+    NATIVE_TYPES,
+    DecoderLayer,
+    ModelFormatError,
+    QuantPart,
+    keep_quantized,
+    pack_quant,
+)
 
-from draftwise.formats.errors import ModelFormatError
-from draftwise.models.gguf_weights import keep_quantized
-from draftwise.models.llama import DecoderLayer
-from draftwise.models.quant import NATIVE_TYPES, QuantPart, pack_quant
 from draftwise_dflash.config import DFlashConfig
 from draftwise_dflash.conv import BlockConv, SelectorWeights
 

@@ -24,13 +24,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from draftwise.kit import (
+    DecoderLayer,
+    DraftCheckpoint,
+    KVLayout,
+    LoadedDraft,
+    ModelFormatError,
+    pack_weights,
+    read_json,
+)
 from pydantic import BaseModel
 
-from draftwise.formats.errors import ModelFormatError
-from draftwise.formats.jsonfile import read_json
-from draftwise.models.linear import pack_weights
-from draftwise.models.llama import DecoderLayer
-from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_dflash.config import DFlashConfig, parse_config
 from draftwise_dflash.conv import BlockConv, SelectorWeights
 from draftwise_dflash.model import DFlashModel, DFlashWeights
@@ -52,7 +56,8 @@ class DFlashLoader:
         """Container, config and tensor headers of the draft (module doc, rules 1-3)."""
         gguf_path = _gguf_file(path)
         if gguf_path is not None:
-            from draftwise.formats.gguf import GGUFCheckpoint
+            from draftwise.kit import GGUFCheckpoint
+
             from draftwise_dflash.gguf_drafter import check_tensors, config_dict
 
             gckpt = GGUFCheckpoint(gguf_path)
@@ -60,7 +65,7 @@ class DFlashLoader:
             check_tensors(gckpt, expected_shapes(cfg))
             fmt, path = "gguf", gguf_path
         else:
-            from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+            from draftwise.kit import SafetensorsCheckpoint
 
             raw, decl = read_container(path, RUNS)
             cfg = parse_config(raw, os.path.join(path, "config.json"))
@@ -87,14 +92,15 @@ class DFlashLoader:
         model = target.model
         notes: list[str] = []
         if checkpoint.format == "gguf":
-            from draftwise.formats.gguf import GGUFCheckpoint
+            from draftwise.kit import GGUFCheckpoint
+
             from draftwise_dflash.gguf_drafter import check_tensors, read_gguf_weights
 
             gckpt = GGUFCheckpoint(checkpoint.path)
             found = check_tensors(gckpt, expected_shapes(cfg))
             weights, notes = read_gguf_weights(gckpt, cfg, found, model.dtype, model.device)
         else:
-            from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+            from draftwise.kit import SafetensorsCheckpoint
 
             nv = checkpoint.config.get("nvfp4")
             weights = read_weights(SafetensorsCheckpoint(checkpoint.path), cfg, model.dtype,
@@ -157,9 +163,9 @@ def read_container(path: str, runs: str = RUNS) -> tuple[dict[str, Any], Any]:
             f"exllamav3's CUDA kernels. Instead: {runs}, or an NVFP4 export.",
             key="quantization_config",
         )
-    from draftwise.formats.nvfp4 import declaration
+    from draftwise.kit import nvfp4 as nvfp4_format
 
-    return d, declaration(path, d, runs)
+    return d, nvfp4_format.declaration(path, d, runs)
 
 
 def _is_gguf(path: str) -> bool:
@@ -257,13 +263,13 @@ def strip_nvfp4(decl: Any, stored: dict[str, Any], want: dict[str, tuple[int, ..
     passes its own Linears (its heads) through the same rule."""
     if decl is None:
         return stored, want, {}
-    from draftwise.formats.nvfp4 import plan, side_tensors
+    from draftwise.kit import nvfp4 as nvfp4_format
 
     linears = {n.removesuffix(".weight"): shape for n, shape in want.items()
                if len(shape) == 2 and linear(n)}
-    packed = {m: kind for m, kind in plan(decl, stored, linears, path).items()
+    packed = {m: kind for m, kind in nvfp4_format.plan(decl, stored, linears, path).items()
               if kind == "packed"}
-    side = side_tensors(decl, packed)
+    side = nvfp4_format.side_tensors(decl, packed)
     want = {n: s for n, s in want.items() if n.removesuffix(".weight") not in packed}
     stored = {n: t for n, t in stored.items() if n not in side}
     return stored, want, packed
@@ -344,10 +350,10 @@ def read_weights(
     side: set[str] = set()
     t: dict[str, torch.Tensor] = {}
     if nvfp4 is not None:
-        from draftwise.formats.nvfp4 import side_tensors
+        from draftwise.kit import nvfp4 as nvfp4_format
 
         decl, packed = nvfp4
-        side = side_tensors(decl, packed)
+        side = nvfp4_format.side_tensors(decl, packed)
         t.update(dequantized(ckpt, decl, packed, dtype, device))
     plain = [n for n in ckpt.tensors if n not in side]
     t.update({_ALIASES.get(n, n): x.to(dtype=dtype, device=device)
@@ -397,11 +403,10 @@ def dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype
                  device: torch.device) -> dict[str, torch.Tensor]:
     """Each NVFP4 module's weight (``{module}.weight``), dequantized from its stored bytes
     (public: dspark dequantizes its heads with it)."""
+    from draftwise.kit import nvfp4 as nvfp4_format
     from safetensors import safe_open
 
-    from draftwise.formats.nvfp4 import SUFFIXES, dequantize
-
-    w, s, g, _ = SUFFIXES[decl.convention]
+    w, s, g, _ = nvfp4_format.SUFFIXES[decl.convention]
     out = {}
     for module in packed:
         parts = []
@@ -409,7 +414,7 @@ def dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype
             entry = ckpt.tensors[f"{module}.{suffix}"]
             with safe_open(entry.file, framework="pt") as fh:
                 parts.append(fh.get_tensor(entry.name))
-        out[f"{module}.weight"] = dequantize(*parts, decl.convention).to(dtype=dtype,
+        out[f"{module}.weight"] = nvfp4_format.dequantize(*parts, decl.convention).to(dtype=dtype,
                                                                          device=device)
     return out
 

@@ -23,14 +23,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from draftwise.kit import (
+    AttentionMetadata,
+    Backend,
+    DecoderLayer,
+    ForwardBatch,
+    KVCache,
+    add_rms_norm,
+    apply_rope,
+    apply_rope_,
+    decide_backend,
+    inv_frequencies,
+    linear,
+    rms_norm,
+    rope_tables,
+    silu_mul,
+    write_kv,
+)
 
-from draftwise.models.attention import AttentionMetadata, write_kv
-from draftwise.models.backend import Backend, decide_backend
-from draftwise.models.batch import ForwardBatch, KVCache
-from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
-from draftwise.models.linear import linear
-from draftwise.models.llama import DecoderLayer
-from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
 from draftwise_dflash.config import DFlashConfig
 from draftwise_dflash.conv import BlockConv, SelectorWeights
 
@@ -150,7 +160,7 @@ def _layer(
 ) -> torch.Tensor:  # [T, H]
     """One draft layer: the Qwen3 decoder layer, with DFlash2's convolutions around each
     sublayer (``prepare`` after the pre-norm, ``finish`` on the sublayer's output)."""
-    from draftwise.models.attention import paged_attention
+    from draftwise.kit import paged_attention
 
     t = h.shape[0]
     x = rms_norm(h, layer.input_norm, eps, native)

@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from draftwise.kit import Capabilities, MissingKeyError, Refusal, RefusedValueError
 from pydantic import BaseModel, ConfigDict, Field
-
-from draftwise.config import MissingKeyError, RefusedValueError
-from draftwise.speculator import Capabilities, Refusal
 
 DESCRIPTION = (
     "DFlash1/DFlash2 block-diffusion drafters (z-lab): one non-causal forward drafts a "

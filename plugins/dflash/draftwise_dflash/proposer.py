@@ -28,11 +28,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from draftwise.kit import (
+    DraftInput,
+    DraftRow,
+    Drafts,
+    KVCache,
+    VerifyOutcome,
+    argmax_rows,
+    build_forward_batch,
+    categorical,
+    draw_uniforms,
+    pick_draft_tokens,
+)
 
-from draftwise.drafting import pick_draft_tokens
-from draftwise.models.batch import KVCache, build_forward_batch
-from draftwise.sampling import argmax_rows, categorical, draw_uniforms
-from draftwise.speculator import DraftInput, DraftRow, Drafts, VerifyOutcome
 from draftwise_dflash.conv import selector_walk
 from draftwise_dflash.loader import LoadedDFlash
 

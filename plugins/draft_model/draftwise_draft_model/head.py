@@ -24,9 +24,16 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from draftwise.models.linear import Weight, linear, pack_weight
-from draftwise.models.quant import QuantPart, QuantWeight, dequant_rows, linear_quant, pack_quant
+from draftwise.kit import (
+    QuantPart,
+    QuantWeight,
+    Weight,
+    dequant_rows,
+    linear,
+    linear_quant,
+    pack_quant,
+    pack_weight,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +133,7 @@ def build_subset_head(loaded: Any, n: int) -> SubsetHead | None:
 
 def _quant_rows(path: str, ids: np.ndarray, k: int) -> QuantWeight:
     """Rows ``ids`` of the GGUF's output matrix (the token embedding when tied), packed."""
-    from draftwise.formats.gguf import GGUFCheckpoint
+    from draftwise.kit import GGUFCheckpoint
 
     ckpt = GGUFCheckpoint(path)
     names = ckpt.tensor_names

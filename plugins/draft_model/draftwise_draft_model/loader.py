@@ -15,11 +15,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from draftwise.kit import (
+    DraftCheckpoint,
+    KVLayout,
+    LoadedDraft,
+    ModelFormatError,
+    RefusedValueError,
+)
 from pydantic import BaseModel
 
-from draftwise.config import RefusedValueError
-from draftwise.formats.errors import ModelFormatError
-from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_draft_model.options import DraftModelOptions
 
 
@@ -32,7 +36,7 @@ class DraftModelLoader:
 
     def detect(self, path: str) -> DraftCheckpoint:
         """Format, architecture and the config values the load checks (vocab, context)."""
-        from draftwise.models.inspect import inspect_model
+        from draftwise.kit import inspect_model
 
         info = inspect_model(path)
         if info.config is None:  # the GDN hybrid
@@ -56,7 +60,8 @@ class DraftModelLoader:
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The draft model for ``target``; a vocabulary mismatch is refused before weights."""
-        from draftwise.models.loader import load_model
+        from draftwise.kit import load_model
+
         from draftwise_draft_model.proposer import DraftModel
 
         if not isinstance(options, DraftModelOptions):

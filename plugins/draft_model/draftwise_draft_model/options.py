@@ -9,10 +9,8 @@ without it the loader refuses vocabularies of different sizes, by name.
 
 from __future__ import annotations
 
+from draftwise.kit import Capabilities, Refusal, RefusedValueError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
-
-from draftwise.config import RefusedValueError
-from draftwise.speculator import Capabilities, Refusal
 
 DESCRIPTION = (
     "A smaller model drafts autoregressively (KV in the core's pool); other tokenizers "

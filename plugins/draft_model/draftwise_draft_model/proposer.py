@@ -41,10 +41,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from draftwise.kit import (
+    DraftInput,
+    Drafts,
+    KVCache,
+    VerifyOutcome,
+    build_forward_batch,
+    pick_draft_tokens,
+)
 
-from draftwise.drafting import pick_draft_tokens
-from draftwise.models.batch import KVCache, build_forward_batch
-from draftwise.speculator import DraftInput, Drafts, VerifyOutcome
 from draftwise_draft_model.head import SubsetHead
 from draftwise_draft_model.vocab import VocabMap
 

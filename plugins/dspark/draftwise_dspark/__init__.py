@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftwise import hookimpl
-from draftwise.speculator import LazyLoader, Speculator
+from draftwise.kit import LazyLoader, Speculator, hookimpl
 
 from draftwise_dspark.options import CAPABILITIES, DESCRIPTION, REFUSALS, DSparkOptions
 
 if TYPE_CHECKING:
-    from draftwise.plugins.hookspecs import RegisterSpeculator
-    from draftwise.speculator import Proposer, ProposerContext
+    from draftwise.kit import Proposer, ProposerContext, RegisterSpeculator
     from pydantic import BaseModel
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from draftwise.formats.errors import ModelFormatError
+from draftwise.kit import ModelFormatError
 from draftwise_dflash.gguf_drafter import config_dict
 
 from draftwise_dspark.config import NATIVE

@@ -36,8 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from draftwise.models.linear import Weight, pack_weights
-from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
+from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft, Weight, pack_weights
 from draftwise_dflash.loader import (
     DFlashError,
     check_pair,
@@ -89,7 +88,7 @@ class DSparkLoader:
 
     def detect(self, path: str) -> DraftCheckpoint:
         """Container, lane/config and tensor headers (module doc, rules 1-3)."""
-        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+        from draftwise.kit import SafetensorsCheckpoint
 
         gguf_path = _gguf_file(path)
         if gguf_path is not None:
@@ -155,7 +154,7 @@ class DSparkLoader:
         """A llama.cpp DSpark GGUF (:mod:`draftwise_dspark.gguf_drafter`): the DeepSpec
         config it stands for, the body's tensors through the dflash reader, the heads'
         shapes here."""
-        from draftwise.formats.gguf import GGUFCheckpoint
+        from draftwise.kit import GGUFCheckpoint
         from draftwise_dflash.gguf_drafter import check_tensors
 
         from draftwise_dspark.gguf_drafter import NATIVE_NAMES, BodyView, native_config
@@ -181,7 +180,7 @@ class DSparkLoader:
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The drafter with its own embedding and head (pair checks first)."""
-        from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
+        from draftwise.kit import SafetensorsCheckpoint
 
         cfg: DSparkConfig = checkpoint.config["dspark"]
         taps = tuple(i for i in cfg.backbone.target_layer_ids if i >= 0)
@@ -246,10 +245,10 @@ def _refuse_packed_embeddings(decl: Any, stored: dict[str, Any], path: str) -> N
     """``embed_tokens`` and ``markov_w1`` are embeddings (row gathers): NVFP4 exporters
     quantize Linear modules only and list no embedding among their exclusions, so these
     are read dense; a packed one is named rather than reported as stray tensors."""
-    from draftwise.formats.nvfp4 import SUFFIXES
+    from draftwise.kit import nvfp4 as nvfp4_format
 
     for emb in ("embed_tokens", "markov_head.markov_w1"):
-        found = [f"{emb}.{sfx}" for sfx in SUFFIXES[decl.convention][1:]
+        found = [f"{emb}.{sfx}" for sfx in nvfp4_format.SUFFIXES[decl.convention][1:]
                  if f"{emb}.{sfx}" in stored]
         if found or f"{emb}.weight_packed" in stored:
             raise DSparkError(path, f"{emb} is stored NVFP4-packed ({(found or [emb])[0]}): it "
@@ -272,9 +271,9 @@ def _read_safetensors(ckpt: Any, cfg: DSparkConfig, nv: Any, dtype: torch.dtype,
     head_packed = {m: k for m, k in packed.items() if m not in body_packed}
     keep = set(body_names)
     if nv is not None:
-        from draftwise.formats.nvfp4 import side_tensors
+        from draftwise.kit import nvfp4 as nvfp4_format
 
-        keep |= side_tensors(nv[0], body_packed)
+        keep |= nvfp4_format.side_tensors(nv[0], body_packed)
     body = read_weights(_Only(ckpt, keep), cfg.backbone, dtype, device,
                         None if nv is None else (nv[0], body_packed))
     plain = [n for n in extra_shapes(cfg) if n in ckpt.tensors and n not in draft_vocab.TENSORS
@@ -313,7 +312,7 @@ def _gguf_file(path: str) -> str | None:
 def _read_gguf(path: str, cfg: DSparkConfig, target: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     """The body through the dflash GGUF reader, the heads (and the target's embedding and
     head where the GGUF has none) under their DeepSpec names."""
-    from draftwise.formats.gguf import GGUFCheckpoint
+    from draftwise.kit import GGUFCheckpoint
     from draftwise_dflash.gguf_drafter import check_tensors, read_gguf_weights
 
     from draftwise_dspark.gguf_drafter import BodyView, head_tensors

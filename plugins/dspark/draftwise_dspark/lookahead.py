@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from draftwise.models.linear import BlockedWeight
+from draftwise.kit import BlockedWeight
 
 from draftwise_dspark.markov import MarkovHead, store_pick
 

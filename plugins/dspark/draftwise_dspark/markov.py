@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from draftwise.models.linear import BLOCK_N, BlockedWeight, Weight, linear
+from draftwise.kit import BLOCK_N, BlockedWeight, Weight, linear
 
 from draftwise_dspark.draft_vocab import DraftVocab, to_target
 

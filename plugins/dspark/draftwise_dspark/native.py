@@ -43,8 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from draftwise.models import kernels
-from draftwise.models.linear import BlockedWeight
+from draftwise.kit import BlockedWeight, kernels
 
 from draftwise_dspark.lookahead import GUESS_TOKENS, HitRate
 from draftwise_dspark.markov import MAX_BLOCK_SHARE, MarkovHead

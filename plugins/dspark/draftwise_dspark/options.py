@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from draftwise.config import RefusedValueError
-from draftwise.speculator import Capabilities, Refusal
+from draftwise.kit import Capabilities, Refusal, RefusedValueError
 from pydantic import BaseModel, ConfigDict, Field
 
 DESCRIPTION = (

@@ -39,10 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from draftwise.drafting import pick_draft_tokens
-from draftwise.models.batch import KVCache, build_forward_batch
-from draftwise.models.linear import linear
-from draftwise.speculator import DraftRow
+from draftwise.kit import DraftRow, KVCache, build_forward_batch, linear, pick_draft_tokens
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
 from draftwise_dspark.draft_vocab import scatter_q, to_target
@@ -50,7 +47,6 @@ from draftwise_dspark.loader import LoadedDSpark
 from draftwise_dspark.lookahead import HitRate, can_look_ahead, lookahead_pass
 from draftwise_dspark.markov import store_pick
 from draftwise_dspark.native import NativeMarkov, native_pass
-
 
 #: consecutive failed certifications after which the pick is only retried now and then
 GIVE_UP = 4

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftwise import hookimpl
-from draftwise.speculator import Speculator
+from draftwise.kit import Speculator, hookimpl
+
 from draftwise_mtp.loader import MtpLoader
 from draftwise_mtp.options import ALIASES, CAPABILITIES, DESCRIPTION, REFUSALS, MtpOptions
 
 if TYPE_CHECKING:
+    from draftwise.kit import Proposer, ProposerContext, RegisterSpeculator
     from pydantic import BaseModel
-
-    from draftwise.plugins.hookspecs import RegisterSpeculator
-    from draftwise.speculator import Proposer, ProposerContext
 
 
 def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:

@@ -28,11 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from draftwise.kit import ModelFormatError, SafetensorsCheckpoint, Weight, pack_weights
 from torch import nn
-
-from draftwise.formats.errors import ModelFormatError
-from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
-from draftwise.models.linear import Weight, pack_weights
 
 _DEEPSEEK_HEAD = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")
 
@@ -85,7 +82,7 @@ def detect_layout(path: str) -> tuple[str, int, dict[str, Any]]:
 
 def detect_gguf(path: str) -> str:
     """Find ``blk.{N}.nextn.*`` in a GGUF; refuse files without it by name."""
-    from draftwise.formats.gguf import GGUFCheckpoint
+    from draftwise.kit import GGUFCheckpoint
 
     ckpt = GGUFCheckpoint(path)
     arch = ckpt.architecture
@@ -151,7 +148,7 @@ def load_head(path: str, target: Any, device: str | torch.device = "cpu") -> Mtp
     dtype = model.dtype
     hidden = model.config.hidden_size
     if layout == "qwen3_next":
-        from draftwise.models.qwen3_next import HybridLayer
+        from draftwise.kit import HybridLayer
 
         h = model.hybrid
         full = model.attention_layers[0]
@@ -221,8 +218,7 @@ def _pack_like_target(
 ) -> tuple[Weight, Weight | None]:
     """Pack every projection, ``fc`` and an own LM head in the target's layout, and set the
     layers' elementwise kernels from its backend; returns the packed ``fc`` and head."""
-    from draftwise.models.llama import DecoderLayer
-    from draftwise.models.qwen3_next import HybridLayer, set_packed
+    from draftwise.kit import DecoderLayer, HybridLayer, set_packed
 
     slots: list[tuple[nn.Module, str]] = []
     for layer in layers:
@@ -246,7 +242,7 @@ def _llama_blocks(
     c: Any, layer_ids: list[int], dtype: torch.dtype, device: str | torch.device
 ) -> tuple[list[nn.Module], dict[str, tuple[tuple[int, ...], torch.Tensor]]]:
     """Llama-family decoder blocks for nextn layers, and where each HF tensor goes."""
-    from draftwise.models.llama import DecoderLayer
+    from draftwise.kit import DecoderLayer
 
     layers: list[nn.Module] = []
     slots: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft
 from pydantic import BaseModel
 
-from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft
 from draftwise_mtp.options import head_count
 
 

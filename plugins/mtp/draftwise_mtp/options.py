@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from draftwise.kit import MTP_MODEL_TYPES, Capabilities, MissingKeyError, Refusal, RefusedValueError
 from pydantic import BaseModel, ConfigDict
-
-from draftwise.config import MTP_MODEL_TYPES, MissingKeyError, RefusedValueError
-from draftwise.speculator import Capabilities, Refusal
 
 DESCRIPTION = (
     "Multi-token-prediction heads (in the target checkpoint or a separate one) draft "

@@ -22,13 +22,19 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from draftwise.kit import (
+    AttentionMetadata,
+    DraftInput,
+    DraftRow,
+    Drafts,
+    KVCache,
+    VerifyOutcome,
+    build_forward_batch,
+    linear,
+    pick_draft_tokens,
+    rms_norm,
+)
 
-from draftwise.drafting import pick_draft_tokens
-from draftwise.models.attention import AttentionMetadata
-from draftwise.models.batch import KVCache, build_forward_batch
-from draftwise.models.fused import rms_norm
-from draftwise.models.linear import linear
-from draftwise.speculator import DraftInput, DraftRow, Drafts, VerifyOutcome
 from draftwise_mtp.head import MtpHead
 
 
@@ -238,6 +244,6 @@ class MtpProposer:
 
 
 def _zc_norm(x: torch.Tensor, w: torch.Tensor, eps: float, native: bool) -> torch.Tensor:
-    from draftwise.models.hybrid_ops import zc_rms_norm
+    from draftwise.kit import zc_rms_norm
 
     return zc_rms_norm(x, w, eps, native)

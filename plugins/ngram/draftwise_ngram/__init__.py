@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftwise import hookimpl
-from draftwise.speculator import Speculator
+from draftwise.kit import Speculator, hookimpl
+
 from draftwise_ngram.options import (
     CAPABILITIES,
     DESCRIPTION,
@@ -15,7 +15,7 @@ from draftwise_ngram.options import (
 )
 
 if TYPE_CHECKING:
-    from draftwise.plugins.hookspecs import RegisterSpeculator
+    from draftwise.kit import RegisterSpeculator
 
 
 @hookimpl

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftwise.kit import (
+    Capabilities,
+    InvalidValueError,
+    Proposer,
+    ProposerContext,
+    ProposerNotBuiltError,
+    Refusal,
+)
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from draftwise.config import InvalidValueError
-from draftwise.plugins.errors import ProposerNotBuiltError
-from draftwise.speculator import Capabilities, Proposer, ProposerContext, Refusal
 
 #: vLLM's default for both bounds when neither is set (its source calls it untuned)
 DEFAULT_LOOKUP = 5

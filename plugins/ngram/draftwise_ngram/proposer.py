@@ -33,8 +33,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from draftwise.kit import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
 
-from draftwise.speculator import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
 from draftwise_ngram.index import INDEX_MAX_N, INDEX_MAX_TOKENS, NgramIndex
 
 if TYPE_CHECKING:
