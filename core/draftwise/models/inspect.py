@@ -77,11 +77,12 @@ def target_header(info: ModelInfo) -> TargetHeader:
     """The sizes a draft must match (``ChecksTarget``), from the target's config alone."""
     from draftwise.speculator import TargetHeader
 
-    config: Any = info.config
-    if config is None:  # the GDN hybrid keeps its own config type
+    config = info.config
+    if config is None:  # the GDN hybrid: its llama-family sizes are its config's base
         from draftwise.models.hybrid_config import HybridConfig
 
-        config = HybridConfig.from_hf_dict(info.raw, os.path.join(info.path, "config.json"))
+        path = os.path.join(info.path, "config.json")
+        config = HybridConfig.from_hf_dict(info.raw, path).base
     return TargetHeader(
         path=info.path,
         architecture=info.architecture,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tiny_checkpoints import save_tiny
+from tiny_checkpoints import save_tiny, save_tiny_hybrid
 
 from draftwise.cli import CliState, cli
 from draftwise.plugins import PluginHost, load_entry_point_plugins
@@ -246,3 +246,31 @@ def test_argument_with_undecodable_bytes_is_refused(state: CliState) -> None:
     result = check(state, '{"method": "ngr\udce9m"}')
     assert result.exit_code == 2
     assert "lone surrogate U+DCE9 (byte 0xe9" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_hybrid(tmp_path_factory.mktemp("cc-hybrid"))  # hidden 64, MTP head
+
+
+@pytest.mark.usefixtures("no_tensor_reads")
+def test_a_head_inside_a_hybrid_target_is_read_from_its_header(
+    state: CliState, hybrid: Path
+) -> None:
+    result = check(state, "--model", str(hybrid), '{"method":"mtp"}')
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_speculative_tokens"] == 1  # the head's depth
+
+
+@pytest.mark.usefixtures("no_tensor_reads")
+def test_an_mtp_head_of_another_hidden_size_is_refused(
+    state: CliState, hybrid: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    wide = save_tiny_hybrid(tmp_path_factory.mktemp("cc-wide"), hidden_size=128)
+    config = json.dumps({"method": "mtp", "model": str(wide)})
+    result, seconds = timed_check(state, "--model", str(hybrid), config)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(
+        f"error: {wide}: the MTP head's hidden_size is 128 and the target's 64")
+    assert "Instead: " in result.stderr
+    assert seconds < 1.0
