@@ -7,7 +7,9 @@ Two halves, so bootstrap can refuse as early as possible:
    method reads a checkpoint gets ``Loader.detect`` on the DRAFT's own files (``model``,
    or the target's path for heads that live in the target), and its config is completed
    from that checkpoint (``ChecksCheckpoint``: MTP's k defaults to the head depth, as
-   vLLM's n_predict rule). A k still unknown afterwards is refused by name.
+   vLLM's n_predict rule); a loader that can (``ChecksTarget``) then checks the draft
+   against the target's header (vocabulary, hidden size). A k still unknown afterwards
+   is refused by name. ``check-config`` runs the same :func:`detect_member`.
 2. :func:`load_drafts` after the target is loaded, then :func:`build_speculation` once
    the KV pool is sized: each loaded draft's KV layout is allocated in the core's pool
    and handed to its proposer with the hidden layers it asked for.
@@ -16,6 +18,7 @@ Two halves, so bootstrap can refuse as early as possible:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +26,14 @@ from draftwise.config import MissingKeyError, RefusedValueError, ResolvedSpecula
 from draftwise.models.batch import KVCache
 from draftwise.plugins.errors import PluginRegistrationError, ProposerNotBuiltError
 from draftwise.speculation import Drafter, Speculation
-from draftwise.speculator import DraftCheckpoint, KVLayout, LoadedDraft, ProposerContext
+from draftwise.speculator import (
+    ChecksTarget,
+    DraftCheckpoint,
+    KVLayout,
+    LoadedDraft,
+    ProposerContext,
+    TargetHeader,
+)
 
 if TYPE_CHECKING:
     from draftwise.models.loader import LoadedModel
@@ -43,20 +53,23 @@ class DetectedDraft:
 
 
 def detect_drafts(
-    config: ResolvedSpeculativeConfig, registry: SpeculatorRegistry, target_path: str
+    config: ResolvedSpeculativeConfig,
+    registry: SpeculatorRegistry,
+    target_path: str,
+    target: Callable[[], TargetHeader] | None = None,
 ) -> tuple[ResolvedSpeculativeConfig, list[DetectedDraft]]:
-    """Detect every member's checkpoint and complete the config from it (no weights read)."""
+    """Detect every member's checkpoint and complete the config from it (no weights read).
+
+    ``target`` gives the target's header (read once, when some loader first asks), so
+    each draft is also checked against it before the target's weights load.
+    """
     detected: list[DetectedDraft] = []
     for member in config.drafters:
         reg = registry.get(member.method or "")
         spec = reg.speculator
         if spec.make_proposer is None:
             raise ProposerNotBuiltError(spec.method, str(reg.dist))
-        checkpoint = None
-        if spec.capabilities.needs_checkpoint and spec.loader is not None:
-            path = member.model or target_path
-            checkpoint = spec.loader.detect(path)
-            member = member.with_checkpoint(checkpoint.config)
+        member, checkpoint = detect_member(member, reg, target_path, target)
         if member.num_speculative_tokens is None:
             raise MissingKeyError(
                 f"method '{spec.method}' needs 'num_speculative_tokens': its checkpoint does "
@@ -67,6 +80,36 @@ def detect_drafts(
         detected.append(DetectedDraft(member, reg, checkpoint))
     completed = config.with_drafters(tuple(d.member for d in detected))
     return completed, detected
+
+
+def detect_member(
+    member: ResolvedSpeculativeConfig,
+    registration: Registration,
+    target_path: str | None,
+    target: Callable[[], TargetHeader] | None = None,
+) -> tuple[ResolvedSpeculativeConfig, DraftCheckpoint | None]:
+    """One member's draft checkpoint, detected from its own files and, when ``target`` is
+    given and the loader can tell (:class:`~draftwise.speculator.ChecksTarget`), checked
+    against the target's header; the member completed from it. Reads no weights.
+
+    The one place both ``generate``/``serve`` (bootstrap) and ``check-config`` decide
+    what a draft is and whether it fits. ``(member, None)``: the method reads no
+    checkpoint, or it reads the target's and no target was named (``check-config``
+    without ``--model``).
+    """
+    spec = registration.speculator
+    if not spec.capabilities.needs_checkpoint or spec.loader is None:
+        return member, None
+    path = member.model or target_path
+    if path is None:
+        return member, None
+    checkpoint = spec.loader.detect(path)
+    member = member.with_checkpoint(checkpoint.config)
+    if target is not None and member.options is not None and isinstance(
+        spec.loader, ChecksTarget
+    ):
+        spec.loader.check_target(checkpoint, member.options, target())
+    return member, checkpoint
 
 
 def load_drafts(detected: list[DetectedDraft], target: LoadedModel) -> list[LoadedDraft | None]:
@@ -201,6 +244,7 @@ __all__ = [
     "DetectedDraft",
     "build_speculation",
     "detect_drafts",
+    "detect_member",
     "draft_kv_layouts",
     "load_drafts",
     "reads_target_hidden",

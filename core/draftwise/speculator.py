@@ -7,6 +7,7 @@ runs it in this order, so the cheapest refusal comes first:
 
     ckpt = loader.detect(path)                     # the DRAFT's own files, no weights
     k = options.check_checkpoint(k, ckpt.config)   # optional: the checkpoint decides k
+    loader.check_target(ckpt, options, header)     # optional: fits the target's header?
     ... the target is loaded ...
     draft = loader.load(ckpt, options, target)     # weights; its KV layout, hidden layers
     ... the KV pool is sized for the target and every draft, allocated once ...
@@ -145,6 +146,18 @@ class DraftCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class TargetHeader:
+    """The target as its header (GGUF metadata or ``config.json``) describes it: what a
+    draft's compatibility depends on, known before any of the target's weights load."""
+
+    path: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+
+
+@dataclass(frozen=True, slots=True)
 class KVLayout:
     """The shape of a proposer's own KV, per block position: the core sizes and allocates it."""
 
@@ -189,6 +202,24 @@ class Loader(Protocol):
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """Read the weights for ``target`` (a ``LoadedModel``: its device, dtype, tokenizer)."""
+        ...
+
+
+@runtime_checkable
+class ChecksTarget(Protocol):
+    """A :class:`Loader` that can tell from headers alone whether a draft fits a target.
+
+    The draft stage calls it right after :meth:`Loader.detect`, before the target's
+    weights load (``generate``, ``serve``) or instead of loading anything
+    (``check-config --model``), so a vocabulary or hidden-size mismatch is refused in
+    a header read rather than after minutes of loading. ``load`` still checks what
+    only the loaded target knows (its tokenizer).
+    """
+
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """Raise a typed, named refusal if the draft cannot serve ``target``; read no weights."""
         ...
 
 
@@ -239,6 +270,14 @@ class LazyLoader:
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The named loader's :meth:`Loader.load`."""
         return self._resolve().load(checkpoint, options, target)
+
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """The named loader's :meth:`ChecksTarget.check_target`, where it has one."""
+        loader = self._resolve()
+        if isinstance(loader, ChecksTarget):
+            loader.check_target(checkpoint, options, target)
 
     def __repr__(self) -> str:
         return f"LazyLoader({self.target!r})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftwise.formats.default_model import resolve_model_path
 from draftwise.formats.safetensors_dir import read_json
@@ -21,6 +21,9 @@ from draftwise.models.registry import (
     check_hf_config,
     model_class,
 )
+
+if TYPE_CHECKING:
+    from draftwise.speculator import TargetHeader
 
 #: GGUF metadata keys too large to carry around as a checkpoint's config
 _BULKY_GGUF_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.merges",
@@ -70,4 +73,23 @@ def inspect_model(path: str | os.PathLike[str] | None) -> ModelInfo:
     return ModelInfo(resolved, "gguf", config.architecture, config, meta)
 
 
-__all__ = ["ModelInfo", "inspect_model"]
+def target_header(info: ModelInfo) -> TargetHeader:
+    """The sizes a draft must match (``ChecksTarget``), from the target's config alone."""
+    from draftwise.speculator import TargetHeader
+
+    config = info.config
+    if config is None:  # the GDN hybrid: its llama-family sizes are its config's base
+        from draftwise.models.hybrid_config import HybridConfig
+
+        path = os.path.join(info.path, "config.json")
+        config = HybridConfig.from_hf_dict(info.raw, path).base
+    return TargetHeader(
+        path=info.path,
+        architecture=info.architecture,
+        vocab_size=int(config.vocab_size),
+        hidden_size=int(config.hidden_size),
+        num_hidden_layers=int(config.num_hidden_layers),
+    )
+
+
+__all__ = ["ModelInfo", "inspect_model", "target_header"]

@@ -10,11 +10,12 @@
 2. the config (:func:`draftwise_dflash.config.parse_config`): DFlash1 or DFlash2;
 3. every tensor name, shape and stored dtype against that config (headers only).
 
-``load`` then checks the pair before reading a weight: the draft's hidden size is the
+``check_target`` (before the target loads: its header alone) and ``load`` (again, before
+reading a weight) then check the pair: the draft's hidden size is the
 target's, every ``target_layer_ids`` entry is a target layer, ``num_target_layers`` (when
 declared) is the target's depth, the mask token is in the target's vocabulary (a
-``mask_token`` string is looked up in the target's tokenizer), and DFlash2's codebooks
-cover the target's vocabulary. The embedding and LM head are the target's.
+``mask_token`` string is looked up in the target's tokenizer, by ``load`` only), and
+DFlash2's codebooks cover the target's vocabulary. The embedding and LM head are the target's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from draftwise.kit import (
     KVLayout,
     LoadedDraft,
     ModelFormatError,
+    TargetHeader,
     pack_weights,
     read_json,
 )
@@ -84,6 +86,13 @@ class DFlashLoader:
                 "nvfp4": None if gguf_path is not None or decl is None else (decl, packed),
             },
         )
+
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """The pair checks the target's header decides (hidden size, layers, vocabulary)."""
+        check_sizes(checkpoint.path, checkpoint.config["dflash"], target.hidden_size,
+                    target.num_hidden_layers, target.vocab_size)
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The drafter over ``target``'s embedding and LM head (pair checks first)."""
@@ -148,6 +157,8 @@ def read_container(path: str, runs: str = RUNS) -> tuple[dict[str, Any], Any]:
     """Rule 1: the config dict of a directory this loader runs and its NVFP4 declaration
     (None: not quantized), else a named refusal (``runs``: what works, for messages;
     dspark reuses it)."""
+    if not os.path.exists(path):
+        raise DFlashError(path, f"no such file or directory. Instead: {runs}.")
     if not os.path.isdir(path):
         raise DFlashError(path, f"not a DFlash drafter. Instead: {runs}.")
     cfg_path = os.path.join(path, "config.json")
@@ -278,15 +289,36 @@ def strip_nvfp4(decl: Any, stored: dict[str, Any], want: dict[str, tuple[int, ..
 def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
     """The pair checks of the module doc; returns the mask token id."""
     tc = target.config
-    if cfg.decoder.hidden_size != tc.hidden_size:
+    check_sizes(path, cfg, int(tc.hidden_size), int(tc.num_hidden_layers), int(tc.vocab_size))
+    vocab = int(tc.vocab_size)
+    mask = cfg.mask_token_id
+    if mask is None:
+        tok = getattr(target, "tokenizer", None)
+        mask = None if tok is None else tok.backend.token_to_id(cfg.mask_token)
+        if mask is None:
+            raise DFlashError(
+                path,
+                f"mask_token {cfg.mask_token!r} is not in the target's vocabulary. Instead: "
+                "set dflash_config.mask_token_id.",
+                key="mask_token",
+            )
+    check_mask_id(path, int(mask), vocab)
+    return int(mask)
+
+
+def check_sizes(path: str, cfg: DFlashConfig, hidden_size: int, num_layers: int,
+                vocab: int) -> None:
+    """The pair checks two headers decide (the target's sizes against the drafter's
+    config): run by ``check_target`` before the target loads and again by ``load``."""
+    if cfg.decoder.hidden_size != hidden_size:
         raise DFlashError(
             path,
             f"the drafter's hidden_size is {cfg.decoder.hidden_size} and the target's "
-            f"{tc.hidden_size}: DFlash feeds the target's hidden states and embeddings to the "
+            f"{hidden_size}: DFlash feeds the target's hidden states and embeddings to the "
             "drafter unchanged. Instead: the DFlash drafter trained for this target.",
             key="hidden_size",
         )
-    layers = int(tc.num_hidden_layers)
+    layers = num_layers
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < layers]
     if bad:
         raise DFlashError(
@@ -304,7 +336,6 @@ def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
             "drafter trained for this one.",
             key="num_target_layers",
         )
-    vocab = int(tc.vocab_size)
     if cfg.v2 is not None and cfg.decoder.vocab_size != vocab:
         raise DFlashError(
             path,
@@ -321,23 +352,17 @@ def check_pair(path: str, cfg: DFlashConfig, target: Any) -> int:
             "argmax. Instead: the drafter trained for this target.",
             key="selector_top_k",
         )
-    mask = cfg.mask_token_id
-    if mask is None:
-        tok = getattr(target, "tokenizer", None)
-        mask = None if tok is None else tok.backend.token_to_id(cfg.mask_token)
-        if mask is None:
-            raise DFlashError(
-                path,
-                f"mask_token {cfg.mask_token!r} is not in the target's vocabulary. Instead: "
-                "set dflash_config.mask_token_id.",
-                key="mask_token",
-            )
+    if cfg.mask_token_id is not None:  # a token string needs the target's tokenizer
+        check_mask_id(path, cfg.mask_token_id, vocab)
+
+
+def check_mask_id(path: str, mask: int, vocab: int) -> None:
+    """The mask token must be one of the target's ids (the block's slots embed it)."""
     if not 0 <= mask < vocab:
         raise DFlashError(
             path, f"mask_token_id={mask} is outside the target's vocabulary [0, {vocab})",
             key="mask_token_id",
         )
-    return int(mask)
 
 
 def read_weights(

@@ -2,8 +2,9 @@
 
 ``detect`` runs the same checks a target gets (``draftwise.models.inspect``: format,
 architecture, mixture-of-experts, config) on the DRAFT's files, reading no weights.
-``load`` compares the vocabularies first (sizes from the two configs; vLLM requires
-them equal unless ``use_heterogeneous_vocab``), then loads the draft through
+``check_target`` compares the vocabulary sizes from the two headers (vLLM requires them
+equal unless ``use_heterogeneous_vocab``) before the target loads; ``load`` checks them
+again with the tokenizers the flag needs, then loads the draft through
 ``draftwise.models.loader.load_model`` (GGUF or safetensors, the target's dtype and
 device, whatever weight layout the target loader uses), and builds the vocabulary map
 when the tokenizers differ. The draft's KV is laid out in the core's pool: one entry per
@@ -21,6 +22,7 @@ from draftwise.kit import (
     LoadedDraft,
     ModelFormatError,
     RefusedValueError,
+    TargetHeader,
 )
 from pydantic import BaseModel
 
@@ -57,6 +59,14 @@ class DraftModelLoader:
                 "num_hidden_layers": cfg.num_hidden_layers,
             },
         )
+
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """The vocabulary sizes, from the two headers, before the target loads."""
+        if not isinstance(options, DraftModelOptions):
+            raise TypeError(f"draft_model needs DraftModelOptions, got {type(options).__name__}")
+        check_vocab_sizes(checkpoint, target.vocab_size, options.use_heterogeneous_vocab)
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The draft model for ``target``; a vocabulary mismatch is refused before weights."""
@@ -96,18 +106,7 @@ class DraftModelLoader:
 
 def check_vocabularies(checkpoint: DraftCheckpoint, target: Any, heterogeneous: bool) -> None:
     """vLLM: equal vocab sizes, or ``use_heterogeneous_vocab`` with two tokenizers."""
-    draft_vocab = int(checkpoint.config["vocab_size"])
-    target_vocab = int(target.config.vocab_size)
-    if not heterogeneous and draft_vocab != target_vocab:
-        raise RefusedValueError(
-            f"model={checkpoint.path!r} is refused: the draft's vocabulary has {draft_vocab} "
-            f"tokens and the target's {target_vocab}, and draft_model drafts target token ids "
-            "(vLLM requires equal vocabularies). Instead: set \"use_heterogeneous_vocab\": "
-            "true (greedy drafting over the tokens both vocabularies share), or use a draft "
-            "of the target's family.",
-            key="model", value=checkpoint.path, reason="vocabulary sizes differ",
-            instead='set "use_heterogeneous_vocab": true',
-        )
+    check_vocab_sizes(checkpoint, int(target.config.vocab_size), heterogeneous)
     if heterogeneous:
         if target.tokenizer is None:
             raise DraftModelError(
@@ -123,6 +122,22 @@ def check_vocabularies(checkpoint: DraftCheckpoint, target: Any, heterogeneous: 
                 "use_heterogeneous_vocab maps tokens by their strings, but the draft has no "
                 "tokenizer.json. Instead: add the draft's tokenizer.json, or drop the flag.",
             )
+
+
+def check_vocab_sizes(checkpoint: DraftCheckpoint, target_vocab: int, heterogeneous: bool) -> None:
+    """The half of :func:`check_vocabularies` two headers decide: equal sizes, unless
+    ``use_heterogeneous_vocab`` (then the tokenizers, known only once loaded, decide)."""
+    draft_vocab = int(checkpoint.config["vocab_size"])
+    if not heterogeneous and draft_vocab != target_vocab:
+        raise RefusedValueError(
+            f"model={checkpoint.path!r} is refused: the draft's vocabulary has {draft_vocab} "
+            f"tokens and the target's {target_vocab}, and draft_model drafts target token ids "
+            "(vLLM requires equal vocabularies). Instead: set \"use_heterogeneous_vocab\": "
+            "true (greedy drafting over the tokens both vocabularies share), or use a draft "
+            "of the target's family.",
+            key="model", value=checkpoint.path, reason="vocabulary sizes differ",
+            instead='set "use_heterogeneous_vocab": true',
+        )
 
 
 def vocab_map(target: Any, draft: Any) -> Any:
@@ -155,4 +170,6 @@ def vocab_map(target: Any, draft: Any) -> Any:
     return mapping
 
 
-__all__ = ["DraftModelError", "DraftModelLoader", "check_vocabularies", "vocab_map"]
+__all__ = [
+    "DraftModelError", "DraftModelLoader", "check_vocab_sizes", "check_vocabularies", "vocab_map",
+]

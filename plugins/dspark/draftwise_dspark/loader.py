@@ -21,9 +21,10 @@
    ``lm_head``/``markov_w2`` with ``draft_vocab_size`` rows and ``d2t``/``t2d``
    (:mod:`draftwise_dspark.draft_vocab`: their dtypes here, their contents at load).
 
-``load`` runs the DFlash pair checks on the target-layer taps (``-1``, the embedding
-output, is always present), checks the vocabulary is the target's (the draft's own head
-indexes the target's tokens, or through ``d2t`` a subset of them), then reads the weights
+``check_target`` (from the target's header, before it loads) and ``load`` run the DFlash
+pair checks on the target-layer taps (``-1``, the embedding output, is always present)
+and check the vocabulary is the target's (the draft's own head indexes the target's
+tokens, or through ``d2t`` a subset of them) (:func:`check_sizes`); ``load`` then reads the weights
 and checks ``d2t``/``t2d`` against each other and the sizes. The embedding and LM head are the
 draft's own (DeepSpec ships copies of the target's) or, where the layout saves none, the
 target's (:func:`borrow_target_tables`).
@@ -36,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft, Weight, pack_weights
+from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft, TargetHeader, Weight, pack_weights
 from draftwise_dflash.loader import (
     DFlashError,
     check_pair,
@@ -44,6 +45,7 @@ from draftwise_dflash.loader import (
     read_container,
     strip_nvfp4,
 )
+from draftwise_dflash.loader import check_sizes as dflash_check_sizes
 from draftwise_dflash.loader import is_linear as dflash_is_linear
 from draftwise_dflash.model import DFlashModel
 from pydantic import BaseModel
@@ -178,24 +180,23 @@ class DSparkLoader:
             "dspark": cfg,
         })
 
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """The pair checks the target's header decides, before the target loads."""
+        check_sizes(checkpoint.path, checkpoint.config["dspark"], target.hidden_size,
+                    target.num_hidden_layers, target.vocab_size)
+
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The drafter with its own embedding and head (pair checks first)."""
         from draftwise.kit import SafetensorsCheckpoint
 
         cfg: DSparkConfig = checkpoint.config["dspark"]
+        tc = target.config
+        check_sizes(checkpoint.path, cfg, int(tc.hidden_size), int(tc.num_hidden_layers),
+                    int(tc.vocab_size))
         taps = tuple(i for i in cfg.backbone.target_layer_ids if i >= 0)
         mask = check_pair(checkpoint.path, replace(cfg.backbone, target_layer_ids=taps), target)
-        vocab = int(target.config.vocab_size)
-        if cfg.vocab_size != vocab:
-            raise DSparkError(
-                checkpoint.path,
-                f"the drafter's vocab_size is {cfg.vocab_size} and the target's {vocab}: its "
-                "lm_head and Markov head index the target's tokens. Instead: the DSpark "
-                "drafter trained for this target.", key="vocab_size")
-        if not taps:
-            raise DSparkError(checkpoint.path, "target_layer_ids taps only the embedding "
-                              "output (-1); at least one target layer is needed",
-                              key="target_layer_ids")
         model = target.model
         notes = ""
         dvocab: DraftVocab | None = None  # a reduced draft vocabulary (speculators)
@@ -224,7 +225,7 @@ class DSparkLoader:
                      f"layers, taps {list(cfg.backbone.target_layer_ids)}, markov "
                      f"{cfg.markov_head_type if cfg.markov_rank else 'off'} rank "
                      f"{cfg.markov_rank}, mask {mask}"
-                     + ("" if dvocab is None else f", draft vocabulary {dvocab.size} of {vocab}")
+                     + ("" if dvocab is None else f", draft vocabulary {dvocab.size} of {int(tc.vocab_size)}")
                      + notes),
         )
 
@@ -233,6 +234,26 @@ class DSparkLoader:
 #: embeddings, which NVFP4 exporters leave dense)
 HEAD_LINEARS = frozenset({"lm_head.weight", "markov_head.markov_w2.weight",
                           "confidence_head.proj.weight"})
+
+
+def check_sizes(path: str, cfg: DSparkConfig, hidden_size: int, num_layers: int,
+                vocab: int) -> None:
+    """DFlash's header pair checks on the target-layer taps (``-1``, the embedding output,
+    is always present), then the vocabulary: the draft's own head indexes the target's
+    tokens. Run by ``check_target`` before the target loads and again by ``load``."""
+    taps = tuple(i for i in cfg.backbone.target_layer_ids if i >= 0)
+    dflash_check_sizes(path, replace(cfg.backbone, target_layer_ids=taps), hidden_size,
+                       num_layers, vocab)
+    if cfg.vocab_size != vocab:
+        raise DSparkError(
+            path,
+            f"the drafter's vocab_size is {cfg.vocab_size} and the target's {vocab}: its "
+            "lm_head and Markov head index the target's tokens. Instead: the DSpark "
+            "drafter trained for this target.", key="vocab_size")
+    if not taps:
+        raise DSparkError(path, "target_layer_ids taps only the embedding "
+                          "output (-1); at least one target layer is needed",
+                          key="target_layer_ids")
 
 
 def is_linear(name: str) -> bool:

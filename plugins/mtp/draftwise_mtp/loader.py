@@ -2,7 +2,9 @@
 
 ``detect`` reads the checkpoint's tensor names and config.json (no weights) and completes
 the config with the head depth when it declares none, so k defaults to it (vLLM's
-n_predict rule) whether the head is in the target or named by ``model``. ``load``
+n_predict rule) whether the head is in the target or named by ``model``.
+``check_target`` compares the head's hidden and vocabulary sizes with the target's
+header before the target loads. ``load``
 builds the head for the target and reports the KV layout the core allocates for it (one
 KV layer per MTP layer, the target's heads and dtype) and the hidden layer it reads
 (the target's last).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft
+from draftwise.kit import DraftCheckpoint, KVLayout, LoadedDraft, TargetHeader
 from pydantic import BaseModel
 
 from draftwise_mtp.options import head_count
@@ -29,6 +31,26 @@ class MtpLoader:
         if head_count(config) is None:
             config["n_predict"] = n
         return DraftCheckpoint(path, "safetensors", f"safetensors:{layout}", config)
+
+    def check_target(
+        self, checkpoint: DraftCheckpoint, options: BaseModel, target: TargetHeader
+    ) -> None:
+        """A head named by ``model`` was trained on one target's hidden states and tokens:
+        its config's sizes must be the target's (a head inside the target always fits)."""
+        from draftwise_mtp.head import MtpHeadError
+
+        config = dict(checkpoint.config.get("text_config") or checkpoint.config)
+        for key, want in (("hidden_size", target.hidden_size),
+                          ("vocab_size", target.vocab_size)):
+            got = config.get(key)
+            if got is not None and int(got) != want:
+                raise MtpHeadError(
+                    checkpoint.path,
+                    f"the MTP head's {key} is {got} and the target's {want}: the head reads "
+                    "the target's hidden states and drafts its token ids. Instead: the MTP "
+                    "head of this target (drop 'model' to use the one inside it).",
+                    key=key,
+                )
 
     def load(self, checkpoint: DraftCheckpoint, options: BaseModel, target: Any) -> LoadedDraft:
         """The head for ``target`` (a ``LoadedModel``); its KV lives in the core's pool."""
