@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from draftwise.config import MissingKeyError, RefusedValueError, ResolvedSpeculativeConfig
+from draftwise.formats.default_model import check_checkpoint_path
 from draftwise.models.batch import KVCache
 from draftwise.plugins.errors import PluginRegistrationError, ProposerNotBuiltError
 from draftwise.speculation import Drafter, Speculation
@@ -55,6 +56,7 @@ def detect_drafts(
         checkpoint = None
         if spec.capabilities.needs_checkpoint and spec.loader is not None:
             path = member.model or target_path
+            check_checkpoint_path(path)  # a FIFO or a device is refused before a plugin opens it
             checkpoint = spec.loader.detect(path)
             member = member.with_checkpoint(checkpoint.config)
         if member.num_speculative_tokens is None:
