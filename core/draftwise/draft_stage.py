@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from draftwise.config import MissingKeyError, RefusedValueError, ResolvedSpeculativeConfig
+from draftwise.formats.default_model import check_checkpoint_path
 from draftwise.models.batch import KVCache
 from draftwise.plugins.errors import PluginRegistrationError, ProposerNotBuiltError
 from draftwise.speculation import Drafter, Speculation
@@ -103,6 +104,7 @@ def detect_member(
     path = member.model or target_path
     if path is None:
         return member, None
+    check_checkpoint_path(path)  # a FIFO or a device is refused before a plugin opens it
     checkpoint = spec.loader.detect(path)
     member = member.with_checkpoint(checkpoint.config)
     if target is not None and member.options is not None and isinstance(

@@ -141,12 +141,12 @@ class SamplingParams(BaseModel):
     @classmethod
     def _int_keys(cls, v: Any) -> Any:
         if isinstance(v, dict):  # OpenAI sends token ids as JSON object keys (strings)
-            out = {}
+            out: dict[Any, Any] = {}
             for key, bias in v.items():
-                try:
-                    out[int(key)] = bias
-                except (TypeError, ValueError):
-                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+                tok = _token_id_key(key)
+                if tok in out:  # "5" and "05": one would silently replace the other
+                    raise ValueError(f"logit_bias keys name token {tok} twice (key {key!r})")
+                out[tok] = bias
             return out or None
         return v
 
@@ -343,6 +343,25 @@ class SamplingParams(BaseModel):
     def stop_token_ids_set(self) -> frozenset[int]:
         """``stop_token_ids`` as a set, for the per-token check."""
         return self._stop_ids
+
+
+def _token_id_key(key: object) -> object:
+    """A ``logit_bias`` key as a token id: JSON sends ids as object keys (strings), so a
+    string must be ASCII decimal digits, nothing else. ``int()`` alone also takes
+    ``"\u0663"`` (an Arabic-Indic 3), ``" 5 "`` and ``"5_0"``: each a token the client did
+    not write. An int key (the Python API) passes to the range check as it is."""
+    if isinstance(key, str):
+        if key.isascii() and key.isdigit():
+            try:
+                return int(key)
+            except ValueError:  # more digits than int() parses: no token id either
+                pass
+        shown = repr(key) if len(key) <= 40 else f"{key[:40]!r}... ({len(key):,} characters)"
+        raise ValueError(f"logit_bias keys must be token ids in ASCII decimal digits, got "
+                         f"{shown}")
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    raise ValueError(f"logit_bias keys must be token ids, got {_shown(key)}")
 
 
 def _check_token_id(field: str, tok: int) -> None:

@@ -102,6 +102,26 @@ def test_bad_values_name_their_field(kwargs, field, words):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("key", ["\u0663", " 5 ", "5_0", "+5", "-5", "5.0", "0x5", "\uff15", "",
+                                 "1" * 5000, True])
+def test_logit_bias_keys_are_ascii_decimal_token_ids_only(key):
+    """``int()`` takes an Arabic-Indic 3, spaces and underscores: each a token the client
+    never wrote."""
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(logit_bias={key: 1.0})
+    assert info.value.errors()[0]["loc"] == ("logit_bias",)
+    assert "token ids" in str(info.value)
+    if isinstance(key, str) and key and len(key) < 40:
+        assert repr(key) in str(info.value)  # the key, as sent
+
+
+def test_logit_bias_good_keys_and_one_token_named_twice():
+    p = SamplingParams(logit_bias={"0": 1.0, "5": -2.0, "007": 3.0, "128000": 4.0, 9: 5.0})
+    assert p.logit_bias == {0: 1.0, 5: -2.0, 7: 3.0, 128000: 4.0, 9: 5.0}
+    with pytest.raises(ValidationError, match="token 5 twice"):
+        SamplingParams(logit_bias={"5": 1.0, "05": -100.0})
+
+
 def test_largest_accepted_values_build_sampling_tensors():
     """Every value validation lets through must survive the step's tensor building."""
     edge = SamplingParams(temperature=float(np.finfo(np.float32).max), top_k=2**63 - 1,

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from draftwise.cli.common import RegularFile
+
 
 def _identical(a: list[Any], b: list[Any]) -> int:
     """How many prompts produced the same tokens in both runs."""
@@ -19,7 +21,7 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 
 
 @click.command("bench")
-@click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--workload", required=True, type=RegularFile())
 @click.option("--model", default=None, help="Checkpoint path (default: the embedded model).")
 @click.option("--speculative-config", "-sc", default=None, help="vLLM-style JSON.")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 1024))

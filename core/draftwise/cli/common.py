@@ -19,6 +19,26 @@ if TYPE_CHECKING:
     from draftwise.sampling import SamplingParams
 
 
+class RegularFile(click.Path):
+    """An existing file the command will read (``--workload``): a FIFO, a device or a
+    socket is a usage error naming it (exit 2), decided from ``stat`` before anything
+    opens it (``formats.default_model.special_kind``), never a read that waits forever."""
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """click's checks, then the file's kind."""
+        from draftwise.formats.default_model import special_kind
+
+        path = super().convert(value, param, ctx)
+        kind = special_kind(path)
+        if kind is not None:
+            self.fail(f"{click.format_filename(path)!r} is {kind}, not a regular file; give "
+                      "a JSONL file", param, ctx)
+        return path
+
+
 @contextmanager
 def startup_gc(freeze: bool | None = None, keep_paused: bool = False) -> Iterator[None]:
     """No cyclic garbage collection while the process starts, then none of what it built.

@@ -6,11 +6,13 @@ from typing import Any
 
 import click
 
+from draftwise.cli.common import RegularFile
+
 
 @click.command("doctor")
 @click.option("--model", default=None, help="Target checkpoint (default: the embedded model).")
 @click.option("--speculative-config", "-sc", required=True, help="vLLM-style JSON.")
-@click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--workload", required=True, type=RegularFile(),
               help="JSONL prompts (the bench format).")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(2))
 @click.option("--dtype", default="auto", show_default=True)

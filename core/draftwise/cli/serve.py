@@ -64,6 +64,9 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--header-timeout", default=_LIMITS.header_timeout, show_default=True,
               type=click.FloatRange(0.0, min_open=True),
               help="Seconds a client has to send a request's headers (then 408 and close).")
+@click.option("--first-byte-timeout", default=_LIMITS.first_byte_timeout, show_default=True,
+              type=click.FloatRange(0.0, min_open=True),
+              help="Seconds a new connection has to send its first byte (then closed).")
 @click.option("--body-timeout", default=_LIMITS.body_timeout, show_default=True,
               type=click.FloatRange(0.0, min_open=True),
               help="Seconds a client has to send a request's body (then 408 and close).")
@@ -72,7 +75,8 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", default=_LIMITS.max_connections, show_default=True,
               type=click.IntRange(1),
-              help="Open connections served at once; beyond it a request gets 503.")
+              help="Open connections at once; at the cap a new one closes the longest-idle "
+                   "one, and only when all are busy gets 503.")
 @click.option("--enable-docs", is_flag=True,
               help="Serve /docs, /redoc and /openapi.json (behind --api-key when set).")
 @click.option("--logprobs-mode", default=None,
@@ -95,6 +99,7 @@ def serve(
     shutdown_timeout: float,
     max_request_bytes: int,
     header_timeout: float,
+    first_byte_timeout: float,
     body_timeout: float,
     keep_alive_timeout: float,
     max_connections: int,
@@ -123,8 +128,8 @@ def serve(
         check_text_option("--served-model-name", name)
     limits = ServerLimits(
         max_request_bytes=max_request_bytes, header_timeout=header_timeout,
-        body_timeout=body_timeout, keep_alive_timeout=keep_alive_timeout,
-        max_connections=max_connections,
+        first_byte_timeout=first_byte_timeout, body_timeout=body_timeout,
+        keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
     )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 
 from draftwise.formats.errors import DefaultModelMissingError, ModelFormatError
 
@@ -43,9 +44,63 @@ def has_default_model() -> bool:
     return True
 
 
+#: what a path that is neither a regular file nor a directory is, for the refusal
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+#: what every checkpoint refusal here says works instead
+CHECKPOINT_WORKS = "give a .gguf file or an HF directory (config.json + *.safetensors)"
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a directory (a FIFO, a
+    device, a socket), following links; None for a file, a directory or no such path.
+
+    Decided from ``stat`` alone, never by opening: opening a FIFO waits for a writer
+    forever, and a device such as /dev/zero reads without end.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing or unreadable: the caller's own refusal says so
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def check_checkpoint_path(path: str | os.PathLike[str]) -> None:
+    """Refuse, by name, a checkpoint path (target or drafter) that is not a regular file
+    or a directory whose entries are regular files (or directories), before anything
+    opens it: the one check every model path the CLI, the server and the engine take
+    passes through (:func:`resolve_model_path`, ``draft_stage.detect_drafts``)."""
+    path = os.fspath(path)
+    kind = special_kind(path)
+    if kind is not None:
+        raise ModelFormatError(path, f"is {kind}, not a regular file; {CHECKPOINT_WORKS}")
+    if not os.path.isdir(path):
+        return
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError:
+        return  # unreadable: the loader's refusal names it
+    for name in entries:
+        entry = os.path.join(path, name)
+        kind = special_kind(entry)
+        if kind is not None:
+            raise ModelFormatError(
+                entry, f"is {kind}, not a regular file, inside the checkpoint directory "
+                f"{path}; a checkpoint directory holds regular files only"
+            )
+
+
 def resolve_model_path(path: str | os.PathLike[str] | None) -> str:
-    """A ``.gguf`` file or an HF directory; None is the default model."""
+    """A ``.gguf`` file or an HF directory; None is the default model. A FIFO, a device
+    or a socket is refused here (:func:`check_checkpoint_path`), before anything opens it."""
     path = default_model_path() if path is None else os.fspath(path)
+    check_checkpoint_path(path)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
             return path

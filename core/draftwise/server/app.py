@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -352,13 +353,32 @@ async def metrics(request: Request) -> Response:
 
 
 async def version(request: Request) -> JSONResponse:
-    """GET /version."""
+    """GET /version: served without the API key, so drafters are named by base name."""
     engine = _ctx(request).loop.engine
     spec_config = getattr(engine, "spec_config", None)
     return JSONResponse({
         "version": draftwise.__version__,
-        "speculative_config": spec_config.to_json() if spec_config is not None else None,
+        "speculative_config": (
+            public_spec_config(spec_config.to_json()) if spec_config is not None else None
+        ),
     })
+
+
+def public_spec_config(value: Any) -> Any:
+    """The speculative config's JSON with every drafter ``model`` (at the top and in a
+    drafter chain) cut to its base name: ``/version`` needs no key, and a path says how
+    the host's disk is laid out (a user name, a mount) to anyone who can reach the port.
+    The name still tells which drafter runs; ``/v1/models``, behind the key, has the
+    target's path."""
+    if isinstance(value, dict):
+        return {
+            k: (os.path.basename(v.rstrip("/\\")) or v)
+            if k == "model" and isinstance(v, str) else public_spec_config(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [public_spec_config(v) for v in value]
+    return value
 
 
 def create_app(engine: Any, config: ServerConfig) -> FastAPI:

@@ -28,16 +28,24 @@ class ServerLimits:
     #: seconds a client has to send a request's headers, from the connection opening or
     #: the previous response ending (slow-header clients are cut: 408 and close)
     header_timeout: float = 10.0
+    #: seconds a fresh connection has to send its first byte; past it, closed silently
+    #: (it asked nothing). An honest client writes its request as soon as it connects,
+    #: while a socket opened and left silent only holds a slot: this frees it sooner than
+    #: the header deadline (the smaller of the two applies)
+    first_byte_timeout: float = 5.0
     #: seconds a client has to send the whole body once the headers are in (408)
     body_timeout: float = 30.0
     #: seconds an idle keep-alive connection stays open between requests
     keep_alive_timeout: float = 5.0
-    #: open connections served at once; a request on a connection beyond the cap gets a
-    #: 503 ``too_many_connections`` and the connection is closed
+    #: open connections served at once. A connection opened at the cap first closes the
+    #: longest-idle one (no request begun: fresh and silent, or kept alive between
+    #: requests), as nginx reuses idle connections; only when every open connection is
+    #: inside a request does the new one get a 503 ``too_many_connections`` and close
     max_connections: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+        for name in ("header_timeout", "first_byte_timeout", "body_timeout",
+                     "keep_alive_timeout"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")

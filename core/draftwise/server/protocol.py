@@ -132,7 +132,8 @@ def unsupported_fields(req: _SamplingFields) -> list[tuple[str, str]]:
         if req.echo:
             out.append(("echo", "echo is not implemented"))
         if req.best_of not in (None, 1):
-            out.append(("best_of", "best_of > 1 is not supported; send several requests"))
+            out.append(("best_of", f"best_of={req.best_of} is not supported (only 1 is); send "
+                                    "several requests"))
         if req.suffix:
             out.append(("suffix", "suffix (insertion) is not implemented"))
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None \

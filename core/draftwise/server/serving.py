@@ -105,6 +105,10 @@ def check_request(ctx: ServingContext, body: AnyRequest) -> None:
         names = ", ".join(repr(n) for n in ctx.config.served_model_names)
         raise APIError(f"model: the model {body.model!r} does not exist; this server "
                        f"serves {names}", param="model", code="model_not_found")
+    if isinstance(body, CompletionRequest) and body.best_of is not None and body.best_of < 1:
+        # invalid, not merely unsupported: OpenAI's own minimum is 1
+        raise APIError(f"best_of: must be at least 1 (OpenAI's minimum), got {body.best_of}; "
+                       "only best_of=1 is supported here", param="best_of")
     for field, reason in unsupported_fields(body):
         raise APIError(f"{field}: {reason}", param=field, code="unsupported_value")
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, list):

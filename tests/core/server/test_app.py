@@ -141,6 +141,11 @@ def _error(resp: httpx.Response, status: int = 400) -> dict:
         ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
         ({"prompt": "x", "logit_bias": {"5": 300}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"\u0663": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {" 5 ": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5_0": 1}}, "logit_bias"),
+        ({"prompt": "x", "best_of": 0}, "best_of"),
+        ({"prompt": "x", "best_of": -1}, "best_of"),
         ({"prompt": "x", "min_tokens": 20, "max_tokens": 4}, "min_tokens"),
         ({"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
         ({"prompt": "x", "bad_words": [""]}, "bad_words"),
@@ -161,6 +166,26 @@ def test_completion_bad_input_names_the_field(server, body, param):
     assert err["param"] == param
     assert err["type"] == "invalid_request_error"
     assert param.split(".")[0] in err["message"]
+
+
+@pytest.mark.parametrize(("best_of", "words"), [(0, "at least 1"), (-3, "at least 1"),
+                                             (2, "only 1 is")])
+def test_best_of_says_what_is_wrong(server, best_of, words):
+    """0 is invalid (OpenAI's minimum is 1), not 'best_of > 1 is not supported'."""
+    err = _error(httpx.post(f"{server}/v1/completions",
+                            json={"prompt": "x", "best_of": best_of}, timeout=10))
+    assert err["param"] == "best_of" and words in err["message"], err
+    assert f"{best_of}" in err["message"] and "> 1" not in err["message"], err
+
+
+def test_logit_bias_names_the_bad_key_and_takes_good_ones(server):
+    err = _error(httpx.post(f"{server}/v1/completions",
+                            json={"prompt": "x", "logit_bias": {"5": 1, "\u0663": 1}},
+                            timeout=10))
+    assert err["param"] == "logit_bias" and "'\u0663'" in err["message"], err
+    ok = httpx.post(f"{server}/v1/completions", timeout=30,
+                    json={"prompt": "x", "max_tokens": 1, "logit_bias": {"5": 1, "10": -1}})
+    assert ok.status_code == 200, ok.text
 
 
 @pytest.mark.parametrize(

@@ -158,16 +158,19 @@ def test_an_idle_keep_alive_connection_is_closed(server):
 
 
 def test_connections_over_the_cap_get_503_not_a_hang(serve_fake):
+    """Every slot inside a request (headers begun): the new connection gets the 503."""
     cap = ServerLimits(max_connections=3, header_timeout=30)
     with serve_fake(FakeEngine(), limits=cap) as url:
-        idle = [connect(url) for _ in range(3)]  # hold every slot
+        busy = [connect(url) for _ in range(3)]  # hold every slot, each inside a request
+        for sock in busy:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
         time.sleep(0.2)
         over = connect(url)
         over.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
         status, headers, body = parse(read_until_closed(over, SLACK)[0])
         assert status == 503 and headers["connection"] == "close"
         assert json.loads(body)["error"]["code"] == "too_many_connections"
-        for sock in idle:
+        for sock in busy:
             sock.close()
         for _ in range(100):  # the slots free as the server sees the closes
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
@@ -175,6 +178,53 @@ def test_connections_over_the_cap_get_503_not_a_hang(serve_fake):
             time.sleep(0.05)
         else:
             raise AssertionError("the server never took connections again")
+
+
+def test_idle_sockets_at_the_cap_give_way_to_an_honest_client(serve_fake):
+    """Silent sockets filling every slot are closed, oldest first, as clients with
+    requests arrive: each honest request is served, at once, not after a timeout."""
+    cap = ServerLimits(max_connections=8, header_timeout=30, first_byte_timeout=30)
+    with serve_fake(FakeEngine(), limits=cap) as url:
+        idle = [connect(url) for _ in range(8)]
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with httpx.Client(timeout=SLACK + 5) as client:  # one kept-alive connection
+            for _ in range(3):
+                assert client.get(f"{url}/health").status_code == 200
+            for _ in range(2):  # and a fresh one each time, at the cap again
+                assert httpx.get(f"{url}/health", timeout=SLACK + 5).status_code == 200
+        assert time.monotonic() - t0 < SLACK + 5  # never waited for a deadline
+        closed = []
+        for sock in idle:
+            sock.settimeout(0.5)
+            try:
+                closed.append(sock.recv(1) == b"")
+            except TimeoutError:
+                closed.append(False)
+            except ConnectionResetError:
+                closed.append(True)
+            sock.close()
+        # the longest idle went first: the oldest sockets, as many as were needed
+        assert closed[0] and closed[1], closed
+        assert not all(closed), closed  # only as many as the honest clients needed
+
+
+def test_a_silent_fresh_connection_is_closed_at_the_first_byte_deadline(serve_fake):
+    """A socket that sends nothing is closed at --first-byte-timeout, well before the
+    header deadline; one that has begun a request keeps to the header deadline."""
+    limits = ServerLimits(header_timeout=30, first_byte_timeout=0.5)
+    with serve_fake(FakeEngine(), limits=limits) as url:
+        silent, begun = connect(url), connect(url)
+        begun.sendall(b"GET /health HTTP/1.1\r\n")
+        raw, seconds = read_until_closed(silent, limits.first_byte_timeout + SLACK)
+        assert raw == b"" and seconds >= limits.first_byte_timeout * 0.9
+        begun.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # still open: its headers have 30 s
+            begun.recv(1)
+        begun.sendall(b"host: x\r\n\r\n")
+        status, _, _ = parse(begun.recv(65536))
+        assert status == 200
+        begun.close()
 
 
 @pytest.mark.parametrize("where", ["user", "prompt", "messages"])

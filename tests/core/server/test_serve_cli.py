@@ -79,12 +79,14 @@ def test_refusal_exits_2_before_serving(stubs):
 def test_limit_flags_reach_the_server_config(stubs):
     result = CliRunner().invoke(serve, [
         "--max-request-bytes", "65536", "--header-timeout", "2.5", "--body-timeout", "7",
-        "--keep-alive-timeout", "1.5", "--max-connections", "9", "--enable-docs"])
+        "--keep-alive-timeout", "1.5", "--max-connections", "9", "--first-byte-timeout", "0.75",
+        "--enable-docs"])
     assert result.exit_code == 0, result.output
     config = stubs["run"][0].state.serving.config
     assert (config.limits.max_request_bytes, config.limits.header_timeout,
             config.limits.body_timeout, config.limits.keep_alive_timeout,
-            config.limits.max_connections) == (65536, 2.5, 7.0, 1.5, 9)
+            config.limits.max_connections, config.limits.first_byte_timeout) == (
+        65536, 2.5, 7.0, 1.5, 9, 0.75)
     assert config.enable_docs
 
 
@@ -117,7 +119,7 @@ def test_api_key_from_the_environment(stubs):
 
 
 @pytest.mark.parametrize("args", [["--header-timeout", "0"], ["--max-connections", "0"],
-                                  ["--max-request-bytes", "10"]])
+                                  ["--max-request-bytes", "10"], ["--first-byte-timeout", "0"]])
 def test_out_of_range_limits_are_usage_errors(stubs, args):
     result = CliRunner().invoke(serve, args)
     assert result.exit_code == 2 and "build" not in stubs
