@@ -313,7 +313,8 @@ def concurrency_runs(
             rnd: dict[str, Any] = {}
             for label, fn in (("llama.cpp plain", lambda: load(server.url, None, work)),
                               ("draftwise plain", lambda: load(url, "bench", work)),
-                              ("draftwise plain in-process", lambda: in_process(local, work))):
+                              ("draftwise plain in-process",
+                               lambda: in_process(local, work))):  # noqa: F821 (before del)
                 rnd[label] = fn()
                 log(f"  c={n} round {r + 1}: {label} {rnd[label]['output_tok_per_s']:.1f} tok/s "
                     f"(load {rnd[label]['loadavg'][0]:.1f})")  # fmt: skip

@@ -188,7 +188,8 @@ def build_depth_policy(
 ) -> DepthPolicy:
     """Adaptive depth over a cost model timed on this machine (or read from its cache)."""
     from draftwise.adaptive import DepthPolicy
-    from draftwise.cost_model import code_identity, measure_costs, model_identity
+    from draftwise.cost_model import measure_costs
+    from draftwise.disk_cache import code_identity, model_identity
 
     settings = spec_config.adaptive
     if settings is None:

@@ -47,12 +47,13 @@ import bisect
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from draftwise.disk_cache import cache_dir
 
 if TYPE_CHECKING:
     from draftwise.cache.manager import KVCacheManager
@@ -386,49 +387,10 @@ def _time_grid(
                 kv.free(req_id)
 
 
-def cache_dir() -> Path:
-    """``$DRAFTWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/draftwise``, else ``~/.cache/draftwise``."""
-    own = os.environ.get("DRAFTWISE_CACHE_DIR")
-    if own:
-        return Path(own)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "draftwise" if xdg else Path.home() / ".cache" / "draftwise"
-
-
 def _cache_path(key: dict[str, Any]) -> Path:
     """One file per (model file, dtype, threads, grid, ...): the key's hash names it."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return cache_dir() / "cost-model" / f"{digest[:24]}.json"
 
 
-def code_identity() -> dict[str, Any]:
-    """What identifies the code that ran the timing: the package version and the compiled
-    kernels (a rebuilt or upgraded kernel changes every cost, so it must not reuse a grid
-    timed on the old one)."""
-    import draftwise
-
-    out: dict[str, Any] = {"version": getattr(draftwise, "__version__", "")}
-    try:
-        from draftwise import _cpu_kernels
-
-        st = Path(_cpu_kernels.__file__).stat()
-        out["kernels"] = {"size": st.st_size, "mtime": st.st_mtime_ns}
-    except (ImportError, OSError, TypeError):
-        out["kernels"] = None
-    return out
-
-
-def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What identifies a checkpoint for the cache: its path, size and modification time."""
-    p = Path(path)
-    try:
-        st = p.stat()
-        return {"path": str(p.resolve()), "size": st.st_size, "mtime": st.st_mtime_ns}
-    except OSError:
-        return {"path": str(p)}
-
-
-__all__ = [
-    "CostModel", "RunningTime", "cache_dir", "code_identity", "measure_costs", "model_identity",
-    "monotone", "rows_grid",
-]
+__all__ = ["CostModel", "RunningTime", "measure_costs", "monotone", "rows_grid"]

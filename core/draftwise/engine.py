@@ -28,9 +28,9 @@ from draftwise.logprobs import LogprobsMode, position_logprobs
 from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.models.batch import ForwardBatch
 from draftwise.outputs import parent_output, request_metrics, request_output
-from draftwise.parallel import ParentRequest, child_params
+from draftwise.parallel import child_params
 from draftwise.prompts import PromptReader, PromptType
-from draftwise.request import Request, RequestOutput, RequestStatus
+from draftwise.request import ParentRequest, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.spec_params import SpeculativeParams, check_against

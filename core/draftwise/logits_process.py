@@ -26,18 +26,15 @@ mask (a grammar's) belongs next to these, called at the same place.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from draftwise.errors import RequestError
 from draftwise.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from draftwise.request import Request
 
 NEG_INF = float("-inf")
 
@@ -84,7 +81,21 @@ class AllTokensExcludedError(RequestError):
         )
 
 
-def token_history(req: Request, drafts: np.ndarray) -> TokenHistory:
+class CommittedTokens(Protocol):
+    """What :func:`token_history` reads of a request (``draftwise.request.Request`` is
+    one): a structural type, so this module needs nothing from the request record's."""
+
+    params: SamplingParams
+    eos_token_ids: Collection[int]
+    token_buf: np.ndarray
+    num_prompt_tokens: int
+    bad_words_token_ids: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+def token_history(req: CommittedTokens, drafts: np.ndarray) -> TokenHistory:
     """A request's history for this step: committed prompt and output, then its drafts."""
     params = req.params
     stops = params.stop_token_ids_set

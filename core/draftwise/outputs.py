@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftwise.parallel import ParentRequest
-from draftwise.request import CompletionOutput, Request, RequestOutput
+from draftwise.request import CompletionOutput, ParentRequest, Request, RequestOutput
 
 
 def completion(req: Request) -> CompletionOutput:

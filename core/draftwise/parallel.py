@@ -10,13 +10,11 @@ recomputed by each. With prefix caching off every child computes its own prompt.
 The engine reports the parent: one cumulative output per step in which any child
 progressed, with one completion per child (``index``), finished when every child is.
 A child that fails fails the request: its siblings are aborted and their blocks freed.
+The parent itself is a plain record, ``draftwise.request.ParentRequest``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from draftwise.request import Request
 from draftwise.sampling import SamplingParams
 
 _SEED_SPAN = 2**64
@@ -34,29 +32,4 @@ def child_params(params: SamplingParams) -> list[SamplingParams]:
     return out
 
 
-@dataclass(slots=True, eq=False)
-class ParentRequest:
-    """The request the user sent, over its children (in index order)."""
-
-    req_id: str
-    children: list[Request] = field(default_factory=list)
-    #: children not yet scheduled: they wait for child 0's prompt K/V to be cached
-    pending: list[Request] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        """Every child finished (a pending child has not)."""
-        return not self.pending and all(c.status.finished for c in self.children)
-
-    @property
-    def error(self) -> str | None:
-        """The first child failure, which is the request's."""
-        return next((c.error for c in self.children if c.error is not None), None)
-
-    @property
-    def error_field(self) -> str | None:
-        """The field at fault of the first failed sample (see ``Request.error_field``)."""
-        return next((c.error_field for c in self.children if c.error is not None), None)
-
-
-__all__ = ["ParentRequest", "child_params"]
+__all__ = ["child_params"]

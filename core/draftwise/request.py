@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from draftwise.adaptive import AcceptanceEstimate
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
-    from draftwise.parallel import ParentRequest
     from draftwise.sampling import SamplingParams
     from draftwise.spec_params import SpeculativeParams
     from draftwise.structured.matcher import GrammarMatcher
@@ -179,3 +178,29 @@ class RequestOutput:
     error_field: str | None = None
     #: ``prompt_logprobs``: per prompt token (the first is None), once prefill is done
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ParentRequest:
+    """The request the user sent, over its children (in index order)."""
+
+    req_id: str
+    children: list[Request] = field(default_factory=list)
+    #: children not yet scheduled: they wait for child 0's prompt K/V to be cached
+    pending: list[Request] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Every child finished (a pending child has not)."""
+        return not self.pending and all(c.status.finished for c in self.children)
+
+    @property
+    def error(self) -> str | None:
+        """The first child failure, which is the request's."""
+        return next((c.error for c in self.children if c.error is not None), None)
+
+    @property
+    def error_field(self) -> str | None:
+        """The field at fault of the first failed sample (see ``Request.error_field``)."""
+        return next((c.error_field for c in self.children if c.error is not None), None)
+

@@ -16,14 +16,22 @@ then picks a depth in 0..cap, else the row drafts up to the cap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from draftwise.errors import RequestError
 
-if TYPE_CHECKING:
-    from draftwise.speculation import Speculation
+
+class ServerSpeculation(Protocol):
+    """What :func:`check_against` reads of the server's speculation
+    (``draftwise.speculation.Speculation`` is one): its k, its chain's members (each
+    with a ``method``), and its adaptive-depth policy, if any."""
+
+    k: int
+    drafters: Sequence[Any]
+    policy: Any
 
 
 class SpeculativeParams(BaseModel):
@@ -56,7 +64,7 @@ class SpeculativeParams(BaseModel):
         return k if n is None else min(k, n)
 
 
-def check_against(params: SpeculativeParams, spec: Speculation | None) -> None:
+def check_against(params: SpeculativeParams, spec: ServerSpeculation | None) -> None:
     """Refuse what the server cannot honour, naming the field (a 400 over the API)."""
     where = "speculative"
     if spec is None:

@@ -150,10 +150,10 @@ def test_measured_on_a_tiny_model_and_cached(tmp_path: Path, monkeypatch) -> Non
     assert again.engine.spec.policy.cost.source == "cache"
     assert again.engine.spec.policy.cost.seconds == cost.seconds
     # rebuilt kernels (or another version) time again: a grid never outlives its code
-    import draftwise.cost_model as cm
+    import draftwise.disk_cache as disk_cache
 
-    real = cm.code_identity
-    monkeypatch.setattr(cm, "code_identity", lambda: {**real(), "kernels": {"size": -1}})
+    real = disk_cache.code_identity
+    monkeypatch.setattr(disk_cache, "code_identity", lambda: {**real(), "kernels": {"size": -1}})
     rebuilt = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=2)
     assert rebuilt.engine.spec.policy.cost.source == "measured"
 

@@ -18,29 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: today's circles (strongly connected components), each as the set of its modules
 KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({
-        "draftwise.adaptive", "draftwise.config", "draftwise.config.adaptive",
-        "draftwise.config.core", "draftwise.config.keys", "draftwise.config.methods",
-        "draftwise.config.speculative", "draftwise.logits_process", "draftwise.parallel",
-        "draftwise.plugins.hookspecs", "draftwise.plugins.manager",
-        "draftwise.plugins.registry", "draftwise.prompt_logprobs", "draftwise.request",
-        "draftwise.scheduler", "draftwise.spec_params", "draftwise.speculation",
-        "draftwise.speculator", "draftwise.step",
-    }),
-    frozenset({
-        "draftwise.cost_model", "draftwise.runner", "draftwise.models.arena",
-        "draftwise.models.attention", "draftwise.models.backend", "draftwise.models.batch",
-        "draftwise.models.fused", "draftwise.models.gdn", "draftwise.models.gguf_weights",
-        "draftwise.models.hugepages", "draftwise.models.hybrid_ops",
-        "draftwise.models.kernels", "draftwise.models.linear", "draftwise.models.llama",
-        "draftwise.models.loader", "draftwise.models.nvfp4_weights",
-        "draftwise.models.packed_cache", "draftwise.models.quant",
-        "draftwise.models.qwen3_next", "draftwise.models.registry", "draftwise.models.stack",
-    }),
+    # the kernels' wrappers are typed with the weights that call them (TYPE_CHECKING)
+    frozenset({"draftwise.models.kernels", "draftwise.models.linear",
+               "draftwise.models.quant", "draftwise.models.stack"}),
+    # backend.decide_backend reads the rules kept beside their kernels (function level)
+    frozenset({"draftwise.models.backend", "draftwise.models.gguf_weights",
+               "draftwise.models.llama"}),
+    frozenset({"draftwise.models.arena", "draftwise.models.packed_cache"}),
     frozenset({"draftwise.cli", "draftwise.cli.common"}),
-    frozenset({"draftwise_dflash.gguf_drafter", "draftwise_dflash.loader"}),
-    frozenset({"draftwise_dspark.config", "draftwise_dspark.specforge_layout",
-               "draftwise_dspark.speculators_layout"}),
     frozenset({"draftwise_ngram.options", "draftwise_ngram.proposer"}),
 ]
 

@@ -12,7 +12,7 @@ loader maps it copy-on-write (nothing ever writes it, so it stays shared with th
 cache) and builds the weights over it.
 
 The file is named by a hash of what decides its bytes: the model file (resolved path, size,
-modification time), the compiled kernels (their packing code: ``cost_model.code_identity``),
+modification time), the compiled kernels (their packing code: ``disk_cache.code_identity``),
 the plan (each weight's name and packed size, in order) and :data:`FORMAT`. A sidecar JSON
 holds that key, the size and CRC-32s of 64 KB samples every 16 MB, all checked before the
 file is used: a truncated, resized or overwritten file (or one from another build) is
@@ -64,7 +64,7 @@ def enabled() -> bool:
 
 def file_key(model_path: str) -> dict[str, Any]:
     """What names the file: the model file and the code (one file per model and build)."""
-    from draftwise.cost_model import code_identity, model_identity
+    from draftwise.disk_cache import code_identity, model_identity
 
     return {"format": FORMAT, "model": model_identity(model_path), "code": code_identity()}
 
@@ -77,7 +77,7 @@ def cache_key(model_path: str, sizes: Mapping[str, int]) -> dict[str, Any]:
 def paths(key: Mapping[str, Any]) -> tuple[Path, Path]:
     """The data file and its sidecar for ``key`` (named by its file key: a plan that
     changed, say another dtype's, replaces the file rather than adding one)."""
-    from draftwise.cost_model import cache_dir
+    from draftwise.disk_cache import cache_dir
 
     named = {k: key[k] for k in ("format", "model", "code")}
     digest = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()
@@ -103,7 +103,7 @@ def evict_stale(folder: Path, replacing: Mapping[str, Any] | None = None) -> lis
     folder holds one file per model file in use. A process still mapping a deleted file
     keeps its pages (deletion unlinks; the inode lives until it is unmapped). Returns
     what it deleted."""
-    from draftwise.cost_model import model_identity
+    from draftwise.disk_cache import model_identity
 
     gone = []
     mine = replacing["model"].get("path") if replacing is not None else None

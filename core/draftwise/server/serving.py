@@ -109,8 +109,8 @@ def check_request(ctx: ServingContext, body: AnyRequest) -> None:
         # invalid, not merely unsupported: OpenAI's own minimum is 1
         raise APIError(f"best_of: must be at least 1 (OpenAI's minimum), got {body.best_of}; "
                        "only best_of=1 is supported here", param="best_of")
-    for field, reason in unsupported_fields(body):
-        raise APIError(f"{field}: {reason}", param=field, code="unsupported_value")
+    for name, reason in unsupported_fields(body):
+        raise APIError(f"{name}: {reason}", param=name, code="unsupported_value")
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, list):
         if body.prompt and isinstance(body.prompt[0], str | list) and len(body.prompt) != 1:
             raise APIError("prompt: batched prompts are not supported; send one request "

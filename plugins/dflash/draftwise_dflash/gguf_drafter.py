@@ -284,8 +284,8 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
                       device: torch.device) -> tuple[Any, list[str]]:
     """The drafter's weights (``model.DFlashWeights``) and one line per stored type that
     was dequantized. Projections stay quantized where the kernels run them."""
-    from draftwise_dflash.loader import pack_layers, pack_v2
     from draftwise_dflash.model import DFlashWeights
+    from draftwise_dflash.packing import pack_layers, pack_v2
 
     keep, why = keep_quantized(dtype, device)
     widened: dict[str, int] = {}

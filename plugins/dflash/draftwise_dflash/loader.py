@@ -32,7 +32,6 @@ from draftwise.kit import (
     LoadedDraft,
     ModelFormatError,
     TargetHeader,
-    pack_weights,
     read_json,
 )
 from pydantic import BaseModel
@@ -40,6 +39,7 @@ from pydantic import BaseModel
 from draftwise_dflash.config import DFlashConfig, parse_config
 from draftwise_dflash.conv import BlockConv, SelectorWeights
 from draftwise_dflash.model import DFlashModel, DFlashWeights
+from draftwise_dflash.packing import pack_layers, pack_v2
 
 #: what runs, for messages and ``draftwise plugins``
 RUNS = ("a safetensors directory (config.json + *.safetensors: bf16/fp16/fp32, or NVFP4 "
@@ -444,27 +444,6 @@ def dequantized(ckpt: Any, decl: Any, packed: dict[str, str], dtype: torch.dtype
     return out
 
 
-def pack_v2(convs: list[tuple[BlockConv, BlockConv]], selector: SelectorWeights | None) -> None:
-    """DFlash2's dense projections (conv kernel projections, the selector's hidden
-    projection) packed like the layers': the batch-invariant native GEMM instead of
-    ``F.linear``; GGUF-quantized ones stay as they are. Codebooks are row gathers."""
-    slots: list[tuple[Any, str]] = [(conv, "kernel_projection") for pair in convs for conv in pair]
-    if selector is not None:
-        slots.append((selector, "hidden_projection"))
-    dense = [(o, n) for o, n in slots if isinstance(getattr(o, n), torch.Tensor)]
-    for (o, n), w in zip(dense, pack_weights([getattr(o, n) for o, n in dense])):
-        setattr(o, n, w)
-
-
-def pack_layers(layers: list[DecoderLayer]) -> None:
-    """The projections in the machine's packed layout (``models.linear``)."""
-    slots = [(layer, n) for layer in layers for n in layer._LINEARS
-             if isinstance(getattr(layer, n), torch.Tensor)]
-    packed = pack_weights([getattr(layer, n) for layer, n in slots])
-    for (layer, n), w in zip(slots, packed):
-        layer.set_packed(n, w)
-
-
 __all__ = ["DFlashError", "DFlashLoader", "LoadedDFlash", "check_pair", "dequantized",
-           "expected_shapes", "is_linear", "pack_layers", "pack_v2", "read_container",
+           "expected_shapes", "is_linear", "read_container",
            "read_weights", "strip_nvfp4"]

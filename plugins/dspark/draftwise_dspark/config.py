@@ -31,21 +31,17 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from draftwise_dflash.config import DFLASH1, DFlashConfig, DFlashConfigError
+from draftwise_dflash.config import DFLASH1, DFlashConfig
 from draftwise_dflash.config import parse_config as parse_dflash_config
 
-NATIVE = "Qwen3DSparkModel"
-SPECULATORS = "DSparkSpeculator"
-SPECFORGE = "DSparkDraftModel"
-MARKOV_TYPES = ("vanilla", "gated", "rnn")
-RUNS = ("a llama.cpp DSpark GGUF (vanilla Markov head), a speculators DSparkSpeculator "
-        "directory (full or reduced draft vocabulary), a SpecForge DSparkDraftModel "
-        "directory or a DeepSpec Qwen3DSparkModel safetensors directory (config.json + "
-        "*.safetensors, bf16/fp16/fp32, or NVFP4 from ModelOpt or compressed-tensors)")
-
-
-class DSparkConfigError(DFlashConfigError):
-    """A DSpark config this engine cannot honour; the message says which key and what works."""
+from draftwise_dspark.names import (
+    MARKOV_TYPES,
+    NATIVE,
+    RUNS,
+    SPECFORGE,
+    SPECULATORS,
+    DSparkConfigError,
+)
 
 
 @dataclass(frozen=True, slots=True)

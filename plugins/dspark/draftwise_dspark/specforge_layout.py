@@ -39,7 +39,7 @@ from typing import Any
 
 from draftwise_dflash.config import build_target_layer_ids
 
-from draftwise_dspark.config import NATIVE, DSparkConfigError
+from draftwise_dspark.names import NATIVE, DSparkConfigError
 
 #: the DSpark keys SpecForge reads from dflash_config, with its defaults
 MARKOV_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head",

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from draftwise_dspark.config import NATIVE, DSparkConfigError
+from draftwise_dspark.names import NATIVE, DSparkConfigError
 
 #: speculators 0.9.0's defaults where the config leaves a field out
 DEFAULTS = {"sample_from_anchor": True, "markov_rank": 256, "markov_head_type": "vanilla",

@@ -116,10 +116,10 @@ def test_another_builds_file_of_the_same_model_is_replaced(tiny_gguf, cache_on: 
     a = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
     _load_and_wait(str(a.path))
     old = sorted(cache_on.iterdir())
-    import draftwise.cost_model as cost_model
+    import draftwise.disk_cache as disk_cache
 
-    code = cost_model.code_identity()
-    monkeypatch.setattr(cost_model, "code_identity", lambda: {**code, "version": "next"})
+    code = disk_cache.code_identity()
+    monkeypatch.setattr(disk_cache, "code_identity", lambda: {**code, "version": "next"})
     _load_and_wait(str(a.path))  # a rebuilt install: its own file, the old one deleted
     new = sorted(cache_on.iterdir())
     assert len(new) == 2 and not set(new) & set(old)
