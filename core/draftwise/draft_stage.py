@@ -33,6 +33,7 @@ from draftwise.speculator import (
     KVLayout,
     LoadedDraft,
     ProposerContext,
+    TapsHidden,
     TargetHeader,
 )
 
@@ -200,11 +201,35 @@ def build_speculation(
             confidence_threshold=d.member.confidence_threshold,
         )
         proposer = registry.build_proposer(d.member, ctx)
-        hidden = draft.hidden_layers if draft is not None and caps.needs_target_hidden else ()
+        hidden = hidden_taps(d, draft, proposer, int(target.config.num_hidden_layers))
         limit = draft_context_limit(d.member, draft, max_model_len)
         method = d.registration.speculator.method
         drafters.append(Drafter(method, proposer, kv is not None, tuple(hidden), limit))
     return Speculation(config, drafters, target.config.vocab_size)
+
+
+def hidden_taps(
+    d: DetectedDraft, draft: LoadedDraft | None, proposer: object, num_layers: int
+) -> tuple[int, ...]:
+    """The target layers a member's rows carry: its loaded draft's, or, for a method
+    without a checkpoint, its proposer's own (:class:`~draftwise.speculator.TapsHidden`);
+    refused by name when a reader of hidden states names none, or a layer the target lacks."""
+    spec = d.registration.speculator
+    if not spec.capabilities.needs_target_hidden:
+        return ()
+    if draft is not None:
+        return tuple(draft.hidden_layers)  # checked in load_drafts
+    if not isinstance(proposer, TapsHidden):
+        raise PluginRegistrationError(
+            f"{d.registration.dist}: method '{spec.method}' needs target hidden states and "
+            "reads no checkpoint, so its proposer must name its taps (a hidden_layers "
+            "property: draftwise.kit.TapsHidden)")
+    taps = tuple(int(h) for h in proposer.hidden_layers)
+    if not taps or not all(0 <= h < num_layers for h in taps):
+        raise PluginRegistrationError(
+            f"{d.registration.dist}: method '{spec.method}' named hidden layers {list(taps)} "
+            f"(the target has {num_layers}: 0 .. {num_layers - 1})")
+    return taps
 
 
 def draft_context_limit(

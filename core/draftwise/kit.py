@@ -16,7 +16,7 @@ Groups:
   ``RegisterSpeculator``, ``Capabilities``, ``DraftCheckpoint``, ``DraftInput``,
   ``DraftRow``, ``Drafts``, ``KVLayout``, ``LazyLoader``, ``LoadedDraft``, ``Proposer``,
   ``ProposerContext``, ``Refusal``, ``Speculator``, ``VerifyOutcome``, ``Loader``,
-  ``ChecksCheckpoint``, ``ChecksTarget``, ``TargetHeader``,
+  ``ChecksCheckpoint``, ``ChecksTarget``, ``TargetHeader``, ``TapsHidden``,
   ``ProposerNotBuiltError``, ``InvalidValueError``, ``MissingKeyError``,
   ``RefusedValueError``, ``MTP_MODEL_TYPES``.
 - **Drafting and sampling helpers**: ``pick_draft_tokens``, ``argmax_rows``,
@@ -103,6 +103,7 @@ if TYPE_CHECKING:
         ProposerContext,
         Refusal,
         Speculator,
+        TapsHidden,
         TargetHeader,
         VerifyOutcome,
     )
@@ -130,6 +131,7 @@ _HOME: dict[str, str] = {
     "ChecksCheckpoint": "draftwise.speculator",
     "ChecksTarget": "draftwise.speculator",
     "TargetHeader": "draftwise.speculator",
+    "TapsHidden": "draftwise.speculator",
     "ProposerNotBuiltError": "draftwise.plugins.errors",
     "InvalidValueError": "draftwise.config",
     "MissingKeyError": "draftwise.config",
@@ -228,6 +230,7 @@ __all__ = [
     "RegisterSpeculator",
     "SafetensorsCheckpoint",
     "Speculator",
+    "TapsHidden",
     "TargetHeader",
     "TargetModel",
     "VerifyOutcome",

@@ -67,12 +67,16 @@ class Drafter:
 class _RequestState:
     """What the core keeps per request for the chain's model-based members."""
 
-    #: chain index -> leading positions of that member's KV that are right
+    #: chain index -> leading positions of that member's KV that are right (a member
+    #: without own KV that reads hidden states: the positions it has been handed)
     frontier: dict[int, int]
     #: position of the first buffered hidden row
     hidden_start: int
     #: layer -> [n, hidden]: target hidden states of positions hidden_start .. +n-1
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: chain index -> the end of the hidden rows it was handed this step (members without
+    #: own KV; their frontier moves there when the step commits)
+    handed: dict[int, int] = field(default_factory=dict)
 
 
 class Speculation:
@@ -89,6 +93,8 @@ class Speculation:
         self.hidden_layers = tuple(sorted({h for d in drafters for h in d.hidden_layers}))
         self._own_kv = [i for i, d in enumerate(drafters) if d.own_kv]
         self._hidden_users = [i for i, d in enumerate(drafters) if d.hidden_layers]
+        #: hidden-state readers without own KV: their frontier is what they were handed
+        self._handed_only = [i for i in self._hidden_users if not drafters[i].own_kv]
         self._states: dict[str, _RequestState] = {}
         #: cumulative since start; per-step stats are merged in by observe_step
         self.metrics = SpecDecodingStats(num_spec_tokens=self.k)
@@ -187,7 +193,10 @@ class Speculation:
             # drafts (a draft model catches up from tokens over the rest; a hit is never
             # past that for a hidden-state consumer: KVCacheManager.hit_needs_drafts_ready)
             start = min(req.num_computed_tokens, req.num_drafts_ready_tokens)
-            state = _RequestState({pid: start for pid in self._own_kv}, start)
+            frontier = {pid: start for pid in self._own_kv}
+            # a reader without KV needs no ready blocks: its rows start at what is computed
+            frontier.update({pid: req.num_computed_tokens for pid in self._handed_only})
+            state = _RequestState(frontier, min(frontier.values(), default=start))
             self._states[req.req_id] = state
         return state
 
@@ -218,6 +227,13 @@ class Speculation:
             if drafter.hidden_layers and state.hidden:
                 skip = out.num_kv_computed - state.hidden_start
                 out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers}
+        elif drafter.hidden_layers:  # no KV: the positions committed since its last rows
+            state = self._states[req.req_id]
+            out.num_kv_computed = state.frontier[pid]
+            skip = out.num_kv_computed - state.hidden_start
+            out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers} \
+                if state.hidden else {}
+            state.handed[pid] = req.num_tokens - 1  # every committed position with K/V
         return out
 
     def _check(self, drafter: Drafter, batch: DraftInput, out: Drafts) -> None:
@@ -292,6 +308,8 @@ class Speculation:
         for pid in self._own_kv:
             valid = drafts.kv_valid[i].get(pid, state.frontier[pid])
             state.frontier[pid] = min(valid, computed)
+        for pid in self._handed_only:
+            state.frontier[pid] = state.handed.pop(pid, state.frontier[pid])
         if self._hidden_users:
             self._buffer_hidden(state, start, hidden_states, offset, computed - start)
 

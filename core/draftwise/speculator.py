@@ -121,7 +121,10 @@ class Capabilities:
     #: :attr:`LoadedDraft.kv_layout`) and hands it over as ``ProposerContext.kv_cache``
     own_kv_cache: bool = False
     #: rows carry the target's hidden states of the layers :attr:`LoadedDraft.hidden_layers`
-    #: names, for every committed position from ``num_kv_computed`` on (needs own_kv_cache)
+    #: names (a method without a checkpoint names them on its proposer: :class:`TapsHidden`),
+    #: for every committed position from ``num_kv_computed`` on. With ``own_kv_cache`` that
+    #: is the member's KV frontier; without, it is where the rows it was last handed ended,
+    #: so each row carries the positions committed since (the last one is the newest)
     needs_target_hidden: bool = False
     #: the proposer's KV entry at position p also depends on token p+1 (MTP pairs h_p with
     #: x_{p+1}): a prefix-cache hit gives up its last block, as vLLM's EAGLE block drop
@@ -441,6 +444,19 @@ class Proposer(Protocol):
 
 
 @runtime_checkable
+class TapsHidden(Protocol):
+    """A proposer that names its own hidden-state taps: how a method with
+    ``needs_target_hidden`` but no draft checkpoint (heads computed from the target
+    alone, e.g. from ``ctx.target``'s last layer) says which target layers its rows carry.
+    Layer numbers are ``draftwise.target``'s (0-based outputs of decoder layers)."""
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states this proposer's rows carry (non-empty)."""
+        ...
+
+
+@runtime_checkable
 class ReportsStats(Protocol):
     """A proposer that reports about itself (``generate --json``'s ``proposers``, bench)."""
 
@@ -464,8 +480,8 @@ class Speculator:
     make_proposer: ProposerFactory | None = None
     aliases: tuple[str, ...] = ()
     refusals: tuple[Refusal, ...] = ()
-    #: detects and loads the draft checkpoint (required with needs_checkpoint,
-    #: own_kv_cache or needs_target_hidden once make_proposer is set)
+    #: detects and loads the draft checkpoint (required with needs_checkpoint once
+    #: make_proposer is set; own_kv_cache needs a checkpoint for its KV layout)
     loader: Loader | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     #: one line, shown by ``draftwise plugins``

@@ -112,11 +112,6 @@ def _check_capabilities(spec: Speculator, dist: DistInfo) -> None:
     """Refuse declarations the core cannot serve: each capability's input must exist."""
     caps = spec.capabilities
     where = f"{dist}: method '{spec.method}'"
-    if caps.needs_target_hidden and not caps.own_kv_cache:
-        raise PluginRegistrationError(
-            f"{where} declares needs_target_hidden without own_kv_cache: the core hands "
-            "hidden states over from the proposer's KV frontier, so declare own_kv_cache"
-        )
     if caps.kv_uses_next_token and not caps.own_kv_cache:
         raise PluginRegistrationError(
             f"{where} declares kv_uses_next_token without own_kv_cache"

@@ -133,8 +133,6 @@ def test_first_party_methods_build_or_refuse_by_name(installed_registry) -> None
 @pytest.mark.parametrize(
     ("caps", "loader", "message"),
     [
-        (dict(needs_target_hidden=True, needs_checkpoint=True), True,
-         "needs_target_hidden without own_kv_cache"),
         (dict(own_kv_cache=True), True, "own_kv_cache or checkpoint_in_target without needs_"),
         (dict(kv_uses_next_token=True), True, "kv_uses_next_token without own_kv_cache"),
         (dict(needs_checkpoint=True), False, "reads a checkpoint but registers no loader"),
