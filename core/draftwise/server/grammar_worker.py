@@ -129,15 +129,22 @@ class GrammarWorker:
             if item is _STOP:
                 return
             fn, future = item
-            try:
-                if future.set_running_or_notify_cancel():
-                    future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
-                if not future.done():
-                    future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._pending -= 1
+            run = future.set_running_or_notify_cancel()
+            result: Any = None
+            error: BaseException | None = None
+            if run:
+                try:
+                    result = fn()
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                    error = exc
+            with self._lock:  # the slot is free before the request hears back
+                self._pending -= 1
+            # a running future cannot be cancelled; the guard keeps the thread alive anyway
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                if run and error is None:
+                    future.set_result(result)
+                elif run:
+                    future.set_exception(error)
 
 
 __all__ = ["BUDGET_SECONDS", "MAX_PENDING", "STACK_BYTES", "THREADS", "GrammarWorker"]
