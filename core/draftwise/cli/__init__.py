@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "generate": "draftwise.cli.generate:generate",
     "plugins": "draftwise.cli.plugins_cmd:plugins",
     "serve": "draftwise.cli.serve:serve",
+    "train": "draftwise.cli.train:train",
 }
 #: exit status when the installed plugins themselves are broken (refusals exit 2)
 EXIT_PLUGIN_ERROR = 1

@@ -1,0 +1,102 @@
+"""``draftwise train``: drafters from the target's own generations.
+
+``train data`` is built: the target answers a prompt mix (built in, or ``--prompts``) and
+its hidden states at the drafter's taps are recorded into resumable shards
+(``draftwise.train``). Training a drafter on them (``train dflash|dspark|mtp``) is not
+built yet.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from draftwise.cli.common import RegularFile
+
+
+@click.group("train")
+def train() -> None:
+    """Make drafter training data from the target's own generations."""
+
+
+def _taps(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        taps = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"comma-separated layer numbers, got {value!r}") from None
+    return taps
+
+
+@train.command("data")
+@click.option("--model", default=None, help="Target checkpoint (default: the embedded model).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for the shards (an existing one is resumed).")
+@click.option("--prompts", default=None, type=RegularFile(),
+              help='JSONL: {"prompt": ...} or {"messages": [...]} per line '
+                   "(default: the built-in mix).")
+@click.option("--tokens", default=None, type=click.IntRange(1),
+              help="Stop once this many tokens are recorded (all runs together).")
+@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
+              help="Stop after this long (this run).")
+@click.option("--max-gb", default=None, type=click.FloatRange(0, min_open=True),
+              help="Stop before the folder passes this size.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1),
+              help="Tokens per response.")
+@click.option("--taps", default=None,
+              help="Target layers to record, e.g. 7,15,23,29 (default: four across the depth).")
+@click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
+              help="Prompts per engine call (continuous batching inside it).")
+@click.option("--sampled-share", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of prompts answered by sampling (the rest greedy).")
+@click.option("--temperature", default=0.7, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--limit", default=None, type=click.IntRange(1),
+              help="Use only the first N prompts.")
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
+def data(model: str | None, out: str, prompts: str | None, tokens: int | None,
+         minutes: float | None, max_gb: float | None, max_tokens: int, taps: str | None,
+         batch: int, sampled_share: float, temperature: float, seed: int, limit: int | None,
+         num_threads: int | None, as_json: bool) -> None:
+    """Record the target's answers and hidden states (resumable: run it again to go on)."""
+    from pathlib import Path
+
+    from draftwise.cli.common import fail
+    from draftwise.train.data import DataPlan, Progress, generate_data
+    from draftwise.train.prompts import builtin_prompts, read_prompts
+
+    plan = DataPlan(model=model, out=Path(out), taps=_taps(taps), max_tokens=max_tokens,
+                    batch=batch, tokens=tokens, minutes=minutes,
+                    max_bytes=None if max_gb is None else int(max_gb * 2**30),
+                    sampled_share=sampled_share, temperature=temperature, seed=seed,
+                    threads=num_threads)
+
+    def show(p: Progress) -> None:
+        eta = "" if p.eta_seconds is None else f", ETA {p.eta_seconds / 60:.1f} min"
+        click.echo(f"data: prompts {p.prompts_done}/{p.prompts_total}, {p.tokens:,} tokens "
+                   f"recorded, {p.tokens_per_second:.1f} generated tok/s, "
+                   f"{p.bytes / 2**20:.1f} MiB{eta}", err=True)
+
+    try:
+        items = read_prompts(prompts) if prompts else builtin_prompts(seed)
+        items = items[:limit] if limit else items
+        report = generate_data(plan, items, show)
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    p = report.progress
+    summary = {"out": str(report.out), "taps": list(report.taps), "stopped": report.stopped,
+               "prompts_done": p.prompts_done, "prompts_total": p.prompts_total,
+               "tokens": p.tokens, "bytes": p.bytes, "skipped_prompts": p.skipped,
+               "seconds": round(p.seconds, 2),
+               "generated_tokens_per_second": round(p.tokens_per_second, 2)}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"data: {p.tokens:,} tokens from {p.prompts_done} prompts in {report.out} "
+                   f"(taps {list(report.taps)}, {p.bytes / 2**20:.1f} MiB; stopped by "
+                   f"{report.stopped})")
