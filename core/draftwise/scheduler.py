@@ -6,6 +6,9 @@ chunks under one token budget, as vLLM v1 does: a row feeds
 a chunk of a long one and a request resumed after preemption are the same case.
 Running requests are served first, in arrival order; when blocks run out the most
 recently admitted running request is preempted (its blocks freed, recomputed later).
+While any running request decodes, the step's prefill rows together are held to
+:class:`~draftwise.prefill_budget.PrefillBudget`'s work, so a long prompt is computed in
+chunks small enough that the decoding streams keep their pace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from draftwise.prefill_budget import PrefillBudget
 from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
@@ -67,6 +71,7 @@ class Scheduler:
         k_for_batch: Callable[[int], int] | None = None,
         enable_chunked_prefill: bool = True,
         depth_policy: DepthPolicy | None = None,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -79,6 +84,8 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         #: adaptive depth: picks each decode row's k within its cap (None: the cap)
         self.depth_policy = depth_policy
+        #: bounds prefill while rows decode (None or threshold 0: only the token budget)
+        self.prefill_budget = prefill_budget
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -186,11 +193,19 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
         depths = self._depths(self.step_k())
+        bound = self._prefill_bound()
+        spent = 0  # the bound's work done by this step's prefill rows
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if bound is not None and not req.is_decoding:
+                num_new = bound.tokens(req.num_computed_tokens, num_new, spent)
+                if num_new == 0:  # the bound is spent: it waits for the next step
+                    i += 1
+                    continue
+                spent += bound.work(req.num_computed_tokens, num_new)
             drafts = (
                 self._draft_slots(req, budget - 1, depths.get(req.req_id, 0))
                 if req.is_decoding else 0
@@ -214,6 +229,12 @@ class Scheduler:
                 req.num_cached_tokens = max(req.num_cached_tokens, cached)
             need = req.num_tokens - req.num_computed_tokens
             num_new = min(need, budget)
+            if bound is not None:
+                num_new = bound.tokens(req.num_computed_tokens, num_new, spent)
+                if num_new == 0:  # the bound is spent: give back the prefix blocks it took
+                    self.kv.free(req.req_id)
+                    req.num_computed_tokens = 0
+                    break
             if num_new < need and not self.enable_chunked_prefill:
                 break
             if not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new):
@@ -227,7 +248,17 @@ class Scheduler:
             self.running.append(req)
             out.rows.append(ScheduledRow(req, num_new, 0))
             budget -= num_new
+            if bound is not None:
+                spent += bound.work(req.num_computed_tokens, num_new)
         return out
+
+    def _prefill_bound(self) -> PrefillBudget | None:
+        """This step's bound on prefill: the budget's while any running request decodes
+        (and chunking is on), else none (prefill takes the token budget)."""
+        pb = self.prefill_budget
+        if pb is None or not pb.enabled or not self.enable_chunked_prefill:
+            return None
+        return pb if any(r.is_decoding for r in self.running) else None
 
     def restart(self, req: Request) -> ScheduledRow | None:
         """A running request's cache state dropped and its first chunk scheduled alone.
