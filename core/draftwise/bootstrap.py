@@ -22,7 +22,7 @@ import torch
 from draftwise.cache.manager import KVCacheManager
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError
-from draftwise.prefill_budget import PrefillBudget, attention_context_scale
+from draftwise.prefill_budget import PrefillBudget, attention_context_scale, logits_share
 from draftwise.runner import ModelRunner, kv_bytes_per_token
 from draftwise.scheduler import Scheduler
 
@@ -282,7 +282,8 @@ def _build_engine_parts(
         k_for_batch=spec_config.k_for_batch if spec_config and spec_config.k_schedule else None,
         enable_chunked_prefill=args.enable_chunked_prefill,
         prefill_budget=PrefillBudget(args.long_prefill_token_threshold,
-                                     attention_context_scale(loaded.config)),
+                                     attention_context_scale(loaded.config),
+                                     logits_share(loaded.config)),
     )
     speculation = None
     if registry is not None and spec_config is not None:

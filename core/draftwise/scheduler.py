@@ -201,11 +201,12 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if bound is not None and not req.is_decoding:
-                num_new = bound.tokens(req.num_computed_tokens, num_new, spent)
+                lp = req.params.prompt_logprobs is not None
+                num_new = bound.tokens(req.num_computed_tokens, num_new, spent, lp)
                 if num_new == 0:  # the bound is spent: it waits for the next step
                     i += 1
                     continue
-                spent += bound.work(req.num_computed_tokens, num_new)
+                spent += bound.work(req.num_computed_tokens, num_new, lp)
             drafts = (
                 self._draft_slots(req, budget - 1, depths.get(req.req_id, 0))
                 if req.is_decoding else 0
@@ -229,8 +230,9 @@ class Scheduler:
                 req.num_cached_tokens = max(req.num_cached_tokens, cached)
             need = req.num_tokens - req.num_computed_tokens
             num_new = min(need, budget)
+            lp = req.params.prompt_logprobs is not None
             if bound is not None:
-                num_new = bound.tokens(req.num_computed_tokens, num_new, spent)
+                num_new = bound.tokens(req.num_computed_tokens, num_new, spent, lp)
                 if num_new == 0:  # the bound is spent: give back the prefix blocks it took
                     self.kv.free(req.req_id)
                     req.num_computed_tokens = 0
@@ -249,7 +251,7 @@ class Scheduler:
             out.rows.append(ScheduledRow(req, num_new, 0))
             budget -= num_new
             if bound is not None:
-                spent += bound.work(req.num_computed_tokens, num_new)
+                spent += bound.work(req.num_computed_tokens, num_new, lp)
         return out
 
     def _prefill_bound(self) -> PrefillBudget | None:

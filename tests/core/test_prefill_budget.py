@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from draftwise import LLMEngine, SamplingParams
 from draftwise.engine_args import EngineArgs
-from draftwise.prefill_budget import PrefillBudget, attention_context_scale
+from draftwise.prefill_budget import PrefillBudget, attention_context_scale, logits_share
 from draftwise.scheduler import SchedulerOutput
 from tiny_checkpoints import save_tiny
 
@@ -34,28 +34,35 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # -- the bound itself ---------------------------------------------------------------------
 
+SMOLLM2 = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                          head_dim=64, intermediate_size=1536, num_hidden_layers=30,
+                          vocab_size=49152)
+
+
 def test_smollm2_context_scale_is_its_multiply_add_ratio() -> None:
-    smollm2 = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                              head_dim=64, intermediate_size=1536)
     # (576 * 1536 + 3 * 576 * 1536) / (2 * 9 * 64)
-    assert attention_context_scale(smollm2) == 3072
-    hybrid = SimpleNamespace(**vars(smollm2), layer_types=["linear_attention"] * 3
+    assert attention_context_scale(SMOLLM2) == 3072
+    assert logits_share(SMOLLM2) == pytest.approx(576 * 49152 / (30 * 576 * 6144))
+    hybrid = SimpleNamespace(base=SMOLLM2, layer_types=["linear_attention"] * 3
                              + ["full_attention"])
     assert attention_context_scale(hybrid) == 4 * 3072
 
 
-@pytest.mark.parametrize("scale", [None, 1, 7, 3072])
-def test_tokens_is_the_most_that_fits(scale: int | None) -> None:
-    budget = PrefillBudget(256, scale)
+@pytest.mark.parametrize("scale", [1, 7, 3072])
+@pytest.mark.parametrize("logits", [False, True])
+def test_tokens_is_the_most_that_fits(scale: int, logits: bool) -> None:
+    budget = PrefillBudget(256, scale, logits_share=0.27)
     for start in (0, 1, 255, 1000, 8191):
         for spent in (0, 1, budget.limit // 3, budget.limit - 1, budget.limit):
-            n = budget.tokens(start, 10**6, spent)
+            n = budget.tokens(start, 10**6, spent, logits)
             if n > 1 or spent:
-                assert budget.work(start, n) <= budget.limit - spent
-            assert budget.work(start, n + 1) > budget.limit - spent
+                assert budget.work(start, n, logits) <= budget.limit - spent
+            assert budget.work(start, n + 1, logits) > budget.limit - spent
             assert n >= (1 if spent == 0 else 0)  # a step's first prefill row progresses
-            assert budget.tokens(start, 3, spent) == min(n, 3)
+            assert budget.tokens(start, 3, spent, logits) == min(n, 3)
     assert budget.tokens(0, 10**6, 0) == 256  # at context 0 the work is the threshold's
+    if scale == 3072:  # a prompt's logits cost its chunks about a fifth
+        assert 0.75 * 256 < budget.tokens(0, 10**6, 0, logits=True) < 0.85 * 256
 
 
 def test_chunks_shrink_as_the_prefix_grows() -> None:
@@ -66,7 +73,7 @@ def test_chunks_shrink_as_the_prefix_grows() -> None:
 
 def test_a_negative_threshold_is_refused() -> None:
     with pytest.raises(ValueError, match="long_prefill_token_threshold"):
-        PrefillBudget(-1)
+        PrefillBudget(-1, 3072)
 
 
 # -- the engine: tokens counted per step -----------------------------------------------------
@@ -84,7 +91,8 @@ def record_steps(engine: LLMEngine) -> list[tuple[int, int]]:
         log.append((len(decode), sum(r.num_new_tokens for r in prefill)))
         budget = engine.scheduler.prefill_budget
         if decode and budget is not None and budget.enabled:
-            work = sum(budget.work(r.request.num_computed_tokens, r.num_new_tokens)
+            work = sum(budget.work(r.request.num_computed_tokens, r.num_new_tokens,
+                                   r.request.params.prompt_logprobs is not None)
                        for r in prefill)
             assert work <= budget.limit or len(prefill) == 1 and prefill[0].num_new_tokens == 1
         return out
@@ -139,7 +147,11 @@ def test_later_chunks_are_shorter(tiny: Path, prompt_logprobs: int | None) -> No
     assert budget is not None and budget.context_scale == 576  # the tiny llama's
     chunks = [prefill for decode, prefill in log if decode and prefill]
     assert max(chunks) <= 32 and sum(chunks) == len(LONG)
-    assert chunks[0] == 32 and chunks[-2] < chunks[0]  # (the last is what is left)
+    assert chunks[-2] < chunks[0]  # (the last is what is left)
+    if prompt_logprobs is None:
+        assert chunks[0] == 32
+    else:  # each position's logits are paid for too
+        assert chunks[0] == budget.tokens(0, len(LONG), 0, logits=True) < 32
 
 
 def test_without_decode_rows_prefill_takes_the_token_budget(tiny: Path) -> None:
