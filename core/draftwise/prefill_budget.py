@@ -18,7 +18,10 @@ the same step, so such a prompt's chunks are shorter again. The bound is in toke
 time, so the same requests give the same steps on any machine (the tests count them).
 
 With no row decoding, prefill takes the whole ``max_num_batched_tokens``: nobody waits
-on the step but the prompts themselves, and bigger chunks run faster.
+on the step but the prompts themselves, and bigger chunks run faster. A newcomer that
+could start is the exception: prompts already running are then held to the bound and
+leave it half, so a short request arriving behind a long prompt starts at once
+(``Scheduler.schedule``).
 """
 
 from __future__ import annotations

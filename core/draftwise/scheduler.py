@@ -194,19 +194,25 @@ class Scheduler:
         scheduled: set[str] = set()
         depths = self._depths(self.step_k())
         bound = self._prefill_bound()
-        spent = 0  # the bound's work done by this step's prefill rows
+        # While a newcomer could start now, prompts already running are held to the bound
+        # (also when nothing decodes) and leave it half of it, so its prompt starts this
+        # step instead of after a long one's last chunk.
+        newcomer = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        running_bound = bound or (self._prefill_bound(any_row=True) if newcomer else None)
+        reserve = running_bound.limit // 2 if running_bound is not None and newcomer else 0
+        spent = reserve  # the bound's work done by this step's prefill rows (+ reserve)
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if bound is not None and not req.is_decoding:
+            if running_bound is not None and not req.is_decoding:
                 lp = req.params.prompt_logprobs is not None
-                num_new = bound.tokens(req.num_computed_tokens, num_new, spent, lp)
+                num_new = running_bound.tokens(req.num_computed_tokens, num_new, spent, lp)
                 if num_new == 0:  # the bound is spent: it waits for the next step
                     i += 1
                     continue
-                spent += bound.work(req.num_computed_tokens, num_new, lp)
+                spent += running_bound.work(req.num_computed_tokens, num_new, lp)
             drafts = (
                 self._draft_slots(req, budget - 1, depths.get(req.req_id, 0))
                 if req.is_decoding else 0
@@ -223,6 +229,7 @@ class Scheduler:
             budget -= num_new + drafts
             i += 1
 
+        spent -= reserve  # the newcomers' (decode rows bound them: the rest of it)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
@@ -254,13 +261,13 @@ class Scheduler:
                 spent += bound.work(req.num_computed_tokens, num_new, lp)
         return out
 
-    def _prefill_bound(self) -> PrefillBudget | None:
+    def _prefill_bound(self, any_row: bool = False) -> PrefillBudget | None:
         """This step's bound on prefill: the budget's while any running request decodes
-        (and chunking is on), else none (prefill takes the token budget)."""
+        (or ``any_row``) and chunking is on, else none (prefill takes the token budget)."""
         pb = self.prefill_budget
         if pb is None or not pb.enabled or not self.enable_chunked_prefill:
             return None
-        return pb if any(r.is_decoding for r in self.running) else None
+        return pb if any_row or any(r.is_decoding for r in self.running) else None
 
     def restart(self, req: Request) -> ScheduledRow | None:
         """A running request's cache state dropped and its first chunk scheduled alone.

@@ -180,3 +180,49 @@ def test_outputs_do_not_depend_on_the_bound(tiny: Path, spec: dict | None,
     if prompt_logprobs is not None:
         entries = bounded["long"].prompt_logprobs  # type: ignore[attr-defined]
         assert len(entries) == len(LONG) and entries[0] is None
+
+
+def record_rows(engine: LLMEngine) -> list[dict[str, int]]:
+    """Wrap the scheduler so every step logs each row's tokens by request id."""
+    log: list[dict[str, int]] = []
+    schedule = engine.scheduler.schedule
+
+    def logged() -> SchedulerOutput:
+        out = schedule()
+        log.append({r.request.req_id: r.num_new_tokens for r in out.rows})
+        return out
+
+    engine.scheduler.schedule = logged  # type: ignore[method-assign]
+    return log
+
+
+@pytest.mark.parametrize("victim", [False, True], ids=["alone", "beside-a-stream"])
+def test_a_newcomer_starts_at_once_beside_a_long_prompt(tiny: Path, victim: bool) -> None:
+    # 64-token steps: the long prompt takes 8 steps even alone
+    engine = LLMEngine(EngineArgs(model=str(tiny), dtype="bfloat16", max_num_batched_tokens=64,
+                                  long_prefill_token_threshold=32))
+    log = record_rows(engine)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    if victim:
+        engine.add_request({"prompt_token_ids": VICTIM}, greedy, request_id="victim")
+        engine.step()
+    engine.add_request({"prompt_token_ids": LONG},
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                       request_id="long")
+    engine.step()
+    engine.step()
+    assert engine.scheduler.requests["long"].num_computed_tokens < len(LONG) - 64
+    engine.add_request({"prompt_token_ids": [7, 8, 9, 10, 11, 12, 13, 14]}, greedy,
+                       request_id="short")
+    engine.step()
+    # the newcomer's whole prompt ran in the step after it came, beside a shorter chunk
+    assert log[-1]["short"] == 8
+    budget = engine.scheduler.prefill_budget
+    assert budget is not None
+    start = engine.scheduler.requests["long"].num_computed_tokens - log[-1]["long"]
+    assert budget.work(start, log[-1]["long"]) <= budget.limit // 2
+    if not victim:  # before it came, the long prompt took whole 64-token steps
+        assert [step["long"] for step in log[:2]] == [64, 64]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv.num_used_blocks == 0
