@@ -4,7 +4,8 @@ Starts ``draftwise serve`` on 127.0.0.1 (a free port), opens a greedy victim str
 once it is decoding sends a long prompt (``--prompt-tokens`` random token ids,
 ``max_tokens`` 1), then the same prompt again with ``prompt_logprobs``. For each long
 prompt it reports the victim's largest gaps between streamed tokens while the prompt ran,
-and the prompt's own latency and prefill rate. Wall time is what it measures, so it is a
+and the prompt's own latency and prefill rate. Last, a long prompt alone and a short
+request sent ``--newcomer-after`` seconds later: the short one's latency. Wall time is what it measures, so it is a
 benchmark, not a test; run it on a quiet machine, before and after a change, in one
 sitting.
 
@@ -98,6 +99,29 @@ def one_long_prompt(url: str, ids: list[int], prompt_logprobs: int | None,
     }
 
 
+def newcomer_latency(url: str, ids: list[int], delay: float) -> dict[str, Any]:
+    """The long prompt alone, then ``delay`` s later a short request: how long the short
+    one took (its one token) while the long one was being prefilled."""
+    result: dict[str, float] = {}
+
+    def long_prompt() -> None:
+        t0 = time.monotonic()
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0}
+        httpx.post(f"{url}/v1/completions", json=body, timeout=None).raise_for_status()
+        result["long"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=long_prompt)
+    thread.start()
+    time.sleep(delay)
+    t0 = time.monotonic()
+    body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    httpx.post(f"{url}/v1/completions", json=body, timeout=None).raise_for_status()
+    short = time.monotonic() - t0
+    thread.join()
+    return {"prompt_tokens": len(ids), "newcomer_after_s": delay,
+            "newcomer_latency_s": round(short, 3), "latency_s": round(result["long"], 3)}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags, serve, measure, print (and write) the report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -107,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--victim-tokens", type=int, default=4000)
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="passed to draftwise serve (repeatable), e.g. --serve-arg=--model=X")
+    ap.add_argument("--newcomer-after", type=float, default=2.0,
+                    help="last, the long prompt alone and a short request this many seconds "
+                    "later: the short one's latency (0: skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -119,6 +146,10 @@ def main(argv: list[str] | None = None) -> None:
         for plp in [None] + ([args.prompt_logprobs] if args.prompt_logprobs else []):
             ids = [rng.randrange(100, vocab) for _ in range(args.prompt_tokens)]
             runs.append(one_long_prompt(url, ids, plp, args.victim_tokens))
+            print(json.dumps(runs[-1]), flush=True)
+        if args.newcomer_after > 0:
+            ids = [rng.randrange(100, vocab) for _ in range(args.prompt_tokens)]
+            runs.append(newcomer_latency(url, ids, args.newcomer_after))
             print(json.dumps(runs[-1]), flush=True)
         report = {"serve_args": args.serve_arg, "cpus": os.cpu_count(),
                   "load_avg": os.getloadavg(), "runs": runs}
