@@ -33,6 +33,13 @@
  * the cache, in key order (reads_values_in_place decides where that pays), the same
  * multiply-adds again: an 8-row decode step of the default model 1.07x at context 300.
  *
+ * A prefill chunk (a row of over QTILE query tokens) is computed in tiles of QTILE tokens:
+ * its keys are loaded once per kv head into a buffer the threads share, then the tiles
+ * spread over the pool, each with scores and probabilities small enough for L2 (a whole
+ * 2,048-token chunk's went through memory; one item per kv head left one of two threads
+ * idle a third of the time with SmolLM2's 3 kv heads): at context 4,096-6,144 a 2,048-token
+ * chunk's attention went 1.4-1.9x faster on the 2-core VM, the same bits.
+ *
  * Layouts: q [T, H, D], k and v [T, KV, D] (token rows may be strided: views into the fused
  * qkv output), out [T, H, D]; caches [num_blocks, block_size, KV, D]; slot_mapping [T],
  * query_start_loc [B + 1], seq_lens [B], block_tables [B, W] int64. The kernel first
@@ -42,6 +49,7 @@
 #include "kernels.h"
 #include "threadpool.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 /* this file's vector width: EW_LANES (vec.h), 8 on AVX2, 16 with AVX-512 */
@@ -372,32 +380,37 @@ static void write_pair(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, in
     }
 }
 
-/* One row, one kv head: every query token x every query head sharing that kv head. The
- * loops run keys-outer so a tile of keys (or values) is reused by all queries while it is
- * in L1; each (query, head) still sums its keys in the same order as when alone. */
-static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w) {
-    const int64_t d = a->dim, kvh = a->kv_heads, h = a->heads, rep = h / kvh;
-    const int64_t q0 = a->qsl[row], qlen = a->qsl[row + 1] - q0, ctx = a->seq[row];
-    if (qlen <= 0) return;
-    const int64_t first_pos = ctx - qlen, nq = qlen * rep;
-    const int in_place = reads_values_in_place(nq);
-    /* keys any query of this row can see */
-    const int64_t lo_all = first_key(a, first_pos);
-    const int64_t nkeys = ctx - lo_all;
-    const int64_t npad = (nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
+/* Where one row's keys sit for one kv head: the keys any of its queries sees and the
+ * padded width of its transposed keys (kt2), scores (s) and probabilities (sp). */
+typedef struct {
+    int64_t q0, qlen, ctx, first_pos, nq, lo_all, nkeys, npad, odd0;
+    int in_place;
+} RowGeom;
+
+static RowGeom row_geom(const Args *a, int64_t row) {
+    RowGeom r;
+    const int64_t rep = a->heads / a->kv_heads;
+    r.q0 = a->qsl[row], r.qlen = a->qsl[row + 1] - r.q0, r.ctx = a->seq[row];
+    r.first_pos = r.ctx - r.qlen, r.nq = r.qlen * rep;
+    r.in_place = reads_values_in_place(r.nq);
+    r.lo_all = first_key(a, r.first_pos); /* keys any query of this row can see */
+    r.nkeys = r.ctx - r.lo_all;
+    r.npad = (r.nkeys + LANES - 1) / LANES * LANES + 4 * LANES;
+    r.odd0 = r.lo_all & 1;
+    return r;
+}
+
+/* Row ``row``'s keys for kv head g, transposed into kt2 ([d/2, npad]), and its values as
+ * bf16 pairs into vp2 (or, in place, each key's value row into vrow). */
+static void load_keys(const Args *a, int64_t row, int64_t g, const RowGeom *r, uint32_t *kt2,
+                      uint32_t *vp2, const uint16_t **vrow) {
+    const int64_t d = a->dim, d2 = d / 2, nkeys = r->nkeys, npad = r->npad, odd0 = r->odd0;
     const int64_t *table = a->bt + row * a->width;
-    float *s = w->s, *o = w->o;
-    uint32_t *kt2 = w->kt2;
-    src_t *q2 = w->q2;
-    const int64_t d2 = d / 2; /* head dims as bf16 pairs (head_dim is a multiple of 16) */
-    uint32_t *vp2 = w->vp2;
-    src_t *sp = w->sp;
-    const int64_t spw = npad + 4; /* sp entries per query-head (even: rows stay 4-aligned) */
     /* The cache is cold here (the layer's weights streamed through since it was last
      * read), and a dependent row-by-row walk over it stalls on every miss: request the
      * rows PREFETCH positions ahead so many misses are in flight at once. */
     const int64_t row_bytes = d * (int64_t)sizeof(uint16_t);
-    kv_walk at = walk_at(a, table, lo_all, g), ahead = at;
+    kv_walk at = walk_at(a, table, r->lo_all, g), ahead = at;
     for (int64_t j = 0; j < nkeys && j < PREFETCH; j++, walk_next(&ahead)) {
         const int64_t off = walk_row(&ahead);
         prefetch_row(a->kc + off, row_bytes), prefetch_row(a->vc + off, row_bytes);
@@ -405,7 +418,6 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
     /* V as bf16 pairs of consecutive keys, pairs starting at even absolute positions (so
      * a query-head's pairing never depends on the row's other queries): pair m holds
      * keys 2m - odd0 and 2m + 1 - odd0 (relative to lo_all; a key outside is zero) */
-    const int64_t odd0 = lo_all & 1;
     const uint16_t *krow[LANES], *vprev = NULL;
     int64_t j = 0;
     for (; j < nkeys; j++, walk_next(&at)) {
@@ -416,8 +428,8 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
             prefetch_row(a->kc + far, row_bytes), prefetch_row(a->vc + far, row_bytes);
             walk_next(&ahead);
         }
-        if (in_place)
-            w->vrow[j] = vp;
+        if (r->in_place)
+            vrow[j] = vp;
         else if ((j + odd0) & 1)
             write_pair(vp2 + ((j + odd0) >> 1) * d, vprev, vp, d), vprev = NULL;
         else
@@ -446,6 +458,24 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
         memcpy_pairs_column(kt2 + jt, npad, krow[jt % LANES], d2);
     for (int64_t c = 0; c < d2; c++)
         for (int64_t j = nkeys; j < npad; j++) kt2[c * npad + j] = 0;
+}
+
+/* Query tokens t0 .. t1 - 1 of one row, one kv head, over its loaded keys (load_keys):
+ * every query token x every query head sharing that kv head. The loops run keys-outer so
+ * a tile of keys (or values) is reused by all these queries while it is in L1; each
+ * (query, head) still sums its keys in the same order as when alone, so which tokens
+ * share a call changes no bit. ``w``'s q2, s, sp and o hold (t1 - t0) tokens' heads. */
+static void attend_queries(const Args *a, int64_t g, const RowGeom *r, const uint32_t *kt2,
+                           const uint32_t *vp2, const uint16_t *const *vrow, int64_t t0,
+                           int64_t t1, const Scratch *w) {
+    const int64_t d = a->dim, h = a->heads, rep = h / a->kv_heads;
+    const int64_t q0 = r->q0 + t0, first_pos = r->first_pos + t0, nq = (t1 - t0) * rep;
+    const int64_t npad = r->npad, odd0 = r->odd0, lo_all = r->lo_all;
+    const int in_place = r->in_place;
+    float *s = w->s, *o = w->o;
+    src_t *q2 = w->q2, *sp = w->sp;
+    const int64_t d2 = d / 2; /* head dims as bf16 pairs (head_dim is a multiple of 16) */
+    const int64_t spw = npad + 4; /* sp entries per query-head (even: rows stay 4-aligned) */
     /* query-head qi = i * rep + hh sees keys j0[qi] .. j0[qi] + n[qi] - 1 (relative to lo_all) */
     int64_t max_blocks = 0;
     for (int64_t qi = 0; qi < nq; qi++) {
@@ -543,7 +573,7 @@ static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w
                 ends[ng++] = (odd0 + j0b + nb_ + 1) >> 1;
         }
         if (in_place)
-            pv_keys(w->vrow, sp2, og, ends, ng, j0, d);
+            pv_keys(vrow, sp2, og, ends, ng, j0, d);
         else
             pv_pairs(vp2, sp2, og, ends, ng, (odd0 + j0) >> 1, d);
         qi += ng;
@@ -580,24 +610,31 @@ static float *scratch_floats(size_t n) {
     return buf;
 }
 
-/* One job of the pool: items [begin, end) of the (row, kv group) pairs, each computed
- * whole by one thread with that thread's scratch, so which thread runs it changes no bit. */
+/* A row with more query tokens than this (a prefill chunk) is split into tiles of this
+ * many tokens: a tile's scores and probabilities (QTILE * heads-per-kv-head rows of the
+ * context's width) stay in L2 where a whole chunk's (2,048 tokens at context 6,500: 150 MB
+ * a kv head) went through memory three times, and the tiles spread over the pool where
+ * one item per kv head left a thread idle (3 kv heads on 2 threads: 2/3 busy). Each
+ * (query, head) is computed by the same instruction sequence as before, so tiling
+ * changes no bit. */
+#define QTILE 16
+
+/* One job of the pool. Untiled: items are (row, kv group) pairs, each computed whole by
+ * one thread with that thread's scratch. Tiled (a row over QTILE tokens): ``tiles`` lists
+ * the items, a tiled row's keys already loaded into ``shared`` by load_items. Either way
+ * which thread runs an item changes no bit. */
 typedef struct {
     const Args *a;
     size_t need;
     int64_t npad, nq, pairs;
+    const int64_t *tiles; /* [n, 4]: row, kv head, first token, end token; NULL: untiled */
+    uint32_t *shared;     /* tiled rows' kt2 then vp2, per (row, kv head) */
+    const int64_t *off;   /* [rows * kv_heads] their offsets in shared (words), -1: none */
     int failed; /* a scratch allocation failed (written by any thread, read after) */
 } attend_job;
 
-static void attend_items(void *ctx, int64_t begin, int64_t end) {
-    attend_job *j = ctx;
-    const Args *a = j->a;
-    float *buf = scratch_floats(j->need);
-    if (!buf) {
-        j->failed = 1;
-        return;
-    }
-    const int64_t d = a->dim;
+static Scratch thread_scratch(const attend_job *j, float *buf) {
+    const int64_t d = j->a->dim;
     Scratch w = {.kt2 = (uint32_t *)buf};
     w.vp2 = w.kt2 + (d / 2 + 1) * j->npad;
     /* the in-place P @ V's row pointers (SRC_PER_PAIR 2) in vp2's memory, which it does
@@ -607,30 +644,160 @@ static void attend_items(void *ctx, int64_t begin, int64_t end) {
     w.o = (float *)src_row(w.q2, j->nq, d);
     w.s = w.o + j->nq * d;
     w.sp = (src_t *)(w.s + j->nq * j->npad);
-    for (int64_t i = begin; i < end; i++) attend_group(a, i / a->kv_heads, i % a->kv_heads, &w);
+    return w;
+}
+
+/* One row, one kv head, whole: its keys into this thread's scratch, then every query. */
+static void attend_group(const Args *a, int64_t row, int64_t g, const Scratch *w) {
+    const RowGeom r = row_geom(a, row);
+    if (r.qlen <= 0) return;
+    load_keys(a, row, g, &r, w->kt2, w->vp2, w->vrow);
+    attend_queries(a, g, &r, w->kt2, w->vp2, w->vrow, 0, r.qlen, w);
+}
+
+static void attend_items(void *ctx, int64_t begin, int64_t end) {
+    attend_job *j = ctx;
+    const Args *a = j->a;
+    float *buf = scratch_floats(j->need);
+    if (!buf) {
+        j->failed = 1;
+        return;
+    }
+    const Scratch w = thread_scratch(j, buf);
+    for (int64_t i = begin; i < end; i++) {
+        if (!j->tiles) {
+            attend_group(a, i / a->kv_heads, i % a->kv_heads, &w);
+            continue;
+        }
+        const int64_t *t = j->tiles + 4 * i, row = t[0], g = t[1];
+        const int64_t at = j->off[row * a->kv_heads + g];
+        if (at < 0) {
+            attend_group(a, row, g, &w);
+            continue;
+        }
+        const RowGeom r = row_geom(a, row);
+        const uint32_t *kt2 = j->shared + at, *vp2 = kt2 + (a->dim / 2 + 1) * r.npad;
+        attend_queries(a, g, &r, kt2, vp2, NULL, t[2], t[3], &w);
+    }
+}
+
+/* The tiled path's first phase: each tiled (row, kv head)'s keys into ``shared``. */
+static void load_items(void *ctx, int64_t begin, int64_t end) {
+    attend_job *j = ctx;
+    const Args *a = j->a;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t *t = j->tiles + 4 * i, row = t[0], g = t[1];
+        const RowGeom r = row_geom(a, row);
+        uint32_t *kt2 = j->shared + j->off[row * a->kv_heads + g];
+        load_keys(a, row, g, &r, kt2, kt2 + (a->dim / 2 + 1) * r.npad, NULL);
+    }
 }
 
 int dw_attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t dim) {
     return dim % 16 == 0 && dim > 0 && dim <= 512 && kv_heads > 0 && heads % kv_heads == 0;
 }
 
+/* The tiled path's scratch shared between threads: kept between calls, like a thread's
+ * (a call that finds it taken, by another engine's thread, allocates its own). */
+static atomic_flag shared_busy = ATOMIC_FLAG_INIT;
+static uint32_t *shared_buf = NULL;
+static size_t shared_cap = 0;
+
+static uint32_t *take_shared(size_t words, int *kept) {
+    *kept = !atomic_flag_test_and_set_explicit(&shared_busy, memory_order_acquire);
+    if (!*kept) return malloc(sizeof(uint32_t) * words);
+    if (words > shared_cap) {
+        free(shared_buf);
+        shared_cap = words + words / 2;
+        shared_buf = malloc(sizeof(uint32_t) * shared_cap);
+        if (!shared_buf) shared_cap = 0;
+    }
+    if (!shared_buf) atomic_flag_clear_explicit(&shared_busy, memory_order_release);
+    return shared_buf;
+}
+
+static void give_shared(uint32_t *buf, int kept) {
+    if (kept)
+        atomic_flag_clear_explicit(&shared_busy, memory_order_release);
+    else
+        free(buf);
+}
+
+/* A batch with a row over QTILE tokens: its keys loaded once per kv head (in parallel),
+ * then its tiles and the other rows' whole items spread over the pool. */
+static int run_tiled(const Args *a, int threads, attend_job *j) {
+    const int64_t kvh = a->kv_heads, d = a->dim;
+    int64_t n = 0, nload = 0;
+    size_t words = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const int64_t q = a->qsl[r + 1] - a->qsl[r];
+        n += kvh * (q > QTILE ? (q + QTILE - 1) / QTILE : 1);
+    }
+    int64_t *tiles = malloc(sizeof(int64_t) * 4 * (size_t)(n + a->rows * kvh));
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(a->rows * kvh));
+    if (!tiles || !off) {
+        free(tiles), free(off);
+        return DW_ERR_MEMORY;
+    }
+    int64_t *loads = tiles + 4 * n; /* the first phase's items, same layout */
+    int64_t i = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const int64_t q = a->qsl[r + 1] - a->qsl[r];
+        const RowGeom geom = row_geom(a, r);
+        for (int64_t g = 0; g < kvh; g++) {
+            off[r * kvh + g] = -1;
+            if (q <= QTILE) {
+                int64_t *t = tiles + 4 * i++;
+                t[0] = r, t[1] = g, t[2] = 0, t[3] = q;
+                continue;
+            }
+            off[r * kvh + g] = (int64_t)words;
+            words += (size_t)((d / 2 + 1) * geom.npad + (geom.npad / 2 + 1) * d);
+            int64_t *l = loads + 4 * nload++;
+            l[0] = r, l[1] = g, l[2] = 0, l[3] = q;
+            for (int64_t t0 = 0; t0 < q; t0 += QTILE) {
+                int64_t *t = tiles + 4 * i++;
+                t[0] = r, t[1] = g, t[2] = t0, t[3] = t0 + QTILE < q ? t0 + QTILE : q;
+            }
+        }
+    }
+    int kept = 0;
+    uint32_t *shared = take_shared(words, &kept);
+    if (!shared) {
+        free(tiles), free(off);
+        return DW_ERR_MEMORY;
+    }
+    j->shared = shared, j->off = off;
+    j->tiles = loads;
+    dw_parallel_for_grain(threads, nload, 1, load_items, j);
+    j->tiles = tiles;
+    dw_parallel_for_grain(threads, n, 1, attend_items, j);
+    give_shared(shared, kept);
+    free(tiles), free(off);
+    return j->failed ? DW_ERR_MEMORY : 0;
+}
+
 int dw_paged_attention_run(const Args *a, int threads) {
     write_kv(a);
     int64_t max_keys = 0, max_q = 0;
     for (int64_t r = 0; r < a->rows; r++) {
+        const int64_t q = a->qsl[r + 1] - a->qsl[r];
         if (a->seq[r] > max_keys) max_keys = a->seq[r];
-        if (a->qsl[r + 1] - a->qsl[r] > max_q) max_q = a->qsl[r + 1] - a->qsl[r];
+        if (q > max_q) max_q = q;
     }
+    const int tiled = max_q > QTILE;
     const int64_t npad = (max_keys + LANES - 1) / LANES * LANES + 4 * LANES;
-    const int64_t nq = max_q * (a->heads / a->kv_heads), d = a->dim;
+    /* query-heads one item computes at once: a whole row's, or a tile's */
+    const int64_t nq = (tiled ? QTILE : max_q) * (a->heads / a->kv_heads), d = a->dim;
     const int64_t pairs = npad / 2 + 1;
     /* kt2 is over-allocated by a row: the score loop reads up to 4 blocks past a row's end */
     /* (q2 and sp: half a float a bf16 value as pairs, one as fp32 values: SRC_PER_PAIR) */
     const size_t need = (size_t)((d / 2 + 1) * npad + pairs * d + nq * d / 2 * SRC_PER_PAIR +
                                  nq * d + nq * npad + nq * (npad + 4) / 2 * SRC_PER_PAIR + 1);
-    attend_job j = {a, need, npad, nq, pairs, 0};
-    /* one item per (row, kv group): a prefill's groups, a batch's rows, split across the
-     * pool (one item at a time: items differ in size by their context lengths) */
+    attend_job j = {a, need, npad, nq, pairs, NULL, NULL, NULL, 0};
+    if (tiled) return run_tiled(a, threads, &j);
+    /* one item per (row, kv group): a batch's rows split across the pool (one item at a
+     * time: items differ in size by their context lengths) */
     dw_parallel_for_grain(threads, a->rows * a->kv_heads, 1, attend_items, &j);
     return j.failed ? DW_ERR_MEMORY : 0;
 }

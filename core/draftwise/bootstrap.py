@@ -22,6 +22,7 @@ import torch
 from draftwise.cache.manager import KVCacheManager
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError
+from draftwise.prefill_budget import PrefillBudget, attention_context_scale, logits_share
 from draftwise.runner import ModelRunner, kv_bytes_per_token
 from draftwise.scheduler import Scheduler
 
@@ -64,6 +65,10 @@ def check_args(args: EngineArgs) -> None:
     for name, value in positive.items():
         if not isinstance(value, int) or value < 1:
             raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+    threshold = args.long_prefill_token_threshold
+    if not isinstance(threshold, int) or threshold < 0:
+        raise EngineConfigError(
+            f"long_prefill_token_threshold must be an integer >= 0 (0: off), got {threshold!r}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise EngineConfigError(f"max_model_len must be at least 2, got {args.max_model_len}")
     if args.num_threads is not None and args.num_threads < 1:
@@ -295,6 +300,9 @@ def _build_engine_parts(
         num_spec_tokens=k,
         k_for_batch=spec_config.k_for_batch if spec_config and spec_config.k_schedule else None,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        prefill_budget=PrefillBudget(args.long_prefill_token_threshold,
+                                     attention_context_scale(loaded.config),
+                                     logits_share(loaded.config)),
     )
     speculation = None
     if registry is not None and spec_config is not None:

@@ -24,6 +24,10 @@ class EngineArgs:
     kv_cache_memory_gib: float = 2.0
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    #: while any request decodes, a step computes at most this many prompt tokens' work
+    #: (counted at context 0: later chunks of a long prompt are shorter), so a long prompt
+    #: never stalls running streams for long (``draftwise.prefill_budget``); 0: off
+    long_prefill_token_threshold: int = 256
     seed: int = 0
     #: torch intra-op threads; None means one fewer than the cores (at least 1), as vLLM
     num_threads: int | None = None

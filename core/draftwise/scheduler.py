@@ -6,6 +6,9 @@ chunks under one token budget, as vLLM v1 does: a row feeds
 a chunk of a long one and a request resumed after preemption are the same case.
 Running requests are served first, in arrival order; when blocks run out the most
 recently admitted running request is preempted (its blocks freed, recomputed later).
+While any running request decodes, the step's prefill rows together are held to
+:class:`~draftwise.prefill_budget.PrefillBudget`'s work, so a long prompt is computed in
+chunks small enough that the decoding streams keep their pace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from draftwise.prefill_budget import PrefillBudget
 from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
@@ -67,6 +71,7 @@ class Scheduler:
         k_for_batch: Callable[[int], int] | None = None,
         enable_chunked_prefill: bool = True,
         depth_policy: DepthPolicy | None = None,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -79,6 +84,8 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         #: adaptive depth: picks each decode row's k within its cap (None: the cap)
         self.depth_policy = depth_policy
+        #: bounds prefill while rows decode (None or threshold 0: only the token budget)
+        self.prefill_budget = prefill_budget
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -186,11 +193,26 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
         depths = self._depths(self.step_k())
+        bound = self._prefill_bound()
+        # While a newcomer could start now, prompts already running are held to the bound
+        # (also when nothing decodes) and leave it half of it, so its prompt starts this
+        # step instead of after a long one's last chunk.
+        newcomer = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        running_bound = bound or (self._prefill_bound(any_row=True) if newcomer else None)
+        reserve = running_bound.limit // 2 if running_bound is not None and newcomer else 0
+        spent = reserve  # the bound's work done by this step's prefill rows (+ reserve)
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if running_bound is not None and not req.is_decoding:
+                lp = req.params.prompt_logprobs is not None
+                num_new = running_bound.tokens(req.num_computed_tokens, num_new, spent, lp)
+                if num_new == 0:  # the bound is spent: it waits for the next step
+                    i += 1
+                    continue
+                spent += running_bound.work(req.num_computed_tokens, num_new, lp)
             drafts = (
                 self._draft_slots(req, budget - 1, depths.get(req.req_id, 0))
                 if req.is_decoding else 0
@@ -207,6 +229,7 @@ class Scheduler:
             budget -= num_new + drafts
             i += 1
 
+        spent -= reserve  # the newcomers' (decode rows bound them: the rest of it)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
@@ -214,6 +237,13 @@ class Scheduler:
                 req.num_cached_tokens = max(req.num_cached_tokens, cached)
             need = req.num_tokens - req.num_computed_tokens
             num_new = min(need, budget)
+            lp = req.params.prompt_logprobs is not None
+            if bound is not None:
+                num_new = bound.tokens(req.num_computed_tokens, num_new, spent, lp)
+                if num_new == 0:  # the bound is spent: give back the prefix blocks it took
+                    self.kv.free(req.req_id)
+                    req.num_computed_tokens = 0
+                    break
             if num_new < need and not self.enable_chunked_prefill:
                 break
             if not self.kv.allocate_slots(req.req_id, req.num_computed_tokens + num_new):
@@ -227,7 +257,17 @@ class Scheduler:
             self.running.append(req)
             out.rows.append(ScheduledRow(req, num_new, 0))
             budget -= num_new
+            if bound is not None:
+                spent += bound.work(req.num_computed_tokens, num_new, lp)
         return out
+
+    def _prefill_bound(self, any_row: bool = False) -> PrefillBudget | None:
+        """This step's bound on prefill: the budget's while any running request decodes
+        (or ``any_row``) and chunking is on, else none (prefill takes the token budget)."""
+        pb = self.prefill_budget
+        if pb is None or not pb.enabled or not self.enable_chunked_prefill:
+            return None
+        return pb if any_row or any(r.is_decoding for r in self.running) else None
 
     def restart(self, req: Request) -> ScheduledRow | None:
         """A running request's cache state dropped and its first chunk scheduled alone.

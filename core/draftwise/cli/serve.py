@@ -42,6 +42,12 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="Requests batched together per step.")
 @click.option("--max-model-len", default=None, type=click.IntRange(2),
               help="Context length (default: the model's, capped at 8192).")
+@click.option("--max-num-batched-tokens", default=None, type=click.IntRange(1),
+              help="Tokens one step feeds, prefill chunks included (default: 2048).")
+@click.option("--long-prefill-token-threshold", default=None, type=click.IntRange(0),
+              help="While a stream decodes, a step's prefill does at most this many "
+              "prompt tokens' work at context 0; chunks of a long prompt shrink as its "
+              "prefix grows (default: 256; 0: off, prefill takes the whole step).")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: every core with the native "
               "GEMMs, else cores - 1).")
@@ -92,6 +98,8 @@ def serve(
     speculative_config: str | None,
     max_num_seqs: int,
     max_model_len: int | None,
+    max_num_batched_tokens: int | None,
+    long_prefill_token_threshold: int | None,
     dtype: str,
     served_names: tuple[str, ...],
     api_key: str | None,
@@ -140,6 +148,10 @@ def serve(
         kwargs["num_threads"] = num_threads
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
+    if max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    if long_prefill_token_threshold is not None:
+        kwargs["long_prefill_token_threshold"] = long_prefill_token_threshold
     try:
         engine = build_engine(model, speculative_config, dtype, reserved=reserved, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message

@@ -98,6 +98,11 @@ def test_paged_attention_is_batch_invariant(
         # a prefill chunk that ends where the verify row ends computes the same bits
         chunk = case({"a": (p - 3 if p > 3 else 0, k + 1 + (3 if p > 3 else 0))})["a"]
         assert torch.equal(chunk[-(k + 1) :], alone), p
+        # and a long chunk beside another row (the native kernel splits a row of over 16
+        # tokens into tiles spread over its threads)
+        lo = max(0, p - 40)
+        long = case({"b": (20, 9), "a": (lo, p + k + 1 - lo)})["a"]
+        assert torch.equal(long[-(k + 1) :], alone), p
 
 
 @pytest.mark.skipif(attention._kernels is None, reason="C kernels not built")
