@@ -1,0 +1,412 @@
+"""Suffix decoding's index: token streams where the context's suffix is matched and continued.
+
+Arctic Inference's suffix decoding (vLLM's ``suffix`` method) keeps suffix trees of depth
+``D = max_tree_depth``: one over the request's own context, one over the outputs of
+earlier (and running) requests. A tree of depth D holds every substring of length <= D
+with its count (how many places it occurs). This module gives the same answers without
+a tree, from the streams themselves and an inverted index:
+
+- ``buf[p]`` the token at slot ``p``; ``prev[p]`` / ``nxt[p]`` the slots of the tokens
+  before and after it in the same stream (``NONE`` at a stream's ends). Streams grow
+  interleaved (every running request appends each step), so each is a linked run of
+  slots in one array, and a lookup over all streams is a few vectorised gathers;
+- ``postings[t]``: the slots holding token ``t`` (``array('i')``, in slot order).
+
+The occurrences of the context's last ``m`` tokens are the slots ``p`` holding its last
+token whose ``m - 1`` predecessors match too: start from ``postings[last]`` and keep the
+slots whose ``prev`` chain matches one more token per step (as the n-gram scan does).
+The count of a substring is the number of its occurrences; the count of it followed by
+token ``t`` is the number whose ``nxt`` holds ``t``. That is the tree's node count.
+
+The proposal (:func:`speculate`, Arctic's ``SuffixTree::speculate`` with path drafts):
+
+1. the pattern is the context's last ``min(len, D)`` tokens; match lengths ``m`` run from
+   1 to ``len(pattern) - 1`` while the pattern's last ``m`` tokens occur at all;
+2. for each ``m``, a draft walks from the occurrences: the next token is the most
+   frequent continuation (ties: the smallest token id; Arctic's map order is unspecified),
+   its probability the continuation's count over the match's count, multiplied along the
+   path (``count(match + draft[:i]) / count(match)``); the draft stops before a token
+   whose probability falls below ``min_token_prob``, at ``floor(m * max_spec_factor)``
+   tokens, at ``max_spec_tokens``, where no occurrence continues, or at depth D
+   (``m + len(draft) <= D``: the tree holds nothing deeper);
+3. a draft's score is the sum of its probabilities; the highest score wins, a tie going to
+   the longer match (Arctic walks ``m`` upwards and keeps ``>=``). Here ``m`` is walked
+   downwards with a strict ``>``, skipping a length whose best possible score
+   (``min(floor(m * factor), D - m, max_spec_tokens)``) cannot beat the best so far;
+4. the request's own index and the global one each propose; the global draft is taken
+   only when it scores strictly higher (Arctic: ``local if local.score >= global.score``).
+
+Counts include the occurrence at the very end of a stream (the context's own suffix, in
+the request's index): it has no continuation, so it lowers probabilities as in Arctic.
+
+**Memory.** A slot costs 12 bytes in the three int32 arrays plus ~4.5 in the postings
+(4 bytes and ``array``'s growth slack); each distinct token's postings array adds ~80
+bytes. :class:`GlobalIndex` keeps every isolation key's streams within one budget in
+bytes (:data:`DEFAULT_BUDGET_BYTES`, 256 MiB: about 15M tokens, some 30,000 requests of
+500 output tokens, beside vLLM's 10,000-request cap): past it, the oldest cached outputs
+are evicted first, across keys, and the streams compacted, so what is allocated stays
+under the budget. An evicted stream's slots are marked dead (``buf = NONE``) and skipped
+by every lookup; a stream is compacted (dead slots dropped, postings rebuilt) once its
+dead slots outnumber its live ones, so the work is amortised O(1) a token.
+
+A library was considered: ``arctic-inference`` (vLLM's dependency for ``suffix``) ships
+the tree as a CUDA-era wheel with torch pins; pure-Python suffix-tree packages on PyPI
+are unmaintained and offline (no incremental append, no eviction, no counts).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: no slot (a stream's first token has no ``prev``, its last no ``nxt``; a dead slot's token)
+NONE = -1
+#: bytes a slot costs: token, prev and next (int32 each) plus its postings entry with slack
+SLOT_BYTES = 17
+#: bytes a distinct token's postings array costs beyond its entries (object, dict slot)
+POSTINGS_BYTES = 160
+#: the global index's default budget across all isolation keys
+DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+_MIN_GROW = 1024
+
+
+@dataclass(slots=True)
+class Draft:
+    """One index's proposal: the tokens, each one's estimated probability, and the match."""
+
+    token_ids: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+
+    @property
+    def score(self) -> float:
+        """Expected accepted tokens, as Arctic scores a draft: the sum of probabilities."""
+        return float(sum(self.probs))
+
+
+class TokenStreams:
+    """Streams of tokens in one slot array, with the inverted index a lookup needs."""
+
+    __slots__ = ("buf", "prev", "nxt", "postings", "size", "dead", "_tail")
+
+    def __init__(self) -> None:
+        self.buf = np.full(0, NONE, dtype=np.int32)  # [capacity] token per slot
+        self.prev = np.full(0, NONE, dtype=np.int32)  # [capacity] slot before, same stream
+        self.nxt = np.full(0, NONE, dtype=np.int32)  # [capacity] slot after, same stream
+        #: token -> its slots, ascending (dead ones included until compaction)
+        self.postings: dict[int, array[int]] = {}
+        #: slots used (live and dead)
+        self.size = 0
+        self.dead = 0
+        #: stream handle -> [first slot, last slot, length]
+        self._tail: dict[int, list[int]] = {}
+
+    # -- building -------------------------------------------------------------------------
+
+    @property
+    def live(self) -> int:
+        """Slots holding a token of a stream still kept."""
+        return self.size - self.dead
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` more slots (grown by 1/8, so slack stays small beside a budget)."""
+        need = self.size + n
+        cap = self.buf.shape[0]
+        if need <= cap:
+            return
+        new = max(need, cap + cap // 8, cap + _MIN_GROW)
+        for name in ("buf", "prev", "nxt"):
+            old = getattr(self, name)
+            grown = np.full(new, NONE, dtype=np.int32)
+            grown[: self.size] = old[: self.size]
+            setattr(self, name, grown)
+
+    def extend(self, handle: int, tokens: list[int]) -> None:
+        """Append ``tokens`` to stream ``handle`` (a new handle starts a stream)."""
+        if not tokens:
+            return
+        self._reserve(len(tokens))
+        n, start = len(tokens), self.size
+        slots = np.arange(start, start + n, dtype=np.int32)
+        self.buf[start : start + n] = tokens
+        tail = self._tail.get(handle)
+        self.prev[start + 1 : start + n] = slots[:-1]
+        self.nxt[start : start + n - 1] = slots[1:]
+        if tail is None:
+            self._tail[handle] = [start, start + n - 1, n]
+        else:
+            self.prev[start] = tail[1]
+            self.nxt[tail[1]] = start
+            tail[1], tail[2] = start + n - 1, tail[2] + n
+        postings = self.postings
+        for i, t in enumerate(tokens):
+            p = postings.get(t)
+            if p is None:
+                p = postings[t] = array("i")
+            p.append(start + i)
+        self.size += n
+
+    def remove(self, handle: int) -> int:
+        """Mark stream ``handle``'s slots dead; returns how many it had."""
+        tail = self._tail.pop(handle, None)
+        if tail is None:
+            return 0
+        slot, nxt, buf = tail[0], self.nxt, self.buf
+        while slot != NONE:  # (one pass over the stream's slots, in order)
+            buf[slot] = NONE
+            slot = int(nxt[slot])
+        self.dead += tail[2]
+        return tail[2]
+
+    def stream_length(self, handle: int) -> int:
+        """Tokens in stream ``handle`` (0: none)."""
+        tail = self._tail.get(handle)
+        return 0 if tail is None else tail[2]
+
+    def compact(self) -> None:
+        """Drop dead slots: renumber the live ones in order, rebuild the postings."""
+        live = np.flatnonzero(self.buf[: self.size] != NONE).astype(np.int32)
+        new_of = np.full(self.size + 1, NONE, dtype=np.int32)  # old slot -> new (NONE: -1 -> -1)
+        new_of[live] = np.arange(live.shape[0], dtype=np.int32)
+        n = live.shape[0]
+        cap = n + max(_MIN_GROW, n // 8)
+        buf = np.full(cap, NONE, dtype=np.int32)
+        prev = np.full(cap, NONE, dtype=np.int32)
+        nxt = np.full(cap, NONE, dtype=np.int32)
+        buf[:n] = self.buf[live]
+        # a live slot's neighbours are live (streams die whole); NONE maps to new_of[-1] = NONE
+        prev[:n] = new_of[self.prev[live]]
+        nxt[:n] = new_of[self.nxt[live]]
+        self.buf, self.prev, self.nxt = buf, prev, nxt
+        self.postings = {}
+        if n:
+            order = np.argsort(buf[:n], kind="stable").astype(np.int32)
+            toks = buf[:n][order]
+            cuts = np.flatnonzero(np.diff(toks)) + 1
+            for run in np.split(order, cuts):
+                a = array("i")
+                a.frombytes(run.tobytes())
+                self.postings[int(buf[run[0]])] = a
+        for tail in self._tail.values():
+            tail[0], tail[1] = int(new_of[tail[0]]), int(new_of[tail[1]])
+        self.size, self.dead = n, 0
+
+    def nbytes(self) -> int:
+        """Bytes allocated: the three arrays and the postings (objects included)."""
+        arrays = self.buf.nbytes + self.prev.nbytes + self.nxt.nbytes
+        postings = sys.getsizeof(self.postings) + sum(
+            sys.getsizeof(a) + 32 for a in self.postings.values())  # (+ the key's int)
+        return arrays + postings
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def occurrences(self, pattern: list[int]) -> list[np.ndarray]:
+        """``out[m - 1]``: the slots ending an occurrence of ``pattern[-m:]``, for
+        ``m = 1 .. len(pattern) - 1`` while there is one (rule 1)."""
+        if len(pattern) < 2:
+            return []
+        p = self.postings.get(pattern[-1])
+        if p is None:
+            return []
+        ends = np.frombuffer(p, dtype=np.int32).copy()  # (a copy: p may grow later)
+        if self.dead:
+            ends = ends[self.buf[ends] == pattern[-1]]
+        if ends.size == 0:
+            return []
+        out = [ends]
+        back = ends
+        for j in range(1, len(pattern) - 1):
+            back = self.prev[back]
+            keep = back != NONE
+            back = back[keep]
+            keep2 = self.buf[back] == pattern[-1 - j]
+            back, ends = back[keep2], ends[keep][keep2]
+            if ends.size == 0:
+                break
+            out.append(ends)
+        return out
+
+    def walk(self, ends: np.ndarray, limit: int, min_prob: float) -> Draft:
+        """Rule 2: the most frequent continuation of the occurrences ``ends``, token by
+        token, while its probability stays >= ``min_prob`` (at most ``limit`` tokens)."""
+        draft = Draft()
+        total = ends.shape[0]
+        cur = ends
+        while len(draft.token_ids) < limit:
+            after = self.nxt[cur]
+            after = after[after != NONE]
+            if after.size == 0:
+                break
+            toks = self.buf[after]
+            if toks.size <= 32:  # (a few: Python beats numpy's fixed costs)
+                counts: dict[int, int] = {}
+                for t in toks.tolist():
+                    counts[t] = counts.get(t, 0) + 1
+                best = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
+                tok, count = best
+            else:
+                values, nums = np.unique(toks, return_counts=True)
+                i = int(np.argmax(nums))  # (first max: the smallest token id)
+                tok, count = int(values[i]), int(nums[i])
+            prob = count / total  # count(match + draft + tok) / count(match)
+            if prob < min_prob:
+                break
+            draft.token_ids.append(tok)
+            draft.probs.append(prob)
+            cur = after[toks == tok]
+        return draft
+
+
+def spec_limit(match_len: int, max_spec_tokens: int, max_spec_factor: float, depth: int) -> int:
+    """The most tokens a draft after a match of ``match_len`` may have (rules 2 and 3)."""
+    by_factor = int(match_len * max_spec_factor + 1e-6)  # (Arctic's rounding)
+    return max(0, min(max_spec_tokens, by_factor, depth - match_len))
+
+
+def speculate(
+    streams: TokenStreams, context: list[int], max_spec_tokens: int,
+    max_spec_factor: float, min_token_prob: float, depth: int,
+) -> Draft:
+    """The best-scoring draft ``streams`` give ``context`` (module docstring, rules 1-3)."""
+    pattern = context[-depth:]
+    occ = streams.occurrences(pattern)
+    best: Draft | None = None
+    for m in range(len(occ), 0, -1):
+        limit = spec_limit(m, max_spec_tokens, max_spec_factor, depth)
+        if best is not None and limit <= best.score:
+            continue  # (its score is at most ``limit``: it cannot win)
+        draft = streams.walk(occ[m - 1], limit, min_token_prob)
+        draft.match_len = m
+        if best is None or draft.score > best.score:
+            best = draft
+    return best if best is not None else Draft()
+
+
+@dataclass(slots=True)
+class _Cached:
+    """One request's output in the global index."""
+
+    key: str
+    handle: int
+    #: the request is running (its prompt index exists); its output still grows
+    active: bool = True
+
+
+class GlobalIndex:
+    """Outputs of earlier and running requests, one :class:`TokenStreams` per isolation
+    key, evicted oldest first past ``max_cached_requests`` or the byte budget."""
+
+    def __init__(self, max_cached_requests: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.max_cached_requests = max_cached_requests
+        self.budget_bytes = budget_bytes
+        self.streams: dict[str, TokenStreams] = {}
+        #: req_id -> its cached output, oldest first (the FIFO eviction order)
+        self.cached: OrderedDict[str, _Cached] = OrderedDict()
+        self._handles = 0
+        self.num_evicted = 0
+
+    def start(self, req_id: str, key: str) -> None:
+        """A request starts recording its output under ``key`` (a cached output of the same
+        id is dropped first, as Arctic's ``start_request``)."""
+        if req_id in self.cached:
+            self._evict(req_id)
+        if self.max_cached_requests <= 0:
+            return
+        self._handles += 1
+        self.cached[req_id] = _Cached(key, self._handles)
+        while len(self.cached) > self.max_cached_requests:
+            self._evict(next(iter(self.cached)))
+        self._compact_dead()
+
+    def is_recording(self, req_id: str) -> bool:
+        """Whether ``req_id``'s output is still cached (eviction may have taken it)."""
+        return req_id in self.cached
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        """Append output tokens of a running request, then keep within the budget."""
+        entry = self.cached.get(req_id)
+        if entry is None or not tokens:
+            return
+        streams = self.streams.get(entry.key)
+        if streams is None:
+            streams = self.streams[entry.key] = TokenStreams()
+        streams.extend(entry.handle, tokens)
+        if self.estimated_bytes() > self.budget_bytes:
+            self._shrink()
+
+    def stop(self, req_id: str) -> None:
+        """The request left the running set; its output stays cached."""
+        entry = self.cached.get(req_id)
+        if entry is not None:
+            entry.active = False
+
+    def speculate(self, key: str, context: list[int], max_spec_tokens: int,
+                  max_spec_factor: float, min_token_prob: float, depth: int) -> Draft:
+        """The best draft from ``key``'s outputs (empty for a key with none)."""
+        streams = self.streams.get(key)
+        if streams is None or streams.live == 0:
+            return Draft()
+        return speculate(streams, context, max_spec_tokens, max_spec_factor,
+                         min_token_prob, depth)
+
+    # -- budget ---------------------------------------------------------------------------
+
+    def estimated_bytes(self) -> int:
+        """What the streams hold, from counters (cheap enough for every append)."""
+        return sum(s.buf.shape[0] * 12 + s.size * (SLOT_BYTES - 12)
+                   + len(s.postings) * POSTINGS_BYTES for s in self.streams.values())
+
+    def nbytes(self) -> int:
+        """Bytes allocated by every key's streams, measured (slower: for tests, reports)."""
+        return sum(s.nbytes() for s in self.streams.values())
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens across keys."""
+        return sum(s.live for s in self.streams.values())
+
+    def _evict(self, req_id: str) -> None:
+        entry = self.cached.pop(req_id)
+        streams = self.streams.get(entry.key)
+        if streams is not None:
+            streams.remove(entry.handle)
+        self.num_evicted += 1
+
+    def _shrink(self) -> None:
+        """Evict oldest outputs until the live tokens fill 7/8 of the budget, then compact
+        (amortised: each shrink frees 1/8 of the budget's worth of tokens)."""
+        target = self.budget_bytes * 7 // 8
+        while self.cached and self._live_bytes() > target:
+            self._evict(next(iter(self.cached)))
+        for key, streams in list(self.streams.items()):
+            if streams.dead:
+                streams.compact()
+            if streams.size == 0 and not any(e.key == key for e in self.cached.values()):
+                del self.streams[key]
+
+    def _live_bytes(self) -> int:
+        """The budget the live tokens would take once compacted (with 1/8 growth slack)."""
+        return sum(s.live * SLOT_BYTES + s.live // 8 * 12 + _MIN_GROW * 12
+                   + len(s.postings) * POSTINGS_BYTES for s in self.streams.values())
+
+    def _compact_dead(self) -> None:
+        """Compact a key's streams once dead slots outnumber live ones."""
+        for key, streams in list(self.streams.items()):
+            if streams.dead and streams.dead >= streams.live:
+                streams.compact()
+            if streams.size == 0 and not any(e.key == key for e in self.cached.values()):
+                del self.streams[key]
+
+
+__all__ = [
+    "DEFAULT_BUDGET_BYTES",
+    "Draft",
+    "GlobalIndex",
+    "TokenStreams",
+    "spec_limit",
+    "speculate",
+]
