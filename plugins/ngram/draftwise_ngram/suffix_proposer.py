@@ -93,12 +93,17 @@ class SuffixProposer:
                                         budget_bytes)
         self._requests: dict[str, _Request] = {}
         self._counters = _Counters()
+        #: where this step's drafts of requests released before ``on_verified`` came from
+        #: (the core releases a request that finished in the step first); emptied by the
+        #: next ``on_verified`` or ``propose``
+        self._released_sources: dict[str, str] = {}
 
     def propose(self, batch: DraftInput) -> Drafts:
         """Up to min(k, row.max_draft, max_model_len - len) tokens per row."""
         flat: list[int] = []
         counts: list[int] = []
         evidence: list[int] = []
+        self._released_sources.clear()
         for row in batch.rows:
             state = self._sync(row)
             k = min(self.k, row.max_draft, self.max_model_len - row.token_ids.shape[0])
@@ -152,13 +157,19 @@ class SuffixProposer:
         """Count accepted tokens by where their draft came from."""
         for req_id, acc in zip(outcome.req_ids, outcome.num_accepted):
             state = self._requests.get(req_id)
-            if state is not None and state.last_source is not None:
-                self._counters.by_source[state.last_source].num_accepted_tokens += acc
+            source = (self._released_sources.get(req_id) if state is None
+                      else state.last_source)
+            if source is not None:
+                self._counters.by_source[source].num_accepted_tokens += acc
+        self._released_sources.clear()
 
     def release(self, req_id: str) -> None:
         """The request's own index goes; its output stays in its key's global index."""
-        if self._requests.pop(req_id, None) is not None:
+        state = self._requests.pop(req_id, None)
+        if state is not None:
             self.global_index.stop(req_id)
+            if state.last_source is not None:
+                self._released_sources[req_id] = state.last_source
 
     @property
     def num_indexed_requests(self) -> int:

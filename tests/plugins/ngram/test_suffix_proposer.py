@@ -96,3 +96,12 @@ def test_accepted_tokens_counted_by_source():
     p.propose(DraftInput([row([55, 56, 57, 7, 8, 9, 10], "b", "k")]))
     p.on_verified(VerifyOutcome(["b"], [4], [3], [[11, 12, 13, 20]]))
     assert p.stats()["drafts_from_global"]["num_accepted_tokens"] == 3
+
+
+def test_accepted_tokens_of_a_request_released_before_feedback_still_count():
+    p = make()
+    run_request(p, "a", "k", OUTPUT)
+    p.propose(DraftInput([row([55, 56, 57, 7, 8, 9, 10], "b", "k")]))
+    p.release("b")  # finished in this step: the core releases before on_verified
+    p.on_verified(VerifyOutcome(["b"], [4], [4], [[11, 12, 13, 14, 15]]))
+    assert p.stats()["drafts_from_global"]["num_accepted_tokens"] == 4
