@@ -298,7 +298,11 @@ class _Cached:
 
 class GlobalIndex:
     """Outputs of earlier and running requests, one :class:`TokenStreams` per isolation
-    key, evicted oldest first past ``max_cached_requests`` or the byte budget."""
+    key, evicted oldest first past ``max_cached_requests`` or the byte budget.
+
+    The budget is checked from counters every :data:`_CHECK_EVERY` appended tokens (so
+    a step costs O(1) however many keys there are; the index may pass the budget by that
+    many tokens' worth, ~70 KB, between checks)."""
 
     def __init__(self, max_cached_requests: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.max_cached_requests = max_cached_requests
@@ -307,6 +311,7 @@ class GlobalIndex:
         #: req_id -> its cached output, oldest first (the FIFO eviction order)
         self.cached: OrderedDict[str, _Cached] = OrderedDict()
         self._handles = 0
+        self._unchecked = 0
         self.num_evicted = 0
 
     def start(self, req_id: str, key: str) -> None:
@@ -320,7 +325,6 @@ class GlobalIndex:
         self.cached[req_id] = _Cached(key, self._handles)
         while len(self.cached) > self.max_cached_requests:
             self._evict(next(iter(self.cached)))
-        self._compact_dead()
 
     def is_recording(self, req_id: str) -> bool:
         """Whether ``req_id``'s output is still cached (eviction may have taken it)."""
@@ -335,8 +339,11 @@ class GlobalIndex:
         if streams is None:
             streams = self.streams[entry.key] = TokenStreams()
         streams.extend(entry.handle, tokens)
-        if self.estimated_bytes() > self.budget_bytes:
-            self._shrink()
+        self._unchecked += len(tokens)
+        if self._unchecked >= _CHECK_EVERY or self.budget_bytes < _SMALL_BUDGET:
+            self._unchecked = 0
+            if self.estimated_bytes() > self.budget_bytes:
+                self._shrink()
 
     def stop(self, req_id: str) -> None:
         """The request left the running set; its output stays cached."""
@@ -356,9 +363,8 @@ class GlobalIndex:
     # -- budget ---------------------------------------------------------------------------
 
     def estimated_bytes(self) -> int:
-        """What the streams hold, from counters (cheap enough for every append)."""
-        return sum(s.buf.shape[0] * 12 + s.size * (SLOT_BYTES - 12)
-                   + len(s.postings) * POSTINGS_BYTES for s in self.streams.values())
+        """What the streams hold, from counters (no walk over the postings)."""
+        return sum(_allocated(s) for s in self.streams.values())
 
     def nbytes(self) -> int:
         """Bytes allocated by every key's streams, measured (slower: for tests, reports)."""
@@ -369,37 +375,48 @@ class GlobalIndex:
         """Live tokens across keys."""
         return sum(s.live for s in self.streams.values())
 
-    def _evict(self, req_id: str) -> None:
+    def _evict(self, req_id: str) -> int:
+        """Drop one cached output; a key's streams are compacted once mostly dead, and
+        dropped once empty. Returns the tokens it held."""
         entry = self.cached.pop(req_id)
-        streams = self.streams.get(entry.key)
-        if streams is not None:
-            streams.remove(entry.handle)
         self.num_evicted += 1
+        streams = self.streams.get(entry.key)
+        if streams is None:
+            return 0
+        n = streams.remove(entry.handle)
+        if streams.live == 0:
+            del self.streams[entry.key]  # (a later append makes a new one)
+        elif streams.dead >= streams.live:
+            streams.compact()
+        return n
 
     def _shrink(self) -> None:
-        """Evict oldest outputs until the live tokens fill 7/8 of the budget, then compact
-        (amortised: each shrink frees 1/8 of the budget's worth of tokens)."""
+        """Evict oldest outputs until what stays fits 7/8 of the budget once compacted,
+        then compact (each shrink frees 1/8 of the budget: amortised O(1) a token)."""
         target = self.budget_bytes * 7 // 8
-        while self.cached and self._live_bytes() > target:
-            self._evict(next(iter(self.cached)))
-        for key, streams in list(self.streams.items()):
+        live = sum(_compacted(s) for s in self.streams.values())
+        while self.cached and live > target:
+            live -= self._evict(next(iter(self.cached))) * (SLOT_BYTES + 2)
+        for streams in self.streams.values():
             if streams.dead:
                 streams.compact()
-            if streams.size == 0 and not any(e.key == key for e in self.cached.values()):
-                del self.streams[key]
 
-    def _live_bytes(self) -> int:
-        """The budget the live tokens would take once compacted (with 1/8 growth slack)."""
-        return sum(s.live * SLOT_BYTES + s.live // 8 * 12 + _MIN_GROW * 12
-                   + len(s.postings) * POSTINGS_BYTES for s in self.streams.values())
 
-    def _compact_dead(self) -> None:
-        """Compact a key's streams once dead slots outnumber live ones."""
-        for key, streams in list(self.streams.items()):
-            if streams.dead and streams.dead >= streams.live:
-                streams.compact()
-            if streams.size == 0 and not any(e.key == key for e in self.cached.values()):
-                del self.streams[key]
+#: tokens appended between budget checks (a check sums over the keys)
+_CHECK_EVERY = 4096
+#: below this budget (tests) every append is checked
+_SMALL_BUDGET = 64 * 1024 * 1024
+
+
+def _allocated(s: TokenStreams) -> int:
+    """A key's streams' bytes as allocated: arrays by capacity, postings by entries."""
+    return s.buf.shape[0] * 12 + s.size * (SLOT_BYTES - 12) + len(s.postings) * POSTINGS_BYTES
+
+
+def _compacted(s: TokenStreams) -> int:
+    """The same once compacted: live slots, 1/8 growth slack, the first block."""
+    return (s.live * (SLOT_BYTES + 2) + _MIN_GROW * 12
+            + len(s.postings) * POSTINGS_BYTES)
 
 
 __all__ = [
