@@ -138,8 +138,7 @@ class SuffixProposer:
             state = None  # (not the request indexed under this id: start again)
         if state is None:
             num_prompt = row.num_prompt_tokens if row.num_prompt_tokens is not None else n
-            state = _Request(TokenStreams(), 0, int(tokens[0]), row.isolation_key,
-                             min(num_prompt, n))
+            state = _Request(TokenStreams(), 0, int(tokens[0]), row.isolation_key, num_prompt)
             self._requests[row.req_id] = state
             if state.key is not None:
                 self.global_index.start(row.req_id, state.key)
