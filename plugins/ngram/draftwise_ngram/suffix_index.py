@@ -40,18 +40,23 @@ Counts include the occurrence at the very end of a stream (the context's own suf
 the request's index): it has no continuation, so it lowers probabilities as in Arctic.
 
 **Memory.** A slot costs 12 bytes in the three int32 arrays plus ~4.5 in the postings
-(4 bytes and ``array``'s growth slack); each distinct token's postings array adds ~80
-bytes. :class:`GlobalIndex` keeps every isolation key's streams within one budget in
-bytes (:data:`DEFAULT_BUDGET_BYTES`, 256 MiB: about 15M tokens, some 30,000 requests of
-500 output tokens, beside vLLM's 10,000-request cap): past it, the oldest cached outputs
-are evicted first, across keys, and the streams compacted, so what is allocated stays
-under the budget. An evicted stream's slots are marked dead (``buf = NONE``) and skipped
-by every lookup; a stream is compacted (dead slots dropped, postings rebuilt) once its
-dead slots outnumber its live ones, so the work is amortised O(1) a token.
+(4 bytes and ``array``'s growth slack); each distinct token's postings array adds ~160
+bytes. Measured: about 17 bytes per cached output token (``benchmarks/agentic.py``: 1.8
+MB per 1,000 requests of ~107 tokens). :class:`GlobalIndex` keeps every isolation key's
+streams within one budget in bytes (:data:`DEFAULT_BUDGET_BYTES`, 256 MiB: about 14M
+tokens, so vLLM's default of 10,000 cached requests fits at 500 tokens each): past it,
+the oldest cached outputs are evicted first, across keys, and the streams compacted, so
+what is allocated stays under the budget. An evicted stream's slots are marked dead
+(``buf = NONE``) and skipped by every lookup; a key's streams are compacted (dead slots
+dropped, postings rebuilt) once dead slots outnumber live ones, so the work is
+amortised O(1) a token.
 
-A library was considered: ``arctic-inference`` (vLLM's dependency for ``suffix``) ships
-the tree as a CUDA-era wheel with torch pins; pure-Python suffix-tree packages on PyPI
-are unmaintained and offline (no incremental append, no eviction, no counts).
+**Why not a library.** ``arctic-inference`` (what vLLM imports for ``suffix``) is a vLLM
+plugin package; its tree is a compiled extension inside it, not a library of its own.
+The suffix-tree packages on PyPI (``suffix-tree``, ``suffix-trees``, ``suffixtree``,
+``csuffixtree``) and suffix-array ones (``pydivsufsort``, ``suffix-array``) build over
+fixed strings: none appends to many growing sequences, limits depth, counts
+continuations, or evicts, which is this index's whole job.
 """
 
 from __future__ import annotations
