@@ -7,7 +7,9 @@ with its count (how many places it occurs). This module gives the same answers w
 a tree, from the streams themselves and an inverted index:
 
 - ``buf[p]`` the token at slot ``p``; ``prev[p]`` / ``nxt[p]`` the slots of the tokens
-  before and after it in the same stream (``NONE`` at a stream's ends). Streams grow
+  before and after it in the same stream (``NONE`` at a stream's ends), and ``ptok[p]`` /
+  ``ntok[p]`` those tokens themselves (so the large first steps over a common token's
+  slots are one ordered gather each, not a pointer chase across the array). Streams grow
   interleaved (every running request appends each step), so each is a linked run of
   slots in one array, and a lookup over all streams is a few vectorised gathers;
 - ``postings[t]``: the slots holding token ``t`` (``array('i')``, in slot order).
@@ -39,14 +41,22 @@ The proposal (:func:`speculate`, Arctic's ``SuffixTree::speculate`` with path dr
 Counts include the occurrence at the very end of a stream (the context's own suffix, in
 the request's index): it has no continuation, so it lowers probabilities as in Arctic.
 
-**Memory.** A slot costs 12 bytes in the three int32 arrays plus ~4.5 in the postings
+**Memory.** A slot costs 20 bytes in the five int32 arrays plus ~4.5 in the postings
 (4 bytes and ``array``'s growth slack); each distinct token's postings array adds ~160
-bytes. Measured: about 17 bytes per cached output token (``benchmarks/agentic.py``: 1.8
+bytes. Measured: about 25 bytes per cached output token (``benchmarks/agentic.py``: 2.7
 MB per 1,000 requests of ~107 tokens). :class:`GlobalIndex` keeps every isolation key's
-streams within one budget in bytes (:data:`DEFAULT_BUDGET_BYTES`, 256 MiB: about 14M
-tokens, so vLLM's default of 10,000 cached requests fits at 500 tokens each): past it,
-the oldest cached outputs are evicted first, across keys, and the streams compacted, so
-what is allocated stays under the budget. An evicted stream's slots are marked dead
+streams within one budget in bytes (:data:`DEFAULT_BUDGET_BYTES`, 64 MiB: about 2.4M
+tokens, vLLM's default of 10,000 cached requests at ~240 tokens each): past it, the
+oldest cached outputs are evicted first, across keys, and the streams compacted, so
+what is allocated stays under the budget.
+
+**Cost.** A lookup is O(occurrences of the context's last token) in the first two
+steps (one ordered gather over its slots for the match, one for the continuation
+counts), then O(survivors). Measured on the 2-core test machine under load, 2M cached
+tokens: ~0.8 ms for a random context, ~4-9 ms for one ending in a token that is 10% of
+the corpus (190k slots). That, not memory, is why the default budget is 64 MiB rather
+than room for vLLM's 10,000 requests at any length: the budget bounds the per-step
+cost too. A larger one is a ``GlobalIndex(budget_bytes=...)`` away. An evicted stream's slots are marked dead
 (``buf = NONE``) and skipped by every lookup; a key's streams are compacted (dead slots
 dropped, postings rebuilt) once dead slots outnumber live ones, so the work is
 amortised O(1) a token.
@@ -70,12 +80,13 @@ import numpy as np
 
 #: no slot (a stream's first token has no ``prev``, its last no ``nxt``; a dead slot's token)
 NONE = -1
-#: bytes a slot costs: token, prev and next (int32 each) plus its postings entry with slack
-SLOT_BYTES = 17
+#: bytes a slot costs: its five int32 entries plus its postings entry with slack
+SLOT_BYTES = 25
+_ARRAYS = ("buf", "prev", "nxt", "ptok", "ntok")
 #: bytes a distinct token's postings array costs beyond its entries (object, dict slot)
 POSTINGS_BYTES = 160
 #: the global index's default budget across all isolation keys
-DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+DEFAULT_BUDGET_BYTES = 64 * 1024 * 1024
 _MIN_GROW = 1024
 
 
@@ -96,12 +107,14 @@ class Draft:
 class TokenStreams:
     """Streams of tokens in one slot array, with the inverted index a lookup needs."""
 
-    __slots__ = ("buf", "prev", "nxt", "postings", "size", "dead", "_tail")
+    __slots__ = ("buf", "prev", "nxt", "ptok", "ntok", "postings", "size", "dead", "_tail")
 
     def __init__(self) -> None:
         self.buf = np.full(0, NONE, dtype=np.int32)  # [capacity] token per slot
         self.prev = np.full(0, NONE, dtype=np.int32)  # [capacity] slot before, same stream
         self.nxt = np.full(0, NONE, dtype=np.int32)  # [capacity] slot after, same stream
+        self.ptok = np.full(0, NONE, dtype=np.int32)  # [capacity] token before, same stream
+        self.ntok = np.full(0, NONE, dtype=np.int32)  # [capacity] token after, same stream
         #: token -> its slots, ascending (dead ones included until compaction)
         self.postings: dict[int, array[int]] = {}
         #: slots used (live and dead)
@@ -124,7 +137,7 @@ class TokenStreams:
         if need <= cap:
             return
         new = max(need, cap + cap // 8, cap + _MIN_GROW)
-        for name in ("buf", "prev", "nxt"):
+        for name in _ARRAYS:
             old = getattr(self, name)
             grown = np.full(new, NONE, dtype=np.int32)
             grown[: self.size] = old[: self.size]
@@ -141,11 +154,15 @@ class TokenStreams:
         tail = self._tail.get(handle)
         self.prev[start + 1 : start + n] = slots[:-1]
         self.nxt[start : start + n - 1] = slots[1:]
+        self.ptok[start + 1 : start + n] = tokens[:-1]
+        self.ntok[start : start + n - 1] = tokens[1:]
         if tail is None:
             self._tail[handle] = [start, start + n - 1, n]
         else:
             self.prev[start] = tail[1]
+            self.ptok[start] = self.buf[tail[1]]
             self.nxt[tail[1]] = start
+            self.ntok[tail[1]] = tokens[0]
             tail[1], tail[2] = start + n - 1, tail[2] + n
         postings = self.postings
         for i, t in enumerate(tokens):
@@ -179,14 +196,15 @@ class TokenStreams:
         new_of[live] = np.arange(live.shape[0], dtype=np.int32)
         n = live.shape[0]
         cap = n + max(_MIN_GROW, n // 8)
-        buf = np.full(cap, NONE, dtype=np.int32)
-        prev = np.full(cap, NONE, dtype=np.int32)
-        nxt = np.full(cap, NONE, dtype=np.int32)
-        buf[:n] = self.buf[live]
+        new = {name: np.full(cap, NONE, dtype=np.int32) for name in _ARRAYS}
+        for name in ("buf", "ptok", "ntok"):
+            new[name][:n] = getattr(self, name)[live]
         # a live slot's neighbours are live (streams die whole); NONE maps to new_of[-1] = NONE
-        prev[:n] = new_of[self.prev[live]]
-        nxt[:n] = new_of[self.nxt[live]]
-        self.buf, self.prev, self.nxt = buf, prev, nxt
+        new["prev"][:n] = new_of[self.prev[live]]
+        new["nxt"][:n] = new_of[self.nxt[live]]
+        for name in _ARRAYS:
+            setattr(self, name, new[name])
+        buf = self.buf
         self.postings = {}
         if n:
             order = np.argsort(buf[:n], kind="stable").astype(np.int32)
@@ -202,7 +220,7 @@ class TokenStreams:
 
     def nbytes(self) -> int:
         """Bytes allocated: the three arrays and the postings (objects included)."""
-        arrays = self.buf.nbytes + self.prev.nbytes + self.nxt.nbytes
+        arrays = sum(getattr(self, name).nbytes for name in _ARRAYS)
         postings = sys.getsizeof(self.postings) + sum(
             sys.getsizeof(a) + 32 for a in self.postings.values())  # (+ the key's int)
         return arrays + postings
@@ -217,22 +235,21 @@ class TokenStreams:
         p = self.postings.get(pattern[-1])
         if p is None:
             return []
-        ends = np.frombuffer(p, dtype=np.int32).copy()  # (a copy: p may grow later)
+        # (a view, dropped before anything appends: an exported array cannot grow)
+        ends = np.frombuffer(p, dtype=np.int32)
         if self.dead:
             ends = ends[self.buf[ends] == pattern[-1]]
         if ends.size == 0:
             return []
         out = [ends]
-        back = ends
+        back = ends  # the slot of the earliest pattern token matched so far
         for j in range(1, len(pattern) - 1):
-            back = self.prev[back]
-            keep = back != NONE
-            back = back[keep]
-            keep2 = self.buf[back] == pattern[-1 - j]
-            back, ends = back[keep2], ends[keep][keep2]
+            keep = self.ptok[back] == pattern[-1 - j]  # (NONE, a stream's start, never is)
+            ends = ends[keep]
             if ends.size == 0:
                 break
             out.append(ends)
+            back = self.prev[back[keep]]
         return out
 
     def walk(self, ends: np.ndarray, limit: int, min_prob: float) -> Draft:
@@ -242,27 +259,25 @@ class TokenStreams:
         total = ends.shape[0]
         cur = ends
         while len(draft.token_ids) < limit:
-            after = self.nxt[cur]
-            after = after[after != NONE]
-            if after.size == 0:
+            following = self.ntok[cur]  # (NONE: nothing follows yet)
+            toks = following[following != NONE]
+            if toks.size == 0:
                 break
-            toks = self.buf[after]
             if toks.size <= 32:  # (a few: Python beats numpy's fixed costs)
                 counts: dict[int, int] = {}
                 for t in toks.tolist():
                     counts[t] = counts.get(t, 0) + 1
-                best = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
-                tok, count = best
-            else:
-                values, nums = np.unique(toks, return_counts=True)
-                i = int(np.argmax(nums))  # (first max: the smallest token id)
-                tok, count = int(values[i]), int(nums[i])
+                tok, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
+            else:  # (a count per token id: O(n + vocab), no sort of a common token's slots)
+                nums = np.bincount(toks)
+                tok = int(np.argmax(nums))  # (first max: the smallest token id)
+                count = int(nums[tok])
             prob = count / total  # count(match + draft + tok) / count(match)
             if prob < min_prob:
                 break
             draft.token_ids.append(tok)
             draft.probs.append(prob)
-            cur = after[toks == tok]
+            cur = self.nxt[cur[following == tok]]
         return draft
 
 
@@ -401,7 +416,7 @@ class GlobalIndex:
         target = self.budget_bytes * 7 // 8
         live = sum(_compacted(s) for s in self.streams.values())
         while self.cached and live > target:
-            live -= self._evict(next(iter(self.cached))) * (SLOT_BYTES + 2)
+            live -= self._evict(next(iter(self.cached))) * (SLOT_BYTES + 3)
         for streams in self.streams.values():
             if streams.dead:
                 streams.compact()
@@ -415,12 +430,12 @@ _SMALL_BUDGET = 64 * 1024 * 1024
 
 def _allocated(s: TokenStreams) -> int:
     """A key's streams' bytes as allocated: arrays by capacity, postings by entries."""
-    return s.buf.shape[0] * 12 + s.size * (SLOT_BYTES - 12) + len(s.postings) * POSTINGS_BYTES
+    return s.buf.shape[0] * 20 + s.size * (SLOT_BYTES - 20) + len(s.postings) * POSTINGS_BYTES
 
 
 def _compacted(s: TokenStreams) -> int:
     """The same once compacted: live slots, 1/8 growth slack, the first block."""
-    return (s.live * (SLOT_BYTES + 2) + _MIN_GROW * 12
+    return (s.live * (SLOT_BYTES + 3) + _MIN_GROW * 20
             + len(s.postings) * POSTINGS_BYTES)
 
 
