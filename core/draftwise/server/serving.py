@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -247,7 +248,8 @@ def isolation_key(config: ServerConfig, body: AnyRequest) -> str | None:
     if config.draft_index_scope == "server":
         return "server"
     if config.draft_index_scope == "user" and body.user:
-        return f"user:{body.user}"
+        # (a digest: fixed size however long the field, and no user name kept in the index)
+        return "user:" + hashlib.sha256(body.user.encode("utf-8", "surrogatepass")).hexdigest()
     return None
 
 

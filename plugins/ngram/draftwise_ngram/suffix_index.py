@@ -87,7 +87,7 @@ _ARRAYS = ("buf", "prev", "nxt", "ptok", "ntok")
 POSTINGS_BYTES = 160
 #: the global index's default budget across all isolation keys
 DEFAULT_BUDGET_BYTES = 64 * 1024 * 1024
-_MIN_GROW = 1024
+_MIN_GROW = 256
 
 
 @dataclass(slots=True)

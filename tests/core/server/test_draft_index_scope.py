@@ -7,6 +7,7 @@ shares one index; "off" none. Output is the target's either way.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import httpx
@@ -38,18 +39,24 @@ def complete(url: str, **extra) -> str:
     return reply.json()["choices"][0]["text"]
 
 
+def user_key(user: str) -> str:
+    return "user:" + hashlib.sha256(user.encode()).hexdigest()
+
+
 def keys_seen(engine: LLMEngine) -> set[str]:
     return set(engine.spec.drafters[0].proposer.global_index.streams)
 
 
 @pytest.mark.parametrize(("scope", "expected"), [
-    ("user", {"user:alice", "user:bob"}), ("server", {"server"}), ("off", set())])
+    ("user", {"alice", "bob"}), ("server", {"server"}), ("off", set())])
 def test_scope_decides_the_keys(tiny: Path, scope: str, expected: set[str]) -> None:
     engine = LLMEngine(EngineArgs(model=str(tiny), dtype="bfloat16", speculative_config=SUFFIX))
     kwargs = {} if scope == "user" else {"draft_index_scope": scope}
     with serving(engine, **kwargs) as url:
         texts = {complete(url, user="alice"), complete(url, user="bob"), complete(url)}
     assert len(texts) == 1  # the same greedy output whoever drafted it
+    if scope == "user":
+        expected = {user_key(u) for u in expected}
     assert keys_seen(engine) == expected
 
 
@@ -58,7 +65,9 @@ def test_isolation_key_mapping() -> None:
     assert config.draft_index_scope == "user"  # the safe default
     with_user = CompletionRequest(prompt="x", user="u1")
     without = CompletionRequest(prompt="x")
-    assert isolation_key(config, with_user) == "user:u1"
+    assert isolation_key(config, with_user) == user_key("u1")
+    # a digest: the same size for any user, and the name itself is not kept
+    assert len(isolation_key(config, CompletionRequest(prompt="x", user="u" * 10_000))) == 69
     assert isolation_key(config, without) is None
     shared = ServerConfig(served_model_names=("m",), draft_index_scope="server")
     assert isolation_key(shared, without) == "server"
