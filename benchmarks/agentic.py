@@ -12,6 +12,13 @@ Four parts, written before any run and not tuned to one (greedy, chat template):
   items (outputs share a shape across requests);
 - ``chat``: open questions, nothing repeated (the control).
 
+``--llama 'LABEL=FLAGS'`` adds llama.cpp's ``llama-server`` (``benchmarks/llamacpp.py``,
+the default model's GGUF as is) at concurrency 1, e.g. its n-gram modes:
+
+    python benchmarks/agentic.py --concurrency 1 --llama 'llama=' \
+        --llama 'llama ngram-cache=--spec-type ngram-cache' \
+        --llama 'llama ngram-mod=--spec-type ngram-mod'
+
 Modes (``--mode LABEL=JSON``, repeatable; default off, ngram as the project runs it,
 suffix with vLLM's defaults) each get their own engine, built and warmed first. At
 concurrency 1 every conversation runs on every mode in turn (the order rotating), so the
@@ -172,7 +179,52 @@ class Mode:
                 "proposers": spec.proposer_stats()}
 
 
-def run_c1(modes: list[Mode], convs: list[Conversation], max_tokens: int) -> list[Result]:
+class LlamaMode:
+    """llama.cpp's own server as one more mode (concurrency 1 only): the same prompt token
+    ids (draftwise's chat template), greedy ``/completion`` with its prompt cache off; the
+    next turn's prompt carries llama.cpp's own answer. Speculation flags are server-wide,
+    so ``ngram-mod``'s table and ``ngram-cache``'s dynamic cache persist across requests,
+    as suffix's global index does."""
+
+    def __init__(self, label: str, flags: list[str], threads: int, templater: Mode,
+                 log_dir: Path) -> None:
+        from draftwise.formats.default_model import default_model_path
+        from llamacpp import DEFAULT_BUILD, LlamaServer
+
+        self.label = label
+        self.templater = templater
+        self.flags = flags
+        self.server = LlamaServer(DEFAULT_BUILD / "llama-server", default_model_path(),
+                                  threads, flags, log_dir / f"{label.replace(' ', '_')}.log")
+        self.server.start()
+        self.history: dict[str, list[dict[str, str]]] = {}
+        self.draft_n = 0
+        self.draft_n_accepted = 0
+
+    messages = Mode.messages
+
+    def run(self, batch: list[tuple[Conversation, int]], max_tokens: int) -> list[Result]:
+        out: list[Result] = []
+        for conv, turn in batch:
+            ids = self.templater.engine.apply_chat_template(self.messages(conv, turn), True)
+            reply = self.server.complete(list(ids), max_tokens)
+            self.history[conv.cid].append({"role": "assistant", "content": reply["content"]})
+            timings = reply.get("timings", {})
+            self.draft_n += int(timings.get("draft_n", 0) or 0)
+            self.draft_n_accepted += int(timings.get("draft_n_accepted", 0) or 0)
+            out.append(Result(self.label, conv.part, f"{conv.cid}.t{turn}",
+                              list(reply.get("tokens", [])), reply["_seconds"]))
+        return out
+
+    def proposer_stats(self) -> dict[str, Any]:
+        return {"flags": self.flags, "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted}
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def run_c1(modes: list[Any], convs: list[Conversation], max_tokens: int) -> list[Result]:
     results: list[Result] = []
     i = 0
     for conv in convs:
@@ -265,6 +317,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1])
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--llama", action="append", default=None, metavar="LABEL=FLAGS",
+                    help="a llama-server mode at concurrency 1 (repeatable), e.g. "
+                         "'llama ngram-mod=--spec-type ngram-mod'; 'LABEL=' runs it plain")
     ap.add_argument("--parts", default="edit,tool,shape,chat")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
@@ -279,11 +334,20 @@ def main() -> None:
     report: dict[str, Any] = {"threads": args.threads, "max_tokens": args.max_tokens,
                               "modes": specs, "loadavg_before": loadavg(), "runs": {}}
     for conc in args.concurrency:
-        modes = []
+        modes: list[Any] = []
         for text in specs:
             label, _, cfg = text.partition("=")
             spec = None if cfg.strip() in ("", "null") else cfg
             modes.append(Mode(label, spec, args.threads, max(1, conc)))
+        if conc == 1:
+            import shlex
+            import tempfile
+
+            log_dir = Path(tempfile.mkdtemp(prefix="agentic-llama-"))
+            for text in args.llama or []:
+                label, _, flags = text.partition("=")
+                modes.append(LlamaMode(label, shlex.split(flags), args.threads, modes[0],
+                                       log_dir))
         for m in modes:  # warm-up: first-call costs stay out of the numbers
             m.run([(Conversation("warm", "warm", ["Say hello."]), 0)], 8)
             m.history.clear()
@@ -296,8 +360,12 @@ def main() -> None:
             "by_part": summarize(results, labels),
             "speculation": {m.label: m.proposer_stats() for m in modes},
         }
+        for m in modes:
+            if isinstance(m, LlamaMode):
+                m.close()
         if conc == args.concurrency[0]:
-            report["global_index_memory_per_1000_requests"] = index_memory(results)
+            report["global_index_memory_per_1000_requests"] = index_memory(
+                [r for r in results if not r.mode.startswith("llama")])
         print(json.dumps({f"c{conc}": report["runs"][f"c{conc}"]["by_part"]["all"]}),
               file=sys.stderr, flush=True)
         del modes
