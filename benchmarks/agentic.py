@@ -320,6 +320,10 @@ def main() -> None:
     ap.add_argument("--llama", action="append", default=None, metavar="LABEL=FLAGS",
                     help="a llama-server mode at concurrency 1 (repeatable), e.g. "
                          "'llama ngram-mod=--spec-type ngram-mod'; 'LABEL=' runs it plain")
+    ap.add_argument("--llama-threads", type=int, default=None,
+                    help="llama-server's -t (default --threads); on a shared machine its "
+                         "spinning threads collapse when oversubscribed (measured: 3 tok/s "
+                         "at -t 2 beside one busy core, 58 at -t 1)")
     ap.add_argument("--parts", default="edit,tool,shape,chat")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
@@ -331,7 +335,8 @@ def main() -> None:
     ]
     wanted = set(args.parts.split(","))
     convs = [c for c in workload() if c.part in wanted]
-    report: dict[str, Any] = {"threads": args.threads, "max_tokens": args.max_tokens,
+    report: dict[str, Any] = {"threads": args.threads, "llama_threads": args.llama_threads,
+                              "llama": args.llama, "max_tokens": args.max_tokens,
                               "modes": specs, "loadavg_before": loadavg(), "runs": {}}
     for conc in args.concurrency:
         modes: list[Any] = []
@@ -346,8 +351,8 @@ def main() -> None:
             log_dir = Path(tempfile.mkdtemp(prefix="agentic-llama-"))
             for text in args.llama or []:
                 label, _, flags = text.partition("=")
-                modes.append(LlamaMode(label, shlex.split(flags), args.threads, modes[0],
-                                       log_dir))
+                modes.append(LlamaMode(label, shlex.split(flags),
+                                       args.llama_threads or args.threads, modes[0], log_dir))
         for m in modes:  # warm-up: first-call costs stay out of the numbers
             m.run([(Conversation("warm", "warm", ["Say hello."]), 0)], 8)
             m.history.clear()
