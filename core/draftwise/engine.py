@@ -147,11 +147,15 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         speculative: SpeculativeParams | None = None,
+        isolation_key: str | None = None,
     ) -> str:
         """Validate and queue a request; returns its id. Bad input raises RequestError.
 
         ``speculative`` narrows speculation for this request only (off, fewer drafts, one
         chain member, fixed depth, token provenance): ``draftwise.spec_params``.
+        ``isolation_key``: requests with the same key may draft from each other's outputs
+        (suffix decoding's global index); None (the default) drafts from the request's
+        own tokens only.
         """
         params = params or SamplingParams()
         if speculative is not None:
@@ -176,11 +180,13 @@ class LLMEngine:
         self.stats.num_prompt_tokens += len(ids)
         if params.n == 1:
             self.scheduler.add(
-                self._new_request(req_id, text, ids, params, bad_words, speculative))
+                self._new_request(req_id, text, ids, params, bad_words, speculative,
+                                  isolation_key))
             return req_id
         parent = ParentRequest(req_id)
         for i, child in enumerate(child_params(params)):
-            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words, speculative)
+            req = self._new_request(f"{i}_{req_id}", text, ids, child, bad_words, speculative,
+                                    isolation_key)
             req.parent, req.index = parent, i
             parent.children.append(req)
         self._parents[req_id] = parent
@@ -196,6 +202,7 @@ class LLMEngine:
     def _new_request(
         self, req_id: str, text: str | None, ids: list[int], params: SamplingParams,
         bad_words: tuple[tuple[int, ...], ...], speculative: SpeculativeParams | None,
+        isolation_key: str | None = None,
     ) -> Request:
         """A checked request's state: its generator, detokenizer and records."""
         if req_id in self.scheduler.requests or req_id in self._parents:
@@ -216,6 +223,7 @@ class LLMEngine:
             generator=generator,
             grammar=self._grammar(params),
             bad_words_token_ids=bad_words,
+            isolation_key=isolation_key,
         )
         if params.logprobs is not None:
             req.logprobs, req.cumulative_logprob = [], 0.0

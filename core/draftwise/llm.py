@@ -45,10 +45,13 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         speculative: SpeculativeParams | Sequence[SpeculativeParams | None] | None = None,
+        isolation_key: str | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in input order.
 
         ``speculative``: per-request speculation settings, one for all or one per prompt.
+        ``isolation_key``: these requests may draft from the outputs of others with the
+        same key (suffix decoding); None: each from its own tokens only.
         """
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -71,7 +74,7 @@ class LLM:
                 raise ValueError(f"{len(spec_list)} speculative params for {len(prompt_list)} "
                                  "prompts")
         ids = [
-            self.engine.add_request(p, sp, speculative=s)
+            self.engine.add_request(p, sp, speculative=s, isolation_key=isolation_key)
             for p, sp, s in zip(prompt_list, params_list, spec_list)
         ]
         return self._run(ids)
@@ -82,6 +85,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
         speculative: SpeculativeParams | Sequence[SpeculativeParams | None] | None = None,
+        isolation_key: str | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
         conversations: list[list[Message]]
@@ -93,7 +97,7 @@ class LLM:
             {"prompt_token_ids": self.engine.apply_chat_template(c, add_generation_prompt)}
             for c in conversations
         ]
-        return self.generate(prompts, sampling_params, speculative)
+        return self.generate(prompts, sampling_params, speculative, isolation_key)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         """Step until the given requests finish; other queued requests keep running too."""

@@ -98,6 +98,10 @@ class Request:
     #: per output token: "accepted:<method>", "recovered", "bonus" or "plain" (None:
     #: not asked for)
     provenance: list[str] | None = None
+    #: who may share drafts with whom: requests with the same key may be drafted from
+    #: each other's outputs (suffix decoding's global index); None: from nothing but the
+    #: request's own tokens. Opaque to the engine; the server sets it (``--draft-index-scope``)
+    isolation_key: str | None = None
     # -------------------------------------------------------------------------------
     token_buf: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)

@@ -219,6 +219,8 @@ class Speculation:
             generator=req.generator,
             history=(token_history(req, np.zeros(0, dtype=np.int64))
                      if req.params.needs_history else None),
+            num_prompt_tokens=req.num_prompt_tokens,
+            isolation_key=req.isolation_key,
         )
         if drafter.own_kv:
             state = self._states[req.req_id]

@@ -355,6 +355,11 @@ class DraftRow:
     #: ``needs_target_hidden``: layer -> ``[len(token_ids) - 1 - num_kv_computed, hidden]``,
     #: the target's hidden states at positions ``num_kv_computed .. len(token_ids) - 2``
     hidden: dict[int, torch.Tensor] | None = None
+    #: how many leading ``token_ids`` are the prompt (None: not known, e.g. a hand-built row)
+    num_prompt_tokens: int | None = None
+    #: the request's isolation key (``Request.isolation_key``): a proposer may draft a row
+    #: from other requests' tokens only when they carry the same key; None: from its own
+    isolation_key: str | None = None
 
 
 @dataclass(slots=True)

@@ -61,6 +61,11 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--return-spec-metrics", is_flag=True,
               help="Add per-request spec-decode metrics to every response (a request can "
                    "also ask with \"return_spec_metrics\": true).")
+@click.option("--draft-index-scope", default="user", show_default=True,
+              type=click.Choice(["user", "server", "off"]),
+              help="Who may be drafted from whose earlier outputs (suffix decoding's global "
+                   "index): requests with the same `user` field; every request of the "
+                   "server; nobody (each request drafts from its own tokens only).")
 @click.option("--shutdown-timeout", default=30.0, show_default=True,
               type=click.FloatRange(0.0),
               help="Seconds in-flight requests get to finish after SIGTERM/SIGINT.")
@@ -104,6 +109,7 @@ def serve(
     served_names: tuple[str, ...],
     api_key: str | None,
     return_spec_metrics: bool,
+    draft_index_scope: str,
     shutdown_timeout: float,
     max_request_bytes: int,
     header_timeout: float,
@@ -165,6 +171,7 @@ def serve(
         served_model_names=tuple(names),
         api_key=api_key,
         return_spec_metrics=return_spec_metrics,
+        draft_index_scope=draft_index_scope,  # type: ignore[arg-type]
         limits=limits,
         enable_docs=enable_docs,
         model_root=str(getattr(getattr(engine, "loaded", None), "path", model or "")) or None,

@@ -236,7 +236,7 @@ def check_structure(spec: Speculator, core: SpeculativeConfig, notices: list[str
         if caps.needs_checkpoint and reads_checkpoint and completes_k(spec.options):
             where = "the draft checkpoint" if core.model is not None else "the target checkpoint"
             notices.append(f"num_speculative_tokens not given: {where}'s config decides it")
-        else:
+        elif not defaults_k(spec.options):
             raise MissingKeyError(
                 f"method '{method}' needs 'num_speculative_tokens' (how many tokens to draft "
                 "per step, e.g. 4).",
@@ -258,6 +258,23 @@ def completes_k(options: type[BaseModel]) -> bool:
     return callable(getattr(options, "check_checkpoint", None))
 
 
+def defaults_k(options: type[BaseModel]) -> bool:
+    """Whether an options model gives k from its own values when the config leaves it out
+    (``default_num_speculative_tokens()``: vLLM's suffix takes its tree depth)."""
+    return callable(getattr(options, "default_num_speculative_tokens", None))
+
+
+def default_k(options: BaseModel, notices: list[str]) -> int:
+    """The k an options model defaults to, capped at what verification takes."""
+    k = int(options.default_num_speculative_tokens())  # type: ignore[attr-defined]
+    if k > MAX_NUM_SPECULATIVE_TOKENS:
+        notices.append(f"num_speculative_tokens not given: the method's default {k} is capped "
+                       f"at {MAX_NUM_SPECULATIVE_TOKENS}, the most verification takes")
+        return MAX_NUM_SPECULATIVE_TOKENS
+    notices.append(f"num_speculative_tokens not given: the method's options give {k}")
+    return k
+
+
 def validate_options(
     spec: Speculator, core: SpeculativeConfig, values: dict[str, Any]
 ) -> BaseModel:
@@ -274,6 +291,8 @@ __all__ = [
     "SpeculativeConfig",
     "check_structure",
     "check_unused_field",
+    "default_k",
+    "defaults_k",
     "refusal_for",
     "translate",
     "validate_core",

@@ -22,6 +22,8 @@ from draftwise.config.core import (
     KSchedule,
     check_structure,
     check_unused_field,
+    default_k,
+    defaults_k,
     k_schedule,
     refusal_for,
     validate_core,
@@ -384,6 +386,9 @@ def _resolve_single(
     core = validate_core(core_values)
     check_structure(spec, core, notices)
     options = validate_options(spec, core, option_values)
+    k = core.num_speculative_tokens
+    if k is None and defaults_k(spec.options):
+        k = default_k(options, notices)
     if spec.make_proposer is None:
         notices.append(
             f"method {spec.method} is registered but its proposer is not built yet: the "
@@ -393,11 +398,11 @@ def _resolve_single(
         notices.append("enforce_eager has no effect: draftwise captures no graphs")
     # a chain checks the schedule once, against its largest k
     schedule = core.num_speculative_tokens_per_batch_size
-    ks = k_schedule(schedule, None if in_chain else core.num_speculative_tokens)
+    ks = k_schedule(schedule, None if in_chain else k)
     return ResolvedSpeculativeConfig(
         method=spec.method,
         model=core.model,
-        num_speculative_tokens=core.num_speculative_tokens,
+        num_speculative_tokens=k,
         k_schedule=ks,
         draft_sample_method=core.draft_sample_method,
         rejection_sample_method=core.rejection_sample_method,

@@ -46,11 +46,6 @@ class VllmField:
 
 
 _LOCAL = "draftwise reads local checkpoints only"
-_SUFFIX = (
-    "it configures vLLM's 'suffix' method (arctic-inference suffix trees), which draftwise "
-    "does not have",
-    "method 'ngram' is draftwise's model-free drafter",
-)
 _SYNTH = (
     "it only feeds rejection_sample_method 'synthetic', a benchmarking mode that is not "
     "lossless, which draftwise refuses",
@@ -138,10 +133,10 @@ VLLM_FIELDS: tuple[VllmField, ...] = (
               "drop it; draftwise reads the draft's own config.json from 'model'"),
     VllmField("draft_parallel_config", 501, "ParallelConfig", None, _I, _INTERNAL,
               "drop it; draftwise runs on one device"),
-    VllmField("suffix_decoding_max_tree_depth", 505, "int", 24, _U, *_SUFFIX),
-    VllmField("suffix_decoding_max_cached_requests", 509, "int", 10000, _U, *_SUFFIX),
-    VllmField("suffix_decoding_max_spec_factor", 515, "float", 1.0, _U, *_SUFFIX),
-    VllmField("suffix_decoding_min_token_prob", 520, "float", 0.1, _U, *_SUFFIX),
+    VllmField("suffix_decoding_max_tree_depth", 505, "int", 24, _O, methods=("suffix",)),
+    VllmField("suffix_decoding_max_cached_requests", 509, "int", 10000, _O, methods=("suffix",)),
+    VllmField("suffix_decoding_max_spec_factor", 515, "float", 1.0, _O, methods=("suffix",)),
+    VllmField("suffix_decoding_min_token_prob", 520, "float", 0.1, _O, methods=("suffix",)),
     VllmField("draft_load_config", 525, "LoadConfig | None", None, _I,
               "vLLM's engine builds it from its load options; draftwise's loaders detect the "
               "draft's format themselves",
@@ -173,6 +168,7 @@ FIRST_PARTY: dict[str, str] = {
     "dflash": "draftwise-dflash",
     "dspark": "draftwise-dspark",
     "ngram": "draftwise-ngram",
+    "suffix": "draftwise-ngram",
     "draft_model": "draftwise-draft-model",
 }
 
@@ -182,7 +178,6 @@ VLLM_ONLY_METHODS: dict[str, tuple[str, str]] = {
     "eagle3": ("EAGLE-3 drafters are not implemented", "use 'dflash' or 'draft_model'"),
     "medusa": ("Medusa heads are not implemented", "use 'mtp' or 'draft_model'"),
     "mlp_speculator": ("MLP speculators are not implemented", "use 'draft_model'"),
-    "suffix": ("suffix decoding (arctic-inference) is not implemented", "use 'ngram'"),
     "ngram_gpu": ("it is vLLM's GPU variant of ngram", "use 'ngram' (the same lookup)"),
     "extract_hidden_states": ("it extracts hidden states and drafts nothing", "drop it"),
     "custom_class": (

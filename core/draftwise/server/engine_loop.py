@@ -163,11 +163,13 @@ class EngineLoop:
     # -- the async API ------------------------------------------------------------------
 
     async def submit(
-        self, request_id: str, build: BuildFn, speculative: Any = None
+        self, request_id: str, build: BuildFn, speculative: Any = None,
+        isolation_key: str | None = None,
     ) -> RequestStream:
         """Tokenize on a worker thread, then add on the engine thread.
 
         ``speculative``: the request's ``SpeculativeParams`` (None: the server's settings).
+        ``isolation_key``: whose outputs it may be drafted from (``Request.isolation_key``).
 
         Raises what ``build`` or ``add_request`` raised (bad input), or :class:`LoopClosed`.
         """
@@ -192,10 +194,12 @@ class EngineLoop:
                 added.set_exception(LoopClosed("the server is shutting down"))
                 return
             try:
-                if speculative is None:
-                    self.engine.add_request(prompt, params, request_id)
-                else:
-                    self.engine.add_request(prompt, params, request_id, speculative=speculative)
+                extra: dict[str, Any] = {}
+                if speculative is not None:
+                    extra["speculative"] = speculative
+                if isolation_key is not None:
+                    extra["isolation_key"] = isolation_key
+                self.engine.add_request(prompt, params, request_id, **extra)
             except Exception as exc:  # noqa: BLE001 - handed to the request's caller
                 added.set_exception(exc)
                 return

@@ -10,11 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -57,6 +58,11 @@ class ServerConfig:
     api_key: str | None = None
     #: default of the per-request ``return_spec_metrics`` field
     return_spec_metrics: bool = False
+    #: who may be drafted from whose outputs (suffix decoding's global index, keyed by
+    #: ``Request.isolation_key``): "user" requests with the same ``user`` field (none
+    #: without one), "server" every request, "off" nobody. The server has one API key, so
+    #: keying by key would be "server"
+    draft_index_scope: Literal["user", "server", "off"] = "user"
     model_root: str | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
     #: serve /docs, /redoc and /openapi.json (behind the key when there is one)
@@ -64,6 +70,9 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         check_api_key(self.api_key)
+        if self.draft_index_scope not in ("user", "server", "off"):
+            raise ValueError(f"draft_index_scope {self.draft_index_scope!r}: give 'user', "
+                             "'server' or 'off'")
         if not self.served_model_names:
             raise ValueError("served_model_names: give at least one name")
         for name in self.served_model_names:
@@ -262,6 +271,17 @@ def _rename(err: APIError, body: AnyRequest) -> APIError:
     return err
 
 
+def isolation_key(config: ServerConfig, body: AnyRequest) -> str | None:
+    """The request's isolation key under the server's ``draft_index_scope`` (None: it
+    drafts from its own tokens only and its outputs draft for nobody else)."""
+    if config.draft_index_scope == "server":
+        return "server"
+    if config.draft_index_scope == "user" and body.user:
+        # (a digest: fixed size however long the field, and no user name kept in the index)
+        return "user:" + hashlib.sha256(body.user.encode("utf-8", "surrogatepass")).hexdigest()
+    return None
+
+
 async def start(ctx: ServingContext, body: AnyRequest, request_id: str,
                 tools: ToolPlan | None = None) -> RequestStream:
     """Admit a request; every refusal becomes an OpenAI-shaped APIError."""
@@ -275,7 +295,8 @@ async def start(ctx: ServingContext, body: AnyRequest, request_id: str,
         if speculative is not None:  # before tokenizing: the server's limits are known
             check_against(speculative, getattr(ctx.loop.engine, "spec", None))
         return await ctx.loop.submit(request_id, make_build(body, params, tools),
-                                     speculative=speculative)
+                                     speculative=speculative,
+                                     isolation_key=isolation_key(ctx.config, body))
     except APIError as exc:
         raise _rename(exc, body) from None
     except RequestError as exc:

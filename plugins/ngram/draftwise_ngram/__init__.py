@@ -1,4 +1,5 @@
-"""draftwise-ngram: prompt-lookup (n-gram) drafting, with no draft model."""
+"""draftwise-ngram: model-free drafting: prompt lookup (``ngram``) and suffix decoding
+(``suffix``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from draftwise_ngram.options import (
     NgramOptions,
     make_ngram_proposer,
 )
+from draftwise_ngram import suffix_options as suffix
 
 if TYPE_CHECKING:
     from draftwise.kit import RegisterSpeculator
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def register_speculators(register: RegisterSpeculator) -> None:
-    """Declare method ``ngram``."""
+    """Declare methods ``ngram`` and ``suffix``."""
     register(
         Speculator(
             method="ngram",
@@ -29,5 +31,15 @@ def register_speculators(register: RegisterSpeculator) -> None:
             refusals=REFUSALS,
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
+        )
+    )
+    register(
+        Speculator(
+            method="suffix",
+            options=suffix.SuffixOptions,
+            make_proposer=suffix.make_suffix_proposer,
+            refusals=suffix.REFUSALS,
+            capabilities=suffix.CAPABILITIES,
+            description=suffix.DESCRIPTION,
         )
     )

@@ -25,7 +25,8 @@ from draftwise.plugins import SpeculatorRegistry
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 FIVE = (
     "dflash (draftwise-dflash 0.1.0), draft_model (draftwise-draft-model 0.1.0), "
-    "dspark (draftwise-dspark 0.1.0), mtp (draftwise-mtp 0.1.0), ngram (draftwise-ngram 0.1.0)"
+    "dspark (draftwise-dspark 0.1.0), mtp (draftwise-mtp 0.1.0), ngram (draftwise-ngram 0.1.0), "
+    "suffix (draftwise-ngram 0.1.0)"
 )
 NGRAM_KEYS = (
     "draft_sample_method, draft_tensor_parallel_size, draftwise, enforce_eager, max_model_len, "

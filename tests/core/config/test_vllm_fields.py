@@ -72,6 +72,7 @@ REFUSED_BY_ITS_METHOD = {"dspark_draft_topk", "enable_adaptive_verification"}
 #: the method whose options honour each OPTION field, with what else it needs
 HOSTS: dict[str, dict[str, Any]] = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
+    "suffix": {"method": "suffix"},
     "draft_model": {"method": "draft_model", "model": "/ckpt/draft", "num_speculative_tokens": 3},
     "dflash": {"method": "dflash", "model": "/ckpt/dflash", "num_speculative_tokens": 3},
     "dspark": {"method": "dspark", "model": "/ckpt/dspark", "num_speculative_tokens": 7},

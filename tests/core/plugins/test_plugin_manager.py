@@ -25,7 +25,7 @@ from draftwise.plugins import (
 from draftwise.plugins.manager import DECLARED_ONLY, discover, parse_selection
 from draftwise.speculator import Speculator
 
-FIVE = {"dflash", "draft_model", "dspark", "mtp", "ngram"}
+FIVE = {"dflash", "draft_model", "dspark", "mtp", "ngram", "suffix"}  # five distributions
 
 
 class Opts(BaseModel):
@@ -207,7 +207,7 @@ def test_entry_points_are_registered_as_dist_colon_ep(make_dist) -> None:
     host = load_entry_point_plugins(PluginHost(), selection=None)
     names = [name for name, _ in host.pm.list_name_plugin()]
     assert "acme-lookahead:lookahead" in names
-    assert {f"draftwise-{m.replace('_', '-')}:{m}" for m in FIVE} <= set(names)
+    assert {f"draftwise-{m.replace('_', '-')}:{m}" for m in FIVE - {"suffix"}} <= set(names)
     eps = [ep.name for ep, _ in discover()]
     assert eps == sorted(eps)
 
@@ -239,9 +239,9 @@ def test_duplicate_entry_point_names_both_load(make_dist) -> None:
     ("selection", "methods"),
     [
         (None, FIVE),
-        ("ngram,mtp", {"ngram", "mtp"}),
+        ("ngram,mtp", {"ngram", "suffix", "mtp"}),
         ("draftwise-dflash", {"dflash"}),
-        (" draftwise_draft_model , ngram ", {"draft_model", "ngram"}),
+        (" draftwise_draft_model , ngram ", {"draft_model", "ngram", "suffix"}),
         ("Draftwise-DSpark", {"dspark"}),
         ("", set()),
     ],
@@ -250,7 +250,8 @@ def test_draftwise_plugins_selection(selection: str | None, methods: set[str]) -
     host = load_entry_point_plugins(PluginHost(), selection=selection)
     registry = load_speculators(host)
     assert set(registry.methods()) == methods
-    assert len(registry.excluded) == 5 - len(methods)
+    # (draftwise-ngram serves two methods: ngram and suffix)
+    assert len(registry.excluded) == 5 - len(methods - {"suffix"})
 
 
 def test_selection_naming_nothing_installed() -> None:
@@ -269,7 +270,7 @@ def test_parse_selection() -> None:
 
 def test_env_var_drives_the_default_host(monkeypatch, fresh_plugin_cache) -> None:
     monkeypatch.setenv("DRAFTWISE_PLUGINS", "ngram")
-    assert load_speculators().methods() == ("ngram",)
+    assert load_speculators().methods() == ("ngram", "suffix")
     with pytest.raises(UnknownMethodError) as info:
         parse_speculative_config({"method": "mtp", "num_speculative_tokens": 1})
     assert str(info.value).startswith(

@@ -1,0 +1,59 @@
+"""Method suffix's declaration: vLLM's four keys, refusals, and the proposer factory.
+
+Suffix decoding (vLLM's ``suffix``, Arctic Inference's SuffixDecoding): drafts from the
+request's own context and from the outputs of earlier requests, the draft's length
+following the match's length and its frequency-estimated probability. No model, no
+draft distribution. It lives in draftwise-ngram's distribution beside ``ngram`` (both
+are model-free lookups); the index is :mod:`draftwise_ngram.suffix_index`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from draftwise.plugins.errors import ProposerNotBuiltError
+from draftwise.speculator import Capabilities, Proposer, ProposerContext, Refusal
+
+_PROPOSER_MODULE = "draftwise_ngram.suffix_proposer"
+
+DESCRIPTION = (
+    "Suffix decoding: drafts the most frequent continuation of the context's suffix in the "
+    "request's own tokens and in earlier requests' outputs (per isolation key), as long as "
+    "its estimated probability stays >= min_token_prob; no model."
+)
+CAPABILITIES = Capabilities(needs_checkpoint=False, draft_probs=False)
+#: nothing beyond what the core refuses from the capabilities
+REFUSALS: tuple[Refusal, ...] = ()
+
+
+class SuffixOptions(BaseModel):
+    """vLLM's suffix keys, with vLLM's defaults and its ``_validate_suffix_decoding`` bounds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    suffix_decoding_max_tree_depth: int = Field(
+        24, ge=1, description="longest match plus draft (the suffix trees' depth)")
+    suffix_decoding_max_cached_requests: int = Field(
+        10000, ge=0, le=2**31 - 1,
+        description="earlier requests' outputs kept in the global index (0: none)")
+    suffix_decoding_max_spec_factor: float = Field(
+        1.0, ge=0, description="a draft is at most this times the match length")
+    suffix_decoding_min_token_prob: float = Field(
+        0.1, ge=0, le=1, description="stop before a draft token less likely than this")
+
+    def default_num_speculative_tokens(self) -> int:
+        """vLLM: an unset ``num_speculative_tokens`` is ``suffix_decoding_max_tree_depth``."""
+        return self.suffix_decoding_max_tree_depth
+
+
+def make_suffix_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
+    """Import the proposer only when one is built, so declaring suffix stays cheap."""
+    try:
+        from draftwise_ngram.suffix_proposer import SuffixProposer
+    except ImportError as exc:  # ModuleNotFoundError included
+        if exc.name != _PROPOSER_MODULE:
+            raise
+        raise ProposerNotBuiltError("suffix") from exc
+    if not isinstance(options, SuffixOptions):
+        raise TypeError(f"suffix needs SuffixOptions, got {type(options).__name__}")
+    return SuffixProposer(options, ctx)
