@@ -26,7 +26,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
                "draftwise.models.llama"}),
     frozenset({"draftwise.models.arena", "draftwise.models.packed_cache"}),
     frozenset({"draftwise.cli", "draftwise.cli.common"}),
-    frozenset({"draftwise_ngram.options", "draftwise_ngram.proposer"}),
 ]
 
 

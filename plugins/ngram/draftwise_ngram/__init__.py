@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from draftwise.kit import Speculator, hookimpl
 
+from draftwise_ngram import suffix_options as suffix
 from draftwise_ngram.options import (
     CAPABILITIES,
     DESCRIPTION,
@@ -14,7 +15,6 @@ from draftwise_ngram.options import (
     NgramOptions,
     make_ngram_proposer,
 )
-from draftwise_ngram import suffix_options as suffix
 
 if TYPE_CHECKING:
     from draftwise.kit import RegisterSpeculator

@@ -30,15 +30,20 @@ O(len) comparison, then O(candidates) per extra length (about 2-30 us per 2k-tok
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from draftwise.kit import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
 
 from draftwise_ngram.index import INDEX_MAX_N, INDEX_MAX_TOKENS, NgramIndex
 
-if TYPE_CHECKING:
-    from draftwise_ngram.options import NgramOptions
+
+class LookupOptions(Protocol):
+    """What the proposer reads of its options (``options.NgramOptions`` is one; the
+    options module builds the proposer, so the proposer names only what it reads)."""
+
+    prompt_lookup_min: int
+    prompt_lookup_max: int
 
 def _no_draft() -> np.ndarray:  # [0] int64
     """A fresh empty draft (never a shared module-level array)."""
@@ -118,7 +123,7 @@ def _draft_span(
 class NgramProposer:
     """vLLM's ``ngram`` method: draft what followed the longest earlier match of the suffix."""
 
-    def __init__(self, options: NgramOptions, ctx: ProposerContext) -> None:
+    def __init__(self, options: LookupOptions, ctx: ProposerContext) -> None:
         if not 1 <= options.prompt_lookup_min <= options.prompt_lookup_max:
             raise ValueError(
                 "ngram needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "

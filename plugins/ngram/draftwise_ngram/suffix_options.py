@@ -9,10 +9,8 @@ are model-free lookups); the index is :mod:`draftwise_ngram.suffix_index`.
 
 from __future__ import annotations
 
+from draftwise.kit import Capabilities, Proposer, ProposerContext, ProposerNotBuiltError, Refusal
 from pydantic import BaseModel, ConfigDict, Field
-
-from draftwise.plugins.errors import ProposerNotBuiltError
-from draftwise.speculator import Capabilities, Proposer, ProposerContext, Refusal
 
 _PROPOSER_MODULE = "draftwise_ngram.suffix_proposer"
 

@@ -22,11 +22,11 @@ keeps acceptance per value).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+from draftwise.kit import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
 
-from draftwise.speculator import DraftInput, DraftRow, Drafts, ProposerContext, VerifyOutcome
 from draftwise_ngram.suffix_index import (
     DEFAULT_BUDGET_BYTES,
     Draft,
@@ -35,8 +35,15 @@ from draftwise_ngram.suffix_index import (
     speculate,
 )
 
-if TYPE_CHECKING:
-    from draftwise_ngram.suffix_options import SuffixOptions
+
+class SuffixSettings(Protocol):
+    """What the proposer reads of its options (``suffix_options.SuffixOptions`` is one;
+    the options module builds the proposer, so the proposer names only what it reads)."""
+
+    suffix_decoding_max_tree_depth: int
+    suffix_decoding_max_spec_factor: float
+    suffix_decoding_min_token_prob: float
+    suffix_decoding_max_cached_requests: int
 
 #: the largest evidence value given (the core takes 0..65535; a match is rarely this long)
 _MAX_EVIDENCE = 1024
@@ -82,7 +89,7 @@ class SuffixProposer:
     """vLLM's ``suffix`` method: the best-scoring continuation from the request's own
     tokens or from earlier outputs under the same isolation key."""
 
-    def __init__(self, options: SuffixOptions, ctx: ProposerContext,
+    def __init__(self, options: SuffixSettings, ctx: ProposerContext,
                  budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.k = ctx.num_speculative_tokens
         self.max_model_len = ctx.max_model_len
