@@ -16,6 +16,7 @@ sitting.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -52,13 +53,13 @@ def stream_victim(url: str, times: list[float], stop: threading.Event, max_token
     """A greedy stream; each token's arrival time is appended until ``stop`` is set."""
     body = {"prompt": "The history of the printing press begins", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=None) as client:
-        with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            for line in resp.iter_lines():
-                if line.startswith("data: {"):
-                    times.append(time.monotonic())
-                if stop.is_set():
-                    return  # closing the stream aborts the request
+    with (httpx.Client(timeout=None) as client,
+          client.stream("POST", f"{url}/v1/completions", json=body) as resp):
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                times.append(time.monotonic())
+            if stop.is_set():
+                return  # closing the stream aborts the request
 
 
 def one_long_prompt(url: str, ids: list[int], prompt_logprobs: int | None,
@@ -84,8 +85,8 @@ def one_long_prompt(url: str, ids: list[int], prompt_logprobs: int | None,
         time.sleep(0.01)
     stop.set()
     victim.join()
-    during = [b - a for a, b in zip(times, times[1:]) if b > t0 and a < t1]
-    before = [b - a for a, b in zip(times, times[1:]) if b <= t0]
+    during = [b - a for a, b in itertools.pairwise(times) if b > t0 and a < t1]
+    before = [b - a for a, b in itertools.pairwise(times) if b <= t0]
     gaps = sorted(during, reverse=True)
     return {
         "prompt_tokens": len(ids),
