@@ -25,7 +25,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
     frozenset({"draftwise.models.backend", "draftwise.models.gguf_weights",
                "draftwise.models.llama"}),
     frozenset({"draftwise.models.arena", "draftwise.models.packed_cache"}),
-    frozenset({"draftwise.cli", "draftwise.cli.common"}),
 ]
 
 

@@ -14,20 +14,13 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from draftwise import __version__
-
-if TYPE_CHECKING:
-    from draftwise.cli.common import Prefault
-    from draftwise.plugins.errors import PluginError
-    from draftwise.plugins.manager import PluginHost
-    from draftwise.plugins.registry import SpeculatorRegistry
+from draftwise.cli.state import EXIT_PLUGIN_ERROR, STARTED, CliState
 
 #: built-in commands: name -> "module:attribute", imported on first use
 COMMANDS: dict[str, str] = {
@@ -39,50 +32,6 @@ COMMANDS: dict[str, str] = {
     "serve": "draftwise.cli.serve:serve",
     "train": "draftwise.cli.train:train",
 }
-#: exit status when the installed plugins themselves are broken (refusals exit 2)
-EXIT_PLUGIN_ERROR = 1
-#: time.monotonic() when the CLI started (the first module the ``draftwise`` script loads),
-#: so a command can report what a user waits for: start-up plus the first token
-STARTED = time.monotonic()
-
-
-@dataclass
-class CliState:
-    """What commands share through ``ctx.obj``: the plugin host (a test injects its own)."""
-
-    host: PluginHost | None = None
-    #: set by :func:`main`: the process is the ``draftwise`` script's (``startup_gc`` freezes)
-    own_process: bool = False
-    #: set by :func:`main`: the collector is paused until the command's engine is built
-    #: (``cli.common.startup_gc`` resumes it)
-    gc_paused: bool = False
-    #: what loading the plugins raised at startup (commands needing the registry refuse)
-    startup_error: PluginError | None = None
-    #: set by :func:`main` for generate and serve: the weights' arena faulting in since
-    #: before the plugins' imports (``cli.common.prefault_from_argv``, claimed by the
-    #: command with ``claim_prefault``)
-    prefault: Prefault | None = None
-    _registry: SpeculatorRegistry | None = field(default=None, init=False, repr=False)
-
-    def plugin_host(self) -> PluginHost:
-        """The injected host, or the process's plugins."""
-        if self.host is None and self.startup_error is not None:
-            raise self.startup_error
-        if self.host is None:
-            from draftwise.plugins.manager import get_plugin_host
-
-            self.host = get_plugin_host()
-        return self.host
-
-    def registry(self) -> SpeculatorRegistry:
-        """The speculators of :meth:`plugin_host`, built once."""
-        if self.startup_error is not None:
-            raise self.startup_error
-        if self._registry is None:
-            from draftwise.plugins.manager import load_speculators
-
-            self._registry = load_speculators(self.plugin_host())
-        return self._registry
 
 
 class LazyGroup(click.Group):
@@ -230,6 +179,7 @@ def exit_without_teardown(code: object) -> NoReturn:
 
 
 __all__ = [
-    "COMMANDS", "EXIT_PLUGIN_ERROR", "CliState", "LazyGroup", "cli", "exit_without_teardown",
+    "COMMANDS", "EXIT_PLUGIN_ERROR", "STARTED", "CliState", "LazyGroup", "cli",
+    "exit_without_teardown",
     "main", "make_cli",
 ]

@@ -64,8 +64,8 @@ def bench(
     from draftwise.bench import load_workload, now, peak_rss_mib, prompt_ids, summarize, to_json
     from draftwise.bench.run import best_of, engine_profile, run_engine, warm_up
     from draftwise.cli.common import announce_backend, build_engine, fail, peak_rss_bytes
-    from draftwise.models.quant import quant_simd
     from draftwise.models.kernels import kernel_threads
+    from draftwise.models.quant import quant_simd
 
     items = load_workload(workload)
     report: dict[str, Any] = {

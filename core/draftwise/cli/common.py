@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 # generate's and bench's reports: the process's own VmHWM (ru_maxrss inherits a parent's)
+from draftwise.cli.state import Prefault
 from draftwise.peak_rss import peak_rss_bytes as peak_rss_bytes
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def startup_gc(freeze: bool | None = None, keep_paused: bool = False) -> Iterato
     ``CliState.gc_paused``) for the script's own process and a built-in command, and the
     engine's block resumes it.
     """
-    from draftwise.cli import CliState
+    from draftwise.cli.state import CliState
 
     ctx = click.get_current_context(silent=True)
     state = ctx.find_object(CliState) if ctx is not None else None
@@ -137,8 +138,6 @@ def prefault_weights(model: str | None, dtype: str) -> PrefaultedArena | None:
 #: the commands whose engine :func:`draftwise.cli.main` starts faulting in for (their
 #: ``--model`` and ``--dtype`` read from the command line, :func:`prefault_from_argv`)
 PREFAULT_COMMANDS = frozenset({"generate", "serve"})
-#: a prefault as started: the options it was started for, and its arena (None: none)
-Prefault = tuple["str | None", str, "PrefaultedArena | None"]
 
 
 def prefault_from_argv(args: Sequence[str]) -> Prefault:
@@ -166,7 +165,7 @@ def _last_value(args: Sequence[str], option: str) -> str | None:
 def claim_prefault(model: str | None, dtype: str) -> PrefaultedArena | None:
     """The arena :func:`draftwise.cli.main` started for these options, or one started now
     (:func:`prefault_weights`); one started for other options is handed back first."""
-    from draftwise.cli import CliState
+    from draftwise.cli.state import CliState
 
     ctx = click.get_current_context(silent=True)
     state = ctx.find_object(CliState) if ctx is not None else None
@@ -252,7 +251,7 @@ def process_started() -> float:
     import os
     import time
 
-    from draftwise.cli import STARTED
+    from draftwise.cli.state import STARTED
 
     try:
         with open("/proc/self/stat", "rb") as f:

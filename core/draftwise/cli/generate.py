@@ -77,8 +77,14 @@ def generate(
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
-        announce_backend, build_engine, check_text_option, fail, peak_rss_bytes,
-        claim_prefault, process_started, sampling_params,
+        announce_backend,
+        build_engine,
+        check_text_option,
+        claim_prefault,
+        fail,
+        peak_rss_bytes,
+        process_started,
+        sampling_params,
     )
 
     # first: the weights' memory faults in on another core while the imports below run

@@ -124,7 +124,11 @@ def serve(
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import (
-        announce_backend, build_engine, check_text_option, fail, claim_prefault,
+        announce_backend,
+        build_engine,
+        check_text_option,
+        claim_prefault,
+        fail,
     )
 
     # first: the weights' memory faults in on another core while the imports below run

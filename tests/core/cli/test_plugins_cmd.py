@@ -18,7 +18,7 @@ FIVE = {
     "draftwise-draft-model": ["draft_model"],
     "draftwise-dspark": ["dspark"],
     "draftwise-mtp": ["mtp"],
-    "draftwise-ngram": ["ngram"],
+    "draftwise-ngram": ["ngram", "suffix"],  # suffix decoding is served by the ngram plugin
 }
 
 
@@ -39,7 +39,7 @@ def test_plugins_json_lists_the_five_first_party_methods(installed_host: PluginH
     status = {m: s for r in rows for m, s in r["status"].items()}
     assert status == {
         "ngram": "runs", "mtp": "runs", "draft_model": "runs", "dflash": "runs",
-        "dspark": "runs",
+        "dspark": "runs", "suffix": "runs",
     }
     dflash = next(r for r in rows if r["distribution"] == "draftwise-dflash")
     assert "Formats: safetensors directory" in dflash["descriptions"]["dflash"]
