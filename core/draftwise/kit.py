@@ -57,11 +57,10 @@ if TYPE_CHECKING:
     from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
     from draftwise.models import kernels
     from draftwise.models.attention import AttentionMetadata, paged_attention, write_kv
-    from draftwise.models.backend import Backend, decide_backend
+    from draftwise.models.backend import Backend, decide_backend, keep_quantized
     from draftwise.models.batch import ForwardBatch, KVCache, build_forward_batch
     from draftwise.models.config import ModelConfig
     from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
-    from draftwise.models.gguf_weights import keep_quantized
     from draftwise.models.hybrid_ops import zc_rms_norm
     from draftwise.models.inspect import inspect_model
     from draftwise.models.linear import (
@@ -181,7 +180,7 @@ _HOME: dict[str, str] = {
     "dequant_rows": "draftwise.models.quant",
     "linear_quant": "draftwise.models.quant",
     "pack_quant": "draftwise.models.quant",
-    "keep_quantized": "draftwise.models.gguf_weights",
+    "keep_quantized": "draftwise.models.backend",
     "kernels": "draftwise.models",
     # weight-file readers
     "ModelFormatError": "draftwise.formats.errors",

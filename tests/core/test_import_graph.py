@@ -21,9 +21,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
     # the kernels' wrappers are typed with the weights that call them (TYPE_CHECKING)
     frozenset({"draftwise.models.kernels", "draftwise.models.linear",
                "draftwise.models.quant", "draftwise.models.stack"}),
-    # backend.decide_backend reads the rules kept beside their kernels (function level)
-    frozenset({"draftwise.models.backend", "draftwise.models.gguf_weights",
-               "draftwise.models.llama"}),
     frozenset({"draftwise.models.arena", "draftwise.models.packed_cache"}),
 ]
 

@@ -6,9 +6,10 @@ to be chosen where it ran (the model, the packer, the GGUF planner, the sampler 
 the thread setup each asked the environment and the build again). Now
 :func:`decide_backend` applies every rule once, from the model's dtype, device and head
 size, the build and the ``DRAFTWISE_*`` overrides, and the model, the loader and the
-plugins read the value it returns (``LlamaForCausalLM.backend``). The rules themselves
-stay beside their kernels (``attention.choose_backend``, ``linear.weight_backend``,
-``gguf_weights.keep_quantized``); nothing else calls them.
+plugins read the value it returns (``LlamaForCausalLM.backend``). Two rules live here
+(:func:`keep_quantized`, :func:`choose_layers`: environment and build facts only); the
+other two stay beside their kernels (``attention.choose_backend``,
+``linear.weight_backend``), which import nothing from the models that run them.
 
 What runs per weight type is known once the weights are placed, so bootstrap completes
 the value with :meth:`Backend.finish` (the GEMM table from the loaded weights, and the
@@ -19,6 +20,7 @@ thread split) and prints :meth:`Backend.line` at start-up; ``bench`` and ``gener
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,13 @@ from typing import Any
 import torch
 
 from draftwise.models import kernels
+
+#: ``auto`` | ``native`` | ``0``: whether GGUF-quantized weights stay quantized
+#: (``docs/quantized-weights.md``)
+QUANT_ENV = "DRAFTWISE_QUANT"
+#: ``auto`` (default: one C call per run of layers where the model allows) or ``per-op``
+#: (a C call per op: the A/B of ``core/csrc/decoder_stack.c``)
+LAYERS_ENV = "DRAFTWISE_DECODER_STACK"
 
 #: the greedy argmax: a build fact (the C pass gives torch's answer, ties and NaN included)
 ARGMAX = "native" if kernels.available("argmax_f32") else "torch"
@@ -56,7 +65,7 @@ class Backend:
     native_attention: bool = False
     #: ``native``: a run of llama decoder layers is one C call (``decoder_stack.c``) where
     #: a model's projections are all GGUF-quantized (the model sets ``per-op`` otherwise);
-    #: ``per-op``: a C call per op (``models.llama.choose_layers``)
+    #: ``per-op``: a C call per op (:func:`choose_layers`)
     layers: str = "per-op"
     #: a recurrent mixer's kernel where the model has one (the GDN hybrids: ``torch``, as
     #: there is no C kernel for the delta rule and its causal conv); None: no such layers
@@ -119,9 +128,7 @@ def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int
     override asks for a kernel that cannot run here: refused, never downgraded.
     """
     from draftwise.models.attention import choose_backend
-    from draftwise.models.gguf_weights import keep_quantized
     from draftwise.models.linear import weight_backend
-    from draftwise.models.llama import choose_layers
 
     attention = choose_backend(dtype, head_dim, device)
     keep, why = keep_quantized(dtype, device)
@@ -138,6 +145,46 @@ def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int
         # 16: a head size the kernel always takes, so this asks about dtype/device/build
         native_attention=choose_backend(dtype, 16, device) == "native",
     )
+
+
+def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
+    """Whether quantized GGUF weights stay quantized here, and if not, why (for the notice).
+
+    The rule only: :func:`decide_backend` is its one caller outside tests.
+
+    Raises ``ValueError`` when ``DRAFTWISE_QUANT=native`` asks for what cannot run.
+    """
+    from draftwise.models.quant import quant_kernels_available
+
+    wanted = os.environ.get(QUANT_ENV, "auto")
+    if wanted not in ("auto", "1", "native", "0"):
+        raise ValueError(f"{QUANT_ENV}={wanted!r}: use auto, native or 0")
+    why = ""
+    if wanted == "0":
+        why = f"{QUANT_ENV}=0"
+    elif not quant_kernels_available():
+        why = "the quantized kernels are not built in this install (no C compiler)"
+    elif torch.device(device).type != "cpu":
+        why = f"device {torch.device(device).type} (the quantized kernels are CPU kernels)"
+    elif dtype != torch.bfloat16:
+        why = f"dtype {str(dtype).removeprefix('torch.')} (the quantized kernels take bf16 " \
+              "activations; use --dtype auto)"
+    if why and wanted == "native":
+        raise ValueError(f"{QUANT_ENV}=native cannot run: {why}")
+    return not why, why
+
+
+def choose_layers(elementwise: str) -> str:
+    """``native`` or ``per-op``: how a model with the native small ops runs its decoder
+    layers (the rule only: :func:`decide_backend` is its one caller).
+
+    ``native`` still needs every projection GGUF-quantized, which the model knows once its
+    weights are packed (:meth:`LlamaForCausalLM.pack_weights`)."""
+    wanted = os.environ.get(LAYERS_ENV, "auto")
+    if wanted not in ("auto", "per-op"):
+        raise ValueError(f"{LAYERS_ENV}={wanted!r}: use auto or per-op")
+    native = elementwise == "native" and kernels.available("decoder_layers")
+    return "native" if native and wanted == "auto" else "per-op"
 
 
 def gemm_kind(weight: Any) -> tuple[str, str]:

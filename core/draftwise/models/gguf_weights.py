@@ -35,15 +35,12 @@ from draftwise.models.quant import (
     QuantWeight,
     pack_quant,
     plan_bytes,
-    quant_kernels_available,
 )
 
 if TYPE_CHECKING:
     from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
 
-#: ``auto`` | ``native`` | ``0``; see the module doc
-QUANT_ENV = "DRAFTWISE_QUANT"
 #: stored types that are dense already (no notice when they are widened or cast)
 _FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16,
                           GGMLQuantizationType.BF16, GGMLQuantizationType.F64})
@@ -64,31 +61,6 @@ class QuantPlan:
     def hf_names(self) -> frozenset[str]:
         """HF tensors the quantized groups cover (not copied densely)."""
         return frozenset(n for names in self.groups.values() for n in names)
-
-
-def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
-    """Whether quantized GGUF weights stay quantized here, and if not, why (for the notice).
-
-    The rule only: ``models.backend.decide_backend`` is its one caller outside tests.
-
-    Raises ``ValueError`` when ``DRAFTWISE_QUANT=native`` asks for what cannot run.
-    """
-    wanted = os.environ.get(QUANT_ENV, "auto")
-    if wanted not in ("auto", "1", "native", "0"):
-        raise ValueError(f"{QUANT_ENV}={wanted!r}: use auto, native or 0")
-    why = ""
-    if wanted == "0":
-        why = f"{QUANT_ENV}=0"
-    elif not quant_kernels_available():
-        why = "the quantized kernels are not built in this install (no C compiler)"
-    elif torch.device(device).type != "cpu":
-        why = f"device {torch.device(device).type} (the quantized kernels are CPU kernels)"
-    elif dtype != torch.bfloat16:
-        why = f"dtype {str(dtype).removeprefix('torch.')} (the quantized kernels take bf16 " \
-              "activations; use --dtype auto)"
-    if why and wanted == "native":
-        raise ValueError(f"{QUANT_ENV}=native cannot run: {why}")
-    return not why, why
 
 
 def quantizable_groups(config: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -117,6 +89,8 @@ def plan_quantized(
     """Decide, for every weight, quantized or dense (see the module doc), under the
     model's decided ``backend`` (None: decide here, for tests)."""
     if backend is None:
+        from draftwise.models.backend import keep_quantized
+
         keep, why = keep_quantized(dtype, device)
     else:
         keep, why = backend.quantized, backend.quantized_why_not

@@ -7,14 +7,13 @@ logits are wanted. With the C kernels a layer is C calls only (``DecoderLayer._r
 RoPE and attention read q, k and v as offsets into the fused projection output, and each
 layer's last residual add is the next layer's ``add_rms_norm`` (the same bf16 sum). Where
 every projection is GGUF-quantized, the layers are ONE C call instead (``models.stack``:
-the same kernels in the same order, so the same bits; :func:`choose_layers`). The numerics
+the same kernels in the same order, so the same bits; ``backend.choose_layers``). The numerics
 follow transformers' op for op (RMSNorm in fp32 cast back before the weight, cos/sin in
 the model dtype) so the oracle tests stay tight.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import cast
 
@@ -39,23 +38,6 @@ from draftwise.models.stack import (
     run_layers,
     stack_caches,
 )
-
-#: ``auto`` (default: one C call per run of layers where the model allows) or ``per-op``
-#: (a C call per op: the A/B of ``core/csrc/decoder_stack.c``)
-LAYERS_ENV = "DRAFTWISE_DECODER_STACK"
-
-
-def choose_layers(elementwise: str) -> str:
-    """``native`` or ``per-op``: how a model with the native small ops runs its decoder
-    layers (the rule only: ``models.backend.decide_backend`` is its one caller).
-
-    ``native`` still needs every projection GGUF-quantized, which the model knows once its
-    weights are packed (:meth:`LlamaForCausalLM.pack_weights`)."""
-    wanted = os.environ.get(LAYERS_ENV, "auto")
-    if wanted not in ("auto", "per-op"):
-        raise ValueError(f"{LAYERS_ENV}={wanted!r}: use auto or per-op")
-    native = elementwise == "native" and kernels.available("decoder_layers")
-    return "native" if native and wanted == "auto" else "per-op"
 
 
 def _param(*shape: int, dtype: torch.dtype, device: str | torch.device) -> nn.Parameter:

@@ -11,7 +11,7 @@ usual name and shape checks run over the rest.
 A fused projection (q|k|v, gate|up, o, down, an untied LM head) stays packed
 (``models.quant.pack_nvfp4``; each part keeps its own global scale as a per-row
 multiplier) when all its parts are packed, the kernels run here (the same rule as GGUF's,
-``gguf_weights.keep_quantized``, decided once in ``models.backend``) and its inputs are a
+``backend.keep_quantized``, decided once in ``models.backend``) and its inputs are a
 multiple of 32. Otherwise its packed parts are dequantized to the model dtype, with one
 notice naming the modules' share of the weight bytes and why. Excluded modules stay in
 their stored float dtype, cast to the model dtype like any dense weight.

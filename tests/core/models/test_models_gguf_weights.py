@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from draftwise.formats.errors import ModelFormatError, TruncatedFileError, UnsupportedTensorTypeError
+from draftwise.formats.errors import (
+    ModelFormatError,
+    TruncatedFileError,
+    UnsupportedTensorTypeError,
+)
 from draftwise.formats.gguf import GGUFCheckpoint
-from draftwise.models import gguf_weights
+from draftwise.models import backend
 from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.loader import load_model
 from draftwise.models.quant import QuantWeight, quant_kernels_available
@@ -52,7 +56,7 @@ def test_q4_k_m_model_runs_quantized_and_as_close_as_bf16(tiny_gguf, monkeypatch
     if not tied:
         assert quant.lm_head_weight.qtypes == ("Q6_K",)
     ref = logits(load_model(str(t.path), dtype="float32").model, IDS)
-    monkeypatch.setenv(gguf_weights.QUANT_ENV, "0")
+    monkeypatch.setenv(backend.QUANT_ENV, "0")
     dense = load_model(str(t.path), dtype="bfloat16").model
     assert dense.weight_backend != "quant"
     dense_err = (logits(dense, IDS) - ref).abs().max().item()
@@ -95,7 +99,7 @@ def test_quant_env_and_dtype_choices(tiny_gguf, monkeypatch) -> None:
     t = tiny_gguf(arch="qwen2", matrix_type=Q.Q8_0)
     fp32 = load_model(str(t.path), dtype="float32")
     assert fp32.model.weight_backend == "dense" and "dtype float32" in fp32.notices[0]
-    monkeypatch.setenv(gguf_weights.QUANT_ENV, "native")
+    monkeypatch.setenv(backend.QUANT_ENV, "native")
     # Q8_0 projections quantized; the tied F16 embedding is bf16, its LM head packed for
     # the bf16 GEMM where the C kernels are built (else dense)
     from draftwise.models import linear as lin
@@ -104,7 +108,7 @@ def test_quant_env_and_dtype_choices(tiny_gguf, monkeypatch) -> None:
     assert load_model(str(t.path)).model.weight_backend == f"quant+{head}"
     with pytest.raises(ValueError, match="native cannot run: dtype float32"):
         load_model(str(t.path), dtype="float32")
-    monkeypatch.setenv(gguf_weights.QUANT_ENV, "fast")
+    monkeypatch.setenv(backend.QUANT_ENV, "fast")
     with pytest.raises(ValueError, match="auto, native or 0"):
         load_model(str(t.path))
 
