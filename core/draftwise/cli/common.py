@@ -124,7 +124,7 @@ def prefault_weights(model: str | None, dtype: str) -> PrefaultedArena | None:
 
     from draftwise.formats.default_model import resolve_model_path
     from draftwise.formats.errors import FormatError
-    from draftwise.models.arena import prefault_for_gguf
+    from draftwise.models.prefault import prefault_for_gguf
 
     try:
         path = resolve_model_path(model)

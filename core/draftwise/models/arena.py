@@ -239,32 +239,7 @@ class PrefaultedArena:
                 pass
 
 
-def prefault_for_gguf(path: str) -> PrefaultedArena | None:
-    """An arena for the quantized weights of the GGUF file at ``path``, faulting in
-    already, sized by the file; None where faulting ahead is not possible here (no
-    ``madvise`` to call), the file is not a GGUF, or it would take more than half the
-    memory available now (the load itself then decides what fits), or its packed weights
-    are cached in a file (``models.packed_cache``), which the load maps instead."""
-    if libc_madvise() is None:
-        return None
-    from draftwise.models.packed_cache import cached_for
-
-    if cached_for(path):  # its packed weights are mapped from a file: no arena to fill
-        return None
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                return None
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return None
-    available = _available_memory()
-    if available is not None and size > available // 2:
-        return None
-    return PrefaultedArena(size)
-
-
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """``MemAvailable`` of ``/proc/meminfo`` in bytes, or None."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:

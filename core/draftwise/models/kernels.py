@@ -38,10 +38,8 @@ import torch
 
 from draftwise.errors import DraftwiseError
 
-if TYPE_CHECKING:  # the typed weights import this module
-    from draftwise.models.linear import BlockedWeight
-    from draftwise.models.quant import QuantWeight
-    from draftwise.models.stack import DecoderPlan, StackCaches
+if TYPE_CHECKING:  # protocols: the typed weights themselves import this module
+    from draftwise.models.packed_types import PackedBf16, PackedQuant, StackCacheSet, StackPlan
 
 BF16 = torch.bfloat16
 
@@ -301,7 +299,7 @@ def _gemm_io(what: str, x: torch.Tensor, k: int, n: int, bias: torch.Tensor | No
 
 def linear_bf16(
     x: torch.Tensor,  # [T, in] bf16
-    weight: BlockedWeight,
+    weight: PackedBf16,
     bias: torch.Tensor | None = None,  # [out] bf16
 ) -> torch.Tensor:  # [T, out] bf16
     """``x @ W^T + b`` with W in ``models.linear.BlockedWeight``'s layout (checked there)."""
@@ -316,7 +314,7 @@ def linear_bf16(
 
 def linear_quant(
     x: torch.Tensor,  # [T, in] bf16
-    weight: QuantWeight,
+    weight: PackedQuant,
     bias: torch.Tensor | None = None,  # [out] bf16
     out_f32: bool = False,
     scalar: bool = False,
@@ -567,8 +565,8 @@ def _markov_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: to
 
 
 def markov_kernel_head(
-    kind: str, w1: torch.Tensor, w2: BlockedWeight, tables: torch.Tensor, hidden_size: int,
-    latent: tuple[BlockedWeight, torch.Tensor] | None = None, norms: torch.Tensor | None = None,
+    kind: str, w1: torch.Tensor, w2: PackedBf16, tables: torch.Tensor, hidden_size: int,
+    latent: tuple[PackedBf16, torch.Tensor] | None = None, norms: torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
 ) -> MarkovKernelHead:
     """Check a head for :func:`markov_pass`: ``w1`` bf16 [V1, r], ``w2`` packed [V, r],
@@ -656,7 +654,7 @@ def markov_pass(
 # The plan (every layer's weights) is checked once at load and the caches once per cache
 # (``models.stack``); a call checks the step's activations here.
 def decoder_layers(
-    plan: DecoderPlan, caches: StackCaches,
+    plan: StackPlan, caches: StackCacheSet,
     h: torch.Tensor,  # [T, hidden] bf16, the residual stream (read only)
     delta: torch.Tensor | None,  # [T, hidden] the previous layer's output, not added (None: layer 0)
     first: int, last: int, rope: RopeRows, index: AttentionIndex,

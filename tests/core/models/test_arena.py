@@ -16,8 +16,9 @@ import pytest
 import torch
 from draftwise.cli.common import prefault_weights
 from draftwise.models import arena as arena_mod
-from draftwise.models.arena import HUGE_PAGE, PrefaultedArena, libc_madvise, prefault_for_gguf
+from draftwise.models.arena import HUGE_PAGE, PrefaultedArena, libc_madvise
 from draftwise.models.loader import load_model
+from draftwise.models.prefault import prefault_for_gguf
 from draftwise.models.quant import QuantWeight, quant_kernels_available
 from gguf import GGMLQuantizationType as Q
 
@@ -162,9 +163,11 @@ def test_the_cli_prefaults_only_what_stays_quantized(tiny_gguf, tmp_path: Path) 
 def test_no_arena_larger_than_half_the_available_memory(tiny_gguf, monkeypatch) -> None:
     t = tiny_gguf(arch="llama", matrix_type=Q.Q4_0, embed_type=Q.Q8_0, **SHAPE)
     size = Path(t.path).stat().st_size
-    monkeypatch.setattr(arena_mod, "_available_memory", lambda: 2 * size - 2)
+    import draftwise.models.prefault as prefault_mod
+
+    monkeypatch.setattr(prefault_mod, "available_memory", lambda: 2 * size - 2)
     assert prefault_for_gguf(str(t.path)) is None
-    monkeypatch.setattr(arena_mod, "_available_memory", lambda: 2 * size)
+    monkeypatch.setattr(prefault_mod, "available_memory", lambda: 2 * size)
     reserved = prefault_for_gguf(str(t.path))
     assert reserved is not None
     reserved.finish()

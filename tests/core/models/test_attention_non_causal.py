@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from draftwise.models.attention import AttentionMetadata, _kernels, paged_attention
 from draftwise.models.batch import build_forward_batch
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from draftwise.bootstrap import finish_backend
 from draftwise.models import kernels
+from draftwise.models.backend import LAYERS_ENV
 from draftwise.models.kernels import KernelInputError
-from draftwise.models.llama import LAYERS_ENV
 from draftwise.models.loader import load_model
 from draftwise.models.stack import stack_caches
 from gguf import GGMLQuantizationType as Q

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen3_next import modeling_qwen3_next as hf
-
 from draftwise.models.gdn import (
     causal_conv,
     chunk_gated_delta_rule,
     gates,
     recurrent_gated_delta_rule,
 )
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 ATOL = 1e-5
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from draftwise.models import packed_cache
-from draftwise.models.arena import prefault_for_gguf
 from draftwise.models.loader import load_model
+from draftwise.models.prefault import prefault_for_gguf
 from draftwise.models.quant import quant_kernels_available
 from gguf import GGMLQuantizationType as Q
 

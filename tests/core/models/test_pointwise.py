@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from draftwise.models.pointwise import lanewise
 
 FNS = {

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from draftwise.cache.recurrent import RecurrentStatePool
 from draftwise.formats.errors import UnsupportedArchitectureError
 from draftwise.models import kernels

@@ -9,7 +9,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from draftwise import LLM, SamplingParams
 from draftwise.models.linear import BlockedWeight
 
