@@ -155,6 +155,7 @@ def test_sixth_method_appears_in_plugins(lookahead: Path) -> None:
         "lookahead",
         "mtp",
         "ngram",
+        "suffix",
     }
 
 

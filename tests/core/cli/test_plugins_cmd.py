@@ -18,7 +18,7 @@ FIVE = {
     "draftwise-draft-model": ["draft_model"],
     "draftwise-dspark": ["dspark"],
     "draftwise-mtp": ["mtp"],
-    "draftwise-ngram": ["ngram", "suffix"],  # suffix decoding is served by the ngram plugin
+    "draftwise-ngram": ["ngram", "suffix"],  # one distribution, two model-free methods
 }
 
 
@@ -41,6 +41,8 @@ def test_plugins_json_lists_the_five_first_party_methods(installed_host: PluginH
         "ngram": "runs", "mtp": "runs", "draft_model": "runs", "dflash": "runs",
         "dspark": "runs", "suffix": "runs",
     }
+    ngram = next(r for r in rows if r["distribution"] == "draftwise-ngram")
+    assert ngram["descriptions"]["suffix"].startswith("Suffix decoding")
     dflash = next(r for r in rows if r["distribution"] == "draftwise-dflash")
     assert "Formats: safetensors directory" in dflash["descriptions"]["dflash"]
     mtp = next(r for r in rows if r["distribution"] == "draftwise-mtp")
@@ -57,6 +59,7 @@ def test_plugins_table(installed_host: PluginHost) -> None:
     for name in FIVE:
         assert name in result.stdout
     assert "dspark: runs" in result.stdout and "dflash: runs" in result.stdout and "ngram: runs" in result.stdout
+    assert "suffix: runs" in result.stdout
     assert "deepseek_mtp" in result.stdout and "(26 in" in result.stdout
     # the methods table says what each runs and which formats it reads
     flat = " ".join(result.stdout.split())
