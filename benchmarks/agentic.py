@@ -129,11 +129,12 @@ class Result:
 class Mode:
     """One engine and what it ran."""
 
-    def __init__(self, label: str, spec: str | None, threads: int, max_num_seqs: int) -> None:
+    def __init__(self, label: str, spec: str | None, threads: int, max_num_seqs: int,
+                 model: str | None = None) -> None:
         from side_by_side import build_ours
 
         self.label = label
-        self.engine = build_ours(None, spec, "auto", threads, max_num_seqs=max_num_seqs)
+        self.engine = build_ours(model, spec, "auto", threads, max_num_seqs=max_num_seqs)
         #: cid -> the conversation's messages so far (this mode's own answers)
         self.history: dict[str, list[dict[str, str]]] = {}
 
@@ -187,14 +188,14 @@ class LlamaMode:
     as suffix's global index does."""
 
     def __init__(self, label: str, flags: list[str], threads: int, templater: Mode,
-                 log_dir: Path) -> None:
-        from draftwise.formats.default_model import default_model_path
+                 log_dir: Path, model: str | None = None) -> None:
+        from draftwise.formats.default_model import resolve_model_path
         from llamacpp import DEFAULT_BUILD, LlamaServer
 
         self.label = label
         self.templater = templater
         self.flags = flags
-        self.server = LlamaServer(DEFAULT_BUILD / "llama-server", default_model_path(),
+        self.server = LlamaServer(DEFAULT_BUILD / "llama-server", resolve_model_path(model),
                                   threads, flags, log_dir / f"{label.replace(' ', '_')}.log")
         self.server.start()
         self.history: dict[str, list[dict[str, str]]] = {}
@@ -314,6 +315,8 @@ def main() -> None:
     ap.add_argument("--mode", action="append", default=None, metavar="LABEL=JSON",
                     help="a mode (repeatable; 'null' JSON: speculation off); default: off, "
                          "ngram, suffix")
+    ap.add_argument("--model", default=None,
+                    help="a GGUF target (default: the embedded SmolLM2), both engines")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1])
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -335,7 +338,7 @@ def main() -> None:
     ]
     wanted = set(args.parts.split(","))
     convs = [c for c in workload() if c.part in wanted]
-    report: dict[str, Any] = {"threads": args.threads, "llama_threads": args.llama_threads,
+    report: dict[str, Any] = {"model": args.model, "threads": args.threads, "llama_threads": args.llama_threads,
                               "llama": args.llama, "max_tokens": args.max_tokens,
                               "modes": specs, "loadavg_before": loadavg(), "runs": {}}
     for conc in args.concurrency:
@@ -343,7 +346,7 @@ def main() -> None:
         for text in specs:
             label, _, cfg = text.partition("=")
             spec = None if cfg.strip() in ("", "null") else cfg
-            modes.append(Mode(label, spec, args.threads, max(1, conc)))
+            modes.append(Mode(label, spec, args.threads, max(1, conc), args.model))
         if conc == 1:
             import shlex
             import tempfile
@@ -352,7 +355,8 @@ def main() -> None:
             for text in args.llama or []:
                 label, _, flags = text.partition("=")
                 modes.append(LlamaMode(label, shlex.split(flags),
-                                       args.llama_threads or args.threads, modes[0], log_dir))
+                                       args.llama_threads or args.threads, modes[0], log_dir,
+                                       args.model))
         for m in modes:  # warm-up: first-call costs stay out of the numbers
             m.run([(Conversation("warm", "warm", ["Say hello."]), 0)], 8)
             m.history.clear()

@@ -154,7 +154,7 @@ class FakeEngine:
         return self.tokenizer.encode(text + ("<assistant>" if add_generation_prompt else ""))
 
     def add_request(self, prompt: Any, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, isolation_key: str | None = None) -> str:
         self._check_thread()
         params = params or SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
