@@ -12,12 +12,11 @@ from typing import Any
 from draftwise.kit import (
     Capabilities,
     InvalidValueError,
-    Proposer,
-    ProposerContext,
-    ProposerNotBuiltError,
     Refusal,
 )
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from draftwise_ngram.lazy import lazy_factory
 
 #: vLLM's default for both bounds when neither is set (its source calls it untuned)
 DEFAULT_LOOKUP = 5
@@ -68,14 +67,5 @@ class NgramOptions(BaseModel):
         return self
 
 
-def make_ngram_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
-    """Import the proposer only when one is built, so declaring ngram stays cheap."""
-    try:
-        from draftwise_ngram.proposer import NgramProposer
-    except ImportError as exc:  # ModuleNotFoundError included
-        if exc.name != _PROPOSER_MODULE:
-            raise
-        raise ProposerNotBuiltError("ngram") from exc
-    if not isinstance(options, NgramOptions):
-        raise TypeError(f"ngram needs NgramOptions, got {type(options).__name__}")
-    return NgramProposer(options, ctx)
+#: import the proposer only when one is built, so declaring ngram stays cheap
+make_ngram_proposer = lazy_factory("ngram", _PROPOSER_MODULE, "NgramProposer", NgramOptions)

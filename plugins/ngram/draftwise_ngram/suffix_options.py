@@ -9,8 +9,10 @@ are model-free lookups); the index is :mod:`draftwise_ngram.suffix_index`.
 
 from __future__ import annotations
 
-from draftwise.kit import Capabilities, Proposer, ProposerContext, ProposerNotBuiltError, Refusal
+from draftwise.kit import Capabilities, Refusal
 from pydantic import BaseModel, ConfigDict, Field
+
+from draftwise_ngram.lazy import lazy_factory
 
 _PROPOSER_MODULE = "draftwise_ngram.suffix_proposer"
 
@@ -44,14 +46,5 @@ class SuffixOptions(BaseModel):
         return self.suffix_decoding_max_tree_depth
 
 
-def make_suffix_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
-    """Import the proposer only when one is built, so declaring suffix stays cheap."""
-    try:
-        from draftwise_ngram.suffix_proposer import SuffixProposer
-    except ImportError as exc:  # ModuleNotFoundError included
-        if exc.name != _PROPOSER_MODULE:
-            raise
-        raise ProposerNotBuiltError("suffix") from exc
-    if not isinstance(options, SuffixOptions):
-        raise TypeError(f"suffix needs SuffixOptions, got {type(options).__name__}")
-    return SuffixProposer(options, ctx)
+#: import the proposer only when one is built, so declaring suffix stays cheap
+make_suffix_proposer = lazy_factory("suffix", _PROPOSER_MODULE, "SuffixProposer", SuffixOptions)
