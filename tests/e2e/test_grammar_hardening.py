@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from draftwise.structured.bounds import MAX_CHOICES, MAX_REFERENCE_DEPTH, MAX_REPEAT
+from grammar_documents import lark_chain, ref_chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,14 +69,8 @@ def completion(**kw: Any) -> dict[str, Any]:
     return {"prompt": "Reply:", "max_tokens": 4, "temperature": 0, **kw}
 
 
-def ref_chain(n: int) -> dict:
-    defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
 
 
-def lark_chain(n: int) -> str:
-    return "\n".join(["start: r0", *(f"r{i}: r{i + 1}" for i in range(n)), f'r{n}: "x"'])
 
 
 def assert_clean(resp: httpx.Response, proc: subprocess.Popen[str]) -> None:

@@ -25,24 +25,10 @@ from draftwise.structured.bounds import (
     check_lark,
     check_regex,
 )
+from grammar_documents import gbnf_chain, lark_chain, ref_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-
-
-def ref_chain(n: int) -> dict:
-    """``$defs`` d0 -> d1 -> ... -> dn, dn a string: n references followed in a row."""
-    defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def lark_chain(n: int) -> str:
-    return "\n".join(["start: r0", *(f"r{i}: r{i + 1}" for i in range(n)), f'r{n}: "x"'])
-
-
-def gbnf_chain(n: int) -> str:
-    return "\n".join(["root ::= r0", *(f"r{i} ::= r{i + 1}" for i in range(n)), f'r{n} ::= "x"'])
 
 
 def nested_properties(n: int) -> dict:
