@@ -147,7 +147,13 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
     path = root / MANIFEST
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DataFolderError(f"{path}: unreadable ({exc}); it is replaced atomically, so "
+                              "this is not a run that stopped: use another --out") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise DataFolderError(f"{path}: not a draftwise data manifest")
     if manifest.get("format") != FORMAT:
         raise DataFolderError(f"{path}: layout version {manifest.get('format')}, this build "
                          f"writes and reads {FORMAT}")

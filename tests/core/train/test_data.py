@@ -93,6 +93,16 @@ def test_other_taps_on_an_existing_folder_are_refused(model: str, tmp_path: Path
         generate_data(plan(model, tmp_path / "e", taps=(99,)), PROMPTS)
 
 
+def test_a_broken_manifest_is_refused_by_name(model: str, tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "manifest.json").write_text("{not json")
+    with pytest.raises(DraftwiseError, match="unreadable"):
+        generate_data(plan(model, tmp_path / "d"), PROMPTS)
+    (tmp_path / "d" / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(DraftwiseError, match="not a draftwise data manifest"):
+        list(read_sequences(tmp_path / "d"))
+
+
 def test_prompt_files_and_the_builtin_mix(tmp_path: Path) -> None:
     good = tmp_path / "p.jsonl"
     good.write_text('{"prompt": "a"}\n\n{"messages": [{"role": "user", "content": "b"}]}\n')
