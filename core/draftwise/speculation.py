@@ -222,20 +222,18 @@ class Speculation:
             num_prompt_tokens=req.num_prompt_tokens,
             isolation_key=req.isolation_key,
         )
+        if not (drafter.own_kv or drafter.hidden_layers):
+            return out
+        state = self._states[req.req_id]
+        out.num_kv_computed = state.frontier[pid]
         if drafter.own_kv:
-            state = self._states[req.req_id]
-            out.num_kv_computed = state.frontier[pid]
             out.block_table = table
-            if drafter.hidden_layers and state.hidden:
-                skip = out.num_kv_computed - state.hidden_start
-                out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers}
-        elif drafter.hidden_layers:  # no KV: the positions committed since its last rows
-            state = self._states[req.req_id]
-            out.num_kv_computed = state.frontier[pid]
+        else:  # no KV: it is handed every committed position with K/V, its frontier next
+            state.handed[pid] = req.num_tokens - 1
+        if drafter.hidden_layers:
             skip = out.num_kv_computed - state.hidden_start
-            out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers} \
-                if state.hidden else {}
-            state.handed[pid] = req.num_tokens - 1  # every committed position with K/V
+            out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers
+                          if h in state.hidden}
         return out
 
     def _check(self, drafter: Drafter, batch: DraftInput, out: Drafts) -> None:

@@ -97,9 +97,11 @@ def check_lark(lark: str, kind: str = "grammar") -> None:
         check_json_schema(schema, kind)
     for pattern in regexes:
         check_regex(pattern, kind)
-    depth = _longest_path(("rule", "start"), _lark_children(rules)) if rules else 0
-    for name in rules:  # rules no path from start reaches are compiled all the same
-        depth = max(depth, _longest_path(("rule", name), _lark_children(rules)))
+    children = _lark_children(rules)
+    memo: dict[Any, int] = {}  # shared: each rule is walked once, from whichever root
+    depth = 0
+    for name in ("start", *rules):  # rules start does not reach are compiled all the same
+        depth = max(depth, _longest_path(("rule", name), children, memo))
         if depth > MAX_REFERENCE_DEPTH:
             break
     if depth > MAX_REFERENCE_DEPTH:
@@ -111,14 +113,16 @@ def check_lark(lark: str, kind: str = "grammar") -> None:
 # -- longest path without recursion ----------------------------------------------------
 
 
-def _longest_path(root: Any, children: Any) -> int:
+def _longest_path(root: Any, children: Any, memo: dict[Any, int] | None = None) -> int:
     """Nodes on the longest path from ``root``; an edge back into the path ends it.
 
-    ``children(node)`` yields child nodes; nodes are compared by :func:`_key`. Memoised,
-    so a shared subschema is walked once. Stops early once past the limit: the caller
-    only needs to know that.
+    ``children(node)`` yields child nodes; nodes are compared by :func:`_key`. Memoised
+    (``memo`` may be shared between roots), so a shared subschema or rule is walked once.
+    Stops early once past the limit: the caller only needs to know that.
     """
-    memo: dict[Any, int] = {}
+    memo = {} if memo is None else memo
+    if _key(root) in memo:
+        return memo[_key(root)]
     on_path: set[Any] = set()
     stack: list[tuple[Any, Iterator[Any], int]] = []
 

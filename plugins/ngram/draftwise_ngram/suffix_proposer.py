@@ -21,7 +21,7 @@ keeps acceptance per value).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,12 +79,6 @@ class SourceCounts:
                 "num_accepted_tokens": self.num_accepted_tokens}
 
 
-@dataclass(slots=True)
-class _Counters:
-    by_source: dict[str, SourceCounts] = field(
-        default_factory=lambda: {"request": SourceCounts(), "global": SourceCounts()})
-
-
 class SuffixProposer:
     """vLLM's ``suffix`` method: the best-scoring continuation from the request's own
     tokens or from earlier outputs under the same isolation key."""
@@ -99,7 +93,8 @@ class SuffixProposer:
         self.global_index = GlobalIndex(options.suffix_decoding_max_cached_requests,
                                         budget_bytes)
         self._requests: dict[str, _Request] = {}
-        self._counters = _Counters()
+        #: drafts by where they came from: "request" (its own tokens) or "global"
+        self._by_source = {"request": SourceCounts(), "global": SourceCounts()}
         #: where this step's drafts of requests released before ``on_verified`` came from
         #: (the core releases a request that finished in the step first); emptied by the
         #: next ``on_verified`` or ``propose``
@@ -117,7 +112,7 @@ class SuffixProposer:
             draft, source = (Draft(), None) if k <= 0 else self._lookup(row, state, k)
             state.last_source = source if draft.token_ids else None
             if draft.token_ids:
-                c = self._counters.by_source[source or "request"]
+                c = self._by_source[source or "request"]
                 c.num_drafts += 1
                 c.num_draft_tokens += len(draft.token_ids)
             flat += draft.token_ids
@@ -166,7 +161,7 @@ class SuffixProposer:
             source = (self._released_sources.get(req_id) if state is None
                       else state.last_source)
             if source is not None:
-                self._counters.by_source[source].num_accepted_tokens += acc
+                self._by_source[source].num_accepted_tokens += acc
         self._released_sources.clear()
 
     def release(self, req_id: str) -> None:
@@ -187,8 +182,8 @@ class SuffixProposer:
         index's size."""
         g = self.global_index
         return {
-            "drafts_from_request": self._counters.by_source["request"].as_dict(),
-            "drafts_from_global": self._counters.by_source["global"].as_dict(),
+            "drafts_from_request": self._by_source["request"].as_dict(),
+            "drafts_from_global": self._by_source["global"].as_dict(),
             "global_cached_requests": len(g.cached),
             "global_tokens": g.num_tokens,
             "global_bytes": g.estimated_bytes(),
