@@ -189,10 +189,24 @@ enum { ACT32, ACT256, ACT_F32 };
  * decode) is bound by the weight stream, and one tile at a time reads a thread's tiles
  * as ONE sequential stream (prefetched far ahead into L2: quant_layout.h), where two
  * adjacent tiles at once read two streams a tile apart: measured on one thread, one row,
- * Q4_K 17920 x 1536, ~38 GB/s one tile at a time against ~26 for pairs (k = 8960: ~35
- * against ~33). From two rows the kernel's arithmetic starts to be the limit and the
- * pair's shared decode wins (8 rows: ~17 against ~10 GB/s). The bits are the same. */
-#define PAIR_MIN_ROWS 2
+ * Q4_K 17920 x 1536, ~38 GB/s one tile at a time against ~26 for pairs. With more rows
+ * the kernel's arithmetic becomes the limit and the pair's shared decode wins, but later
+ * than first thought, and for Q6_K not at all: benchmarks/quant_gemm.py's interleaved
+ * pair-on/off runs (AMD EPYC, AVX512-VNNI, one thread, 1536 x 8960, thread CPU time):
+ * pairs cost Q6_K 2.8x at 2 rows, 2.2x at 5, 1.7x at 8, 1.2x at 16 and only break even
+ * at 32-64; Q4_K 1.4x at 2 rows, 1.05x at 5, and win from 6 (0.91x at 6 and 8, 0.88x at
+ * 32); the 32-blocks types 1.2x at 2 rows, even at 4 and win from 5 (0.75-0.85x). A
+ * verify row of k + 1 = 2..5 tokens is exactly the range that paid the most: on the
+ * Qwen2.5-Coder-1.5B Q4_K_M target (its LM head and half its ffn_down are Q6_K) a 2-token
+ * forward cost 2.7x a decode on one thread, which made every draft a loss. The bits are
+ * the same either way (batch invariance, above), so this is a speed choice only. */
+static int64_t pair_min_rows(int qtype) {
+    switch (qtype) {
+    case DW_Q6_K: return INT64_MAX; /* never: the 256-bit body wins or ties at every size */
+    case DW_Q4_K: return 6;
+    default: return 5;
+    }
+}
 /* Rows per pass over the tiles: their int8 blocks (K / 32 x 48 bytes each) stay in L2 */
 #define ROW_BLOCK 32
 
@@ -209,7 +223,7 @@ typedef struct {
 
 static void run_tiles(void *ctx, int64_t begin, int64_t end) {
     const job *j = ctx;
-    if (j->m < PAIR_MIN_ROWS && begin < end) {
+    if (j->m == 1 && begin < end) {
         /* a range starts cold: ask for its first DW_PREFETCH_AHEAD bytes at once, so the
          * kernel's own prefetch (that far ahead of it) is not its first request (one row,
          * one thread, Q4_K 2048 x 1536: ~63 -> ~60 us, 17920 x 1536 ~2-5% too) */
@@ -344,7 +358,7 @@ int dw_linear_quant_run(const dw_gemm_call *c, const char **err) {
             *err = why;
             return DW_ERR_VALUE;
         }
-        if (m < PAIR_MIN_ROWS) g->fn2 = NULL;
+        if (m < pair_min_rows((int)e[0])) g->fn2 = NULL;
         g->data = (const uint8_t *)(intptr_t)e[1];
         g->start = e[2], g->rows = e[3], g->first_tile = tiles;
         g->tiles = (e[3] + DW_TILE - 1) / DW_TILE;

@@ -155,7 +155,7 @@ ALWAYS int32_t ld32(const void *p) {
 #include "gemm_quant_avx512_body.h"
 
 /* ---- one tile, one row, two steps a vector: Q4_K and Q6_K ----
- * A one-row decode reads one tile at a time (gemm_quant.c, PAIR_MIN_ROWS), and there the
+ * A one-row decode reads one tile at a time (gemm_quant.c, pair_min_rows), and there the
  * super-block kernels are near what limits one thread (measured with the weights in cache,
  * one thread, the 256-bit body: ~47 GB/s Q4_K, ~33 Q6_K, against ~36-38 from memory;
  * this one: ~54 and ~36; from memory Q6_K 17920 x 1536 best ~31 -> ~35, Q4_K unchanged,

@@ -40,7 +40,7 @@ ALWAYS VI SFX(codes)(const int T, const int64_t ts, const uint8_t *b, const int 
 
 
 /* How far ahead the weight stream is asked for, in whole tile blocks of ``tb`` bytes.
- * One tile (a one-row decode: gemm_quant.c, PAIR_MIN_ROWS) reads ONE sequential stream
+ * One tile (a one-row decode: gemm_quant.c, pair_min_rows) reads ONE sequential stream
  * and prefetches DW_PREFETCH_AHEAD into L2 (quant_layout.h). Two tiles read two streams
  * (the tiles ``ts`` apart) and prefetch PREFETCH_BYTES into L1: measured here, the far
  * L2 prefetch on two streams ran slower (~22 against ~25 GB/s for one row, k = 1536), and

@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) int dw_block_bytes(const int T) {
 }
 
 /* The prefetch of the one-tile kernels (AVX2, and AVX512-VNNI's 256-bit body, which a
- * one-row decode runs: gemm_quant.c, PAIR_MIN_ROWS): a thread reads its tiles front to
+ * one-row decode runs: gemm_quant.c, pair_min_rows): a thread reads its tiles front to
  * back as ONE stream, and asks for the tile block DW_PREFETCH_AHEAD bytes ahead (rounded
  * up to whole blocks: a K-quant block's scales sit at its end, so a block is fetched
  * whole) into L2 (prefetcht1), not L1. On this project's Zen 5 VM (whose hardware
