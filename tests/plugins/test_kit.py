@@ -79,6 +79,7 @@ def test_every_kit_name_resolves() -> None:
 
 def test_the_kit_and_registration_names_load_no_torch() -> None:
     code = ("import sys\nfrom draftwise.kit import Speculator, Refusal, Capabilities, hookimpl\n"
+            "from draftwise.kit import ConfigError, RefusedValueError, SpeculativeConfig\n"
             "import draftwise_ngram, draftwise_mtp, draftwise_dflash, draftwise_dspark\n"
             "import draftwise_draft_model\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
