@@ -17,8 +17,10 @@ Groups:
   ``DraftRow``, ``Drafts``, ``KVLayout``, ``LazyLoader``, ``LoadedDraft``, ``Proposer``,
   ``ProposerContext``, ``Refusal``, ``Speculator``, ``VerifyOutcome``, ``Loader``,
   ``ChecksCheckpoint``, ``ChecksTarget``, ``TargetHeader``, ``TapsHidden``,
-  ``ProposerNotBuiltError``, ``InvalidValueError``, ``MissingKeyError``,
-  ``RefusedValueError``, ``MTP_MODEL_TYPES``.
+  ``ReportsStats``, ``ProposerNotBuiltError``, ``ConfigError`` (the base of a plugin's
+  own config errors), ``InvalidValueError``, ``MissingKeyError``, ``RefusedValueError``,
+  ``SpeculativeConfig`` (the core keys an options validator sees as
+  ``info.context["core"]``), ``MTP_MODEL_TYPES``.
 - **Drafting and sampling helpers**: ``pick_draft_tokens``, ``argmax_rows``,
   ``categorical``, ``draw_uniforms``.
 - **The target surface**: ``HybridTargetModel``, ``LoadedTarget``, ``TargetModel``,
@@ -45,9 +47,11 @@ if TYPE_CHECKING:
     from draftwise import hookimpl
     from draftwise.config import (
         MTP_MODEL_TYPES,
+        ConfigError,
         InvalidValueError,
         MissingKeyError,
         RefusedValueError,
+        SpeculativeConfig,
     )
     from draftwise.drafting import pick_draft_tokens
     from draftwise.formats import nvfp4
@@ -101,6 +105,7 @@ if TYPE_CHECKING:
         Proposer,
         ProposerContext,
         Refusal,
+        ReportsStats,
         Speculator,
         TapsHidden,
         TargetHeader,
@@ -131,10 +136,13 @@ _HOME: dict[str, str] = {
     "ChecksTarget": "draftwise.speculator",
     "TargetHeader": "draftwise.speculator",
     "TapsHidden": "draftwise.speculator",
+    "ReportsStats": "draftwise.speculator",
     "ProposerNotBuiltError": "draftwise.plugins.errors",
+    "ConfigError": "draftwise.config",
     "InvalidValueError": "draftwise.config",
     "MissingKeyError": "draftwise.config",
     "RefusedValueError": "draftwise.config",
+    "SpeculativeConfig": "draftwise.config",
     "MTP_MODEL_TYPES": "draftwise.config",
     # drafting and sampling helpers
     "pick_draft_tokens": "draftwise.drafting",
@@ -198,6 +206,7 @@ __all__ = [
     "Capabilities",
     "ChecksCheckpoint",
     "ChecksTarget",
+    "ConfigError",
     "DecoderLayer",
     "DraftCheckpoint",
     "DraftInput",
@@ -227,7 +236,9 @@ __all__ = [
     "Refusal",
     "RefusedValueError",
     "RegisterSpeculator",
+    "ReportsStats",
     "SafetensorsCheckpoint",
+    "SpeculativeConfig",
     "Speculator",
     "TapsHidden",
     "TargetHeader",

@@ -104,8 +104,14 @@ class Refusal:
 class Capabilities:
     """What a proposer needs from the core, declared instead of sniffed by name.
 
-    Each field has one effect, named here; the registry refuses combinations the core
-    cannot serve (own KV or hidden states without a loader to describe them).
+    Each field has one effect, named here. When plugins load, the registry refuses, for
+    every command, combinations the core cannot serve: ``own_kv_cache`` or
+    ``checkpoint_in_target`` without ``needs_checkpoint`` (the KV layout comes from the
+    loaded checkpoint), ``needs_checkpoint`` with a proposer but no ``loader``, and
+    ``kv_uses_next_token`` without ``own_kv_cache``. ``needs_target_hidden`` needs no
+    loader: a method without a checkpoint names its layers on its proposer
+    (:class:`TapsHidden`); those are checked when an engine running the method builds it
+    (a proposer that names none, or a layer the target lacks, is refused by name there).
     """
 
     #: reads a draft checkpoint: ``model`` is required (unless ``checkpoint_in_target``),
@@ -347,13 +353,17 @@ class DraftRow:
     #: ``params`` asks for any; pass ``history.after(drafts_so_far)`` to
     #: ``draftwise.drafting.pick_draft_tokens`` so drafts follow the target's processing
     history: TokenHistory | None = None
-    #: ``own_kv_cache``: leading positions whose entries in your KV are right
+    #: ``own_kv_cache``: leading positions whose entries in your KV are right; a
+    #: ``needs_target_hidden`` reader without KV: the first position of ``hidden``'s rows
+    #: (where the rows it was last handed ended; after admission, the prefix-cache hit)
     num_kv_computed: int = 0
     #: ``own_kv_cache``: the request's block ids; covers every position up to
     #: ``len(token_ids) - 1 + max_draft``
     block_table: list[int] = field(default_factory=list)
     #: ``needs_target_hidden``: layer -> ``[len(token_ids) - 1 - num_kv_computed, hidden]``,
     #: the target's hidden states at positions ``num_kv_computed .. len(token_ids) - 2``
+    #: (the newest last), for every layer the method named; without own KV there is at
+    #: least one row. None only for methods that read no hidden states
     hidden: dict[int, torch.Tensor] | None = None
     #: how many leading ``token_ids`` are the prompt (None: not known, e.g. a hand-built row)
     num_prompt_tokens: int | None = None
@@ -453,7 +463,10 @@ class TapsHidden(Protocol):
     """A proposer that names its own hidden-state taps: how a method with
     ``needs_target_hidden`` but no draft checkpoint (heads computed from the target
     alone, e.g. from ``ctx.target``'s last layer) says which target layers its rows carry.
-    Layer numbers are ``draftwise.target``'s (0-based outputs of decoder layers)."""
+    Layer numbers are 0-based outputs of decoder layers (``help(TargetModel)``). Read
+    once, right after ``make_proposer``, when an engine running the method builds; none,
+    or one outside ``0 .. num_hidden_layers - 1``, is a ``PluginRegistrationError``
+    naming the distribution."""
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -463,7 +476,9 @@ class TapsHidden(Protocol):
 
 @runtime_checkable
 class ReportsStats(Protocol):
-    """A proposer that reports about itself (``generate --json``'s ``proposers``, bench)."""
+    """A proposer that reports about itself: ``draftwise generate --json``'s
+    ``proposers``, bench reports, and in the library ``llm.engine.spec.proposer_stats()``
+    (one dict per chain member: ``{"method": ..., **stats()}``)."""
 
     def stats(self) -> dict[str, Any]:
         """JSON-able counters, e.g. draft forwards run."""

@@ -35,7 +35,32 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class TargetModel(Protocol):
-    """A target's forward parts that a drafter may run (see the module doc)."""
+    """A target's forward parts that a drafter may run (``ctx.target.model``); read-only.
+
+    Members (``help()`` shows only the methods' own docstrings, so all are listed here):
+
+    - ``config``: a ``ModelConfig``: ``hidden_size``, ``num_hidden_layers``,
+      ``vocab_size``, ``head_dim``, ``rms_norm_eps``, ...
+    - ``backend``: the kernels this target runs on; run your own layers on the same.
+    - ``layers``: the decoder layers, ``layers[i]`` is layer ``i`` (0-based).
+    - ``rope_cos``, ``rope_sin``: rope tables by position, ``[positions, head_dim]``;
+      ``ensure_positions(n)`` grows them to cover ``0 .. n-1``.
+    - ``embed_weight``, ``lm_head_weight``: the stored tables (dense tensors or the kit's
+      ``QuantWeight``; the same object when tied), for drafters that share them.
+    - ``num_kv_heads``, ``head_dim``: the attention layers' shape (an own-KV draft copies
+      it); ``dtype``: activation and KV dtype; ``device``: where the weights live.
+    - ``embed(ids)``: ``[T]`` int64 -> ``[T, hidden]``; ``final_norm(h)``: the norm
+      before the LM head, ``[N, hidden]`` -> ``[N, hidden]``; ``lm_head(h)``: float32
+      logits of normed states, ``[N, hidden]`` -> ``[N, vocab]``.
+
+    **Tap numbering.** Hidden-state taps (``LoadedDraft.hidden_layers``, or a proposer's
+    own ``hidden_layers``: ``TapsHidden``) are 0-based, ``0 .. config.num_hidden_layers -
+    1``; tap ``i`` is the OUTPUT of decoder layer ``i`` (the residual stream after it).
+    The last tap, ``num_hidden_layers - 1``, is taken BEFORE ``final_norm``: what the LM
+    head reads is ``final_norm(h)``, so ``lm_head(final_norm(h))`` of the newest row a
+    draft row carries gives the token already chosen (``token_ids[-1]``). A tap outside
+    the range is refused by name when the engine builds.
+    """
 
     #: architecture facts: ``hidden_size``, ``num_hidden_layers``, ``vocab_size``,
     #: ``head_dim``, ``rms_norm_eps``, ...
@@ -107,7 +132,13 @@ class HybridTargetModel(TargetModel, Protocol):
 
 @runtime_checkable
 class LoadedTarget(Protocol):
-    """What ``ProposerContext.target`` is: the target model with its checkpoint facts."""
+    """What ``ProposerContext.target`` is: the target model with its checkpoint facts.
+
+    ``model``: the :class:`TargetModel` (its docstring lists the members and the tap
+    numbering); ``config``: the same ``ModelConfig`` as ``model.config``; ``tokenizer``:
+    None only for a checkpoint without one; ``eos_token_ids``; ``path``: the checkpoint
+    as given; ``format``: ``"gguf"`` or ``"safetensors"``.
+    """
 
     model: TargetModel
     config: ModelConfig

@@ -6,7 +6,9 @@ it was last handed, the newest last. The plugin below is a third party's (a fake
 distribution, kit imports only). Checked here: greedy output identical to speculation
 off, rows carry exactly the new positions (never a backlog that grows), the last row's
 LM head predicts the row's last token (the tap is the last layer's output before the
-final norm), and a reader that names no tap, or one the target lacks, is refused by name.
+final norm), and a reader that names no tap, or one the target lacks, is refused by name
+when the engine builds it (``draft_stage.hidden_taps``: the taps live on the proposer, so
+plugin loading cannot see them), while the other methods keep running.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ SEEN = []  # (req_id, first position, rows) per handed row, for the test
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tap: int | None = None
+    no_taps: bool = False  # hidden_layers == (): names no layer
 
 
 class Headless:
@@ -37,11 +40,12 @@ class Headless:
         self.target = ctx.target.model
         last = ctx.target.config.num_hidden_layers - 1
         self._tap = last if options.tap is None else options.tap
+        self.no_taps = options.no_taps
         self.hits = 0
 
     @property
     def hidden_layers(self):
-        return (self._tap,)
+        return () if self.no_taps else (self._tap,)
 
     def propose(self, batch):
         ids, counts = [], []
@@ -68,10 +72,29 @@ class Headless:
         return {"hits": self.hits}
 
 
+class Untapped:
+    """Reads hidden states but has no hidden_layers property at all (not TapsHidden)."""
+
+    def __init__(self, options, ctx):
+        pass
+
+    def propose(self, batch):
+        return Drafts.from_lists([[] for _ in batch.rows])
+
+    def on_verified(self, outcome):
+        pass
+
+    def release(self, req_id):
+        pass
+
+
 @hookimpl
 def register_speculators(register):
     register(Speculator(method="headless", options=Options,
                         make_proposer=lambda o, c: Headless(o, c),
+                        capabilities=Capabilities(needs_target_hidden=True)))
+    register(Speculator(method="untapped", options=Options,
+                        make_proposer=lambda o, c: Untapped(o, c),
                         capabilities=Capabilities(needs_target_hidden=True)))
 '''
 
@@ -127,3 +150,26 @@ def test_a_tap_the_target_lacks_is_refused_by_name(tmp_path: Path, headless, tap
     with pytest.raises(PluginRegistrationError, match=message):
         LLM(model=path, dtype="float32",
             speculative_config={"method": "headless", "num_speculative_tokens": 2, "tap": tap})
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"method": "headless", "no_taps": True}, "acme-headless 1.0: method 'headless' named "
+     "hidden layers \\[\\]"),
+    ({"method": "untapped"}, "acme-headless 1.0: method 'untapped' needs target hidden "
+     "states and reads no checkpoint, so its proposer must name its taps"),
+])
+def test_a_reader_that_names_no_tap_is_refused_when_its_engine_builds(
+        tmp_path: Path, headless, spec, message) -> None:
+    from draftwise import LLM, SamplingParams
+    from draftwise.plugins.errors import PluginRegistrationError
+
+    path = str(save_tiny("llama", tmp_path / "m", seed=3))
+    with pytest.raises(PluginRegistrationError, match=message):
+        LLM(model=path, dtype="float32",
+            speculative_config={**spec, "num_speculative_tokens": 2})
+    # only runs of that method stop: the same plugin host still serves every other one
+    llm = LLM(model=path, dtype="float32",
+              speculative_config={"method": "headless", "num_speculative_tokens": 2})
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}],
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -1,7 +1,8 @@
 """The plugin kit is the only door into draftwise for plugins (``draftwise/kit.py``).
 
-- Every ``draftwise`` import in ``plugins/*/draftwise_*`` (module level, function level
-  and ``TYPE_CHECKING`` alike, found by walking the AST) is ``from draftwise.kit import``.
+- Every ``draftwise`` import in ``plugins/*/draftwise_*`` and in the docs' example plugins
+  (``docs/examples/``; module level, function level and ``TYPE_CHECKING`` alike, found by
+  walking the AST) is ``from draftwise.kit import``.
 - Every kit name resolves, and the kit imports lazily: importing it, and the names a
   plugin's registration needs, loads no torch.
 - Both target families implement the declared :class:`~draftwise.target.TargetModel`
@@ -47,6 +48,15 @@ def test_plugins_import_only_the_kit() -> None:
     assert not bad, "plugins must import draftwise only through draftwise.kit:\n" + "\n".join(bad)
 
 
+def test_the_docs_example_plugin_imports_only_the_kit() -> None:
+    """docs/examples/ is what a third party copies: it is held to the same rule."""
+    sources = sorted(ROOT.glob("docs/examples/*/*/**/*.py"))
+    assert len(sources) >= 3  # medusa_lite's __init__, options, proposer
+    bad = [line for path in sources for line in outside_kit(path)]
+    assert not bad, "the docs' example plugins must import draftwise only through the kit:\n" + (
+        "\n".join(bad))
+
+
 def test_the_check_sees_function_level_and_type_checking_imports(tmp_path: Path) -> None:
     src = tmp_path / "mod.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
@@ -69,6 +79,7 @@ def test_every_kit_name_resolves() -> None:
 
 def test_the_kit_and_registration_names_load_no_torch() -> None:
     code = ("import sys\nfrom draftwise.kit import Speculator, Refusal, Capabilities, hookimpl\n"
+            "from draftwise.kit import ConfigError, RefusedValueError, SpeculativeConfig\n"
             "import draftwise_ngram, draftwise_mtp, draftwise_dflash, draftwise_dspark\n"
             "import draftwise_draft_model\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -292,6 +292,28 @@ def test_vllm_method_draftwise_lacks(installed_registry) -> None:
     )
 
 
+def test_an_installed_plugin_takes_a_vllm_only_name(plugin_host) -> None:
+    """docs/speculative-decoding.md: 'medusa' is refused only while no plugin claims it."""
+    from pydantic import BaseModel, ConfigDict
+
+    from draftwise import hookimpl
+    from draftwise.plugins import DistInfo, load_speculators
+    from draftwise.speculator import Speculator
+
+    class Opts(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class AcmeMedusa:
+        @hookimpl
+        def register_speculators(self, register) -> None:
+            register(Speculator(method="medusa", options=Opts))
+
+    cfg = {"method": "medusa", "num_speculative_tokens": 3}
+    refuse(cfg, load_speculators(plugin_host), UnknownMethodError)
+    plugin_host.register(AcmeMedusa(), DistInfo("acme-medusa", "1.0", "medusa", "acme_medusa"))
+    assert parse_speculative_config(cfg, load_speculators(plugin_host)).method == "medusa"
+
+
 def test_misspelt_method(installed_registry) -> None:
     err = refuse(
         {"method": "ngarm", "num_speculative_tokens": 3}, installed_registry, UnknownMethodError
