@@ -55,8 +55,8 @@ def run(batch, q, k, v, caches, window=None):
 SHAPES = [(9, 1), (30, 4), (0, 7), (17, 1), (5, 4)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(("dtype", "window"), [(torch.float32, None), (torch.float16, None),
+                                               (torch.float32, 6)])
 def test_equals_reference(device, dtype, window):
     batch, q, k, v = make_batch(SHAPES, device, dtype)
     caches = make_cache(device, dtype)

@@ -46,8 +46,7 @@ def test_reference_equals_the_gguf_package(name):
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
-@pytest.mark.parametrize(("m", "dtype"), [(1, torch.float32), (5, torch.float16),
-                                          (19, torch.float32)])
+@pytest.mark.parametrize(("m", "dtype"), [(1, torch.float32), (19, torch.float16)])
 def test_kernel_equals_reference(device, name, m, dtype):
     qtype, n, k = TYPES[name], 40, 512
     raw = random_weight(qtype, n, k, seed=m)
