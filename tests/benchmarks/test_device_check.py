@@ -57,7 +57,7 @@ def test_without_cuda_it_runs_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the check for real")
     report = tmp_path / "report.json"
-    result = run("--out", str(report))
+    result = run("--out", str(report))  # this interpreter's torch: no CUDA here
     assert result.returncode == 0
     assert "no CUDA device here" in result.stdout and "install" in result.stdout
     assert not report.exists()
