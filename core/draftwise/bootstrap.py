@@ -259,10 +259,12 @@ def _build_engine_parts(
         uses_next_token,
     )
     from draftwise.formats.default_model import resolve_model_path
+    from draftwise.models.backend import check_device
     from draftwise.models.loader import load_model
     from draftwise.plugins.manager import load_speculators
     from draftwise.speculation import max_draft_len
 
+    check_device(args.device)  # first: a device that cannot run refuses before anything
     spec_config = parse_speculative_config(args.speculative_config)
     registry = load_speculators() if spec_config is not None else None
     if registry is not None and spec_config is not None:

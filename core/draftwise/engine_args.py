@@ -13,6 +13,9 @@ class EngineArgs:
     model: str | None = None
     speculative_config: str | dict[str, Any] | None = None
     dtype: str = "auto"
+    #: ``cpu`` (the engine) or ``cuda`` (refused by name until the CUDA engine is wired:
+    #: ``models.backend.check_device``, ``docs/gpu.md``)
+    device: str = "cpu"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     #: context length; None means the model's, capped at ``default_max_model_len``

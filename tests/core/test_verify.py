@@ -218,8 +218,11 @@ def processed(table: np.ndarray, temperature: float, top_k: int | None) -> np.nd
     return e / e.sum(1, keepdims=True)
 
 
-def generate(target, draft, method, probabilistic, params, num_seqs, k, length, seed):
-    """Speculative generation of ``length`` tokens for many independent sequences at once."""
+def generate(target, draft, method, probabilistic, params, num_seqs, k, length, seed,
+             verify_fn=verify):
+    """Speculative generation of ``length`` tokens for many independent sequences at once.
+
+    ``verify_fn``: the verify under test (the device kernel's tests pass theirs)."""
     rng = np.random.default_rng(seed)
     seqs: list[list[int]] = [[] for _ in range(num_seqs)]
     with torch.random.fork_rng():
@@ -238,7 +241,7 @@ def generate(target, draft, method, probabilistic, params, num_seqs, k, length, 
                 cur = (rng.random(n)[:, None] > draft[cur].cumsum(1)).sum(1).clip(max=DV - 1)
                 drafts[:, j] = cur
             t_rows[:, k] = target[cur]
-            res = verify(
+            res = verify_fn(
                 torch.from_numpy(np.log(t_rows).reshape(-1, DV)).float(),
                 drafts.reshape(-1),
                 [k] * n,

@@ -26,6 +26,9 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--speculative-config", "-sc", default=None, help="vLLM-style JSON.")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
+              "(docs/gpu.md).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Runs; best per prompt.")
 @click.option("--compare-hf", is_flag=True, help="Also run HF transformers in this process.")
@@ -49,6 +52,7 @@ def bench(
     concurrency: int,
     max_tokens: int,
     dtype: str,
+    device: str,
     repeat: int,
     compare_hf: bool,
     compare_off: bool,
@@ -83,7 +87,8 @@ def bench(
 
     def build(spec: str | None) -> Any:
         engine = build_engine(
-            model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads
+            model, spec, dtype, max_num_seqs=max(concurrency, 1), num_threads=num_threads,
+            device=device,
         )
         announce_backend(engine)
         warm_up(engine, items)

@@ -43,6 +43,9 @@ import click
               help="Top log-probabilities per token, in the --json output.")
 @click.option("--speculative-config", "-sc", default=None,
               help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
+              "(docs/gpu.md).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--json", "as_json", is_flag=True,
@@ -72,6 +75,7 @@ def generate(
     logprobs: int | None,
     speculative_config: str | None,
     dtype: str,
+    device: str,
     as_json: bool,
     num_threads: int | None,
 ) -> None:
@@ -89,7 +93,8 @@ def generate(
 
     # first: the weights' memory faults in on another core while the imports below run
     # (started by cli.main, before the plugins' imports, where it read the same options)
-    reserved = claim_prefault(model, dtype)
+    # (a CPU engine's memory: --device cuda refuses before any of it is needed)
+    reserved = claim_prefault(model, dtype) if device == "cpu" else None
 
     if (prompt is None) == (prompt_token_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-token-ids")
@@ -125,7 +130,7 @@ def generate(
     try:
         engine = build_engine(
             model, speculative_config, dtype, reserved=reserved, max_num_seqs=1,
-            num_threads=num_threads,
+            num_threads=num_threads, device=device,
         )
         announce_backend(engine)
         if ids is not None:

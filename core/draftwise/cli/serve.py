@@ -51,6 +51,9 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: every core with the native "
               "GEMMs, else cores - 1).")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
+              "(docs/gpu.md).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,
@@ -106,6 +109,7 @@ def serve(
     max_num_batched_tokens: int | None,
     long_prefill_token_threshold: int | None,
     dtype: str,
+    device: str,
     served_names: tuple[str, ...],
     api_key: str | None,
     return_spec_metrics: bool,
@@ -133,7 +137,7 @@ def serve(
 
     # first: the weights' memory faults in on another core while the imports below run
     # (started by cli.main, before the plugins' imports, where it read the same options)
-    reserved = claim_prefault(model, dtype)
+    reserved = claim_prefault(model, dtype) if device == "cpu" else None
     from draftwise.server.serving import check_api_key
 
     if api_key is None:
@@ -151,7 +155,7 @@ def serve(
     )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs, "device": device}
     if logprobs_mode is not None:
         kwargs["logprobs_mode"] = logprobs_mode
     if num_threads is not None:

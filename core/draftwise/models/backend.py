@@ -121,6 +121,39 @@ class Backend:
         }
 
 
+#: the devices ``--device`` names
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    """Refuse ``device`` by name unless an engine can run on it here; called first at
+    start-up, before any weights are read.
+
+    ``cpu`` is the engine every other rule in this module decides for. ``cuda`` is
+    refused in both cases, each saying what would work: without a CUDA device or triton
+    (the facts :func:`draftwise.gpu.cuda_unavailable_reason` reads), and with them,
+    because the engine's forward, runner and verify are not yet placed on a CUDA device:
+    only ``draftwise.gpu``'s kernels are, and ``benchmarks/device_check.sh`` is what runs
+    them on a GPU (``docs/gpu.md``). Never a silent fall-back to the CPU.
+    """
+    from draftwise.gpu.device import DeviceUnavailableError, cuda_unavailable_reason
+
+    if device not in DEVICES:
+        raise DeviceUnavailableError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise DeviceUnavailableError(
+            f"--device cuda cannot run on this machine: {reason}. Use --device cpu (the "
+            "default), or run on a machine with an NVIDIA GPU, a CUDA build of torch and "
+            "triton")
+    raise DeviceUnavailableError(
+        "--device cuda: this machine has a CUDA device, but draftwise's engine does not "
+        "run on it yet (only its Triton kernels do: draftwise.gpu, checked by "
+        "benchmarks/device_check.sh; docs/gpu.md). Use --device cpu")
+
+
 def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> Backend:
     """Every kernel choice for a model of ``dtype`` on ``device`` with ``head_dim``.
 
