@@ -23,18 +23,21 @@ import pickle
 import struct
 import subprocess
 import sys
+import time
 import weakref
 from typing import IO, cast
 
-import torch
 
 from draftwise.formats.default_model import resolve_model_path
 from draftwise.models.batch import ForwardBatch, KVCache
 from draftwise.models.loader import LoadedModel, ProgressFn, plan_hf_dir, resolve_dtype
+from draftwise.models.tp.errors import TensorParallelRankError
 from draftwise.models.tp.group import TPGroup
 from draftwise.models.tp.load import check_target, load_shard
 from draftwise.models.tp.plan import backend_for, check_size, refuse_format
 
+#: seconds a worker may take to start (imports) and to load its shard
+START_TIMEOUT_S = 300.0
 #: a message's length prefix (bytes of the pickle that follows)
 HEADER = struct.Struct("<Q")
 
@@ -89,6 +92,19 @@ class Driver:
             except (OSError, ValueError) as exc:  # a closed pipe: ValueError
                 raise self.group.fail(f"sending the step to rank {rank}", exc) from exc
 
+    def wait_for(self, what: str, deadline_s: float) -> None:
+        """Wait until every worker signalled ``what``, failing at once if one exits."""
+        end = time.monotonic() + deadline_s
+        for rank, proc in enumerate(self.procs, 1):
+            while not self.group.reached(what, rank, 0.5):
+                code = proc.poll()
+                if code is not None or time.monotonic() > end:
+                    why = (f"exited with code {code} (its error is on stderr)"
+                           if code is not None else f"did not get there in {deadline_s:g} s")
+                    raise TensorParallelRankError(
+                        f"tensor parallel: rank {rank} of {len(self.procs) + 1} {why} while "
+                        f"{what}")
+
     def close(self) -> None:
         """Stop the workers and drop the group (idempotent)."""
         self._finalizer()
@@ -122,7 +138,7 @@ def start_tensor_parallel(model: str | None, dtype: str, size: int, threads: int
     split = check_target(plan, size)
     torch_dtype = resolve_dtype(dtype)
     backend = backend_for("cpu")
-    group = TPGroup(0, size, 0, backend, timeout_s)
+    group = TPGroup(0, size, 0, backend, timeout_s, START_TIMEOUT_S)
     procs = []
     for rank in range(1, size):
         spec = {"rank": rank, "size": size, "port": group.port, "backend": backend,
@@ -133,9 +149,10 @@ def start_tensor_parallel(model: str | None, dtype: str, size: int, threads: int
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL))
     driver = Driver(group, procs)
     try:
+        driver.wait_for("joining", START_TIMEOUT_S)
         group.join()
         loaded = load_shard(plan, split, group, torch_dtype, progress)
-        group.reduce_sum(torch.zeros(1))  # every rank loaded (within the timeout)
+        driver.wait_for("loaded", START_TIMEOUT_S)
     except BaseException:
         driver.close()
         raise

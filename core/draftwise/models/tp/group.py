@@ -33,15 +33,16 @@ class TPGroup:
     engines may live in one process)."""
 
     def __init__(self, rank: int, size: int, port: int, backend: str, timeout_s: float,
-                 address: str = "127.0.0.1") -> None:
+                 start_timeout_s: float = 300.0, address: str = "127.0.0.1") -> None:
         """Rank 0 opens the store (``port`` 0: a free one, then :attr:`port` says which);
-        the others connect to it. Joining waits for every rank at most ``timeout_s``."""
+        the others connect to it. ``timeout_s`` bounds each collective; start-up (imports,
+        loading a shard) may take up to ``start_timeout_s``."""
         self.rank, self.size, self.timeout_s = rank, size, timeout_s
         #: why the group is unusable (None: healthy)
         self.broken: str | None = None
-        timeout = timedelta(seconds=timeout_s)
         try:
-            self.store = dist.TCPStore(address, port, size, rank == 0, timeout=timeout,
+            self.store = dist.TCPStore(address, port, size, rank == 0,
+                                       timeout=timedelta(seconds=max(timeout_s, start_timeout_s)),
                                        wait_for_workers=False)
             #: the store's port (rank 0 passes it to the others)
             self.port = int(self.store.port)
@@ -51,6 +52,18 @@ class TPGroup:
                 f"{address}:{port} within {timeout_s:g} s: {type(exc).__name__}: {exc}"
             ) from exc
         self._backend, self._pg = backend, None
+
+    def signal(self, what: str) -> None:
+        """Tell rank 0 this rank reached ``what`` (``joining``, ``loaded``)."""
+        self.store.set(f"{what}/{self.rank}", "1")
+
+    def reached(self, what: str, rank: int, wait_s: float) -> bool:
+        """Whether ``rank`` signalled ``what``, waiting at most ``wait_s``."""
+        try:
+            self.store.wait([f"{what}/{rank}"], timedelta(seconds=wait_s))
+        except Exception:  # noqa: BLE001 - the store's timeout is a RuntimeError/DistError
+            return False
+        return True
 
     def join(self) -> None:
         """Form the process group (blocks until every rank joined, or the timeout)."""

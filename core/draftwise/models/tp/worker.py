@@ -42,6 +42,7 @@ def serve(spec: dict[str, Any], pipe: IO[bytes]) -> None:
     """Join, load, then run forwards until the pipe closes."""
     group = TPGroup(spec["rank"], spec["size"], spec["port"], spec["backend"],
                     spec["timeout_s"])
+    group.signal("joining")
     group.join()
     plan = plan_hf_dir(spec["path"])
     loaded = load_shard(plan, check_target(plan, spec["size"]), group,
@@ -51,7 +52,7 @@ def serve(spec: dict[str, Any], pipe: IO[bytes]) -> None:
     model.backend = backend
     set_kernel_threads(backend.threads)
     torch.set_num_threads(backend.torch_threads or 1)
-    group.reduce_sum(torch.zeros(1))  # loaded: rank 0 waits for this
+    group.signal("loaded")  # rank 0 waits for this before its first step
     kv: KVCache | None = None
     while (message := read_message(pipe)) is not None and message[0] == "forward":
         _, batch, num_blocks, block_size = message
