@@ -34,6 +34,7 @@ from draftwise.models.loader import LoadedModel, ProgressFn, plan_hf_dir, resolv
 from draftwise.models.tp.errors import TensorParallelRankError
 from draftwise.models.tp.group import TPGroup
 from draftwise.models.tp.load import check_target, load_shard
+from draftwise.models.tp.model import TPLlamaForCausalLM
 from draftwise.models.tp.plan import backend_for, check_size, refuse_format
 
 #: seconds a worker may take to start (imports) and to load its shard
@@ -156,6 +157,5 @@ def start_tensor_parallel(model: str | None, dtype: str, size: int, threads: int
     except BaseException:
         driver.close()
         raise
-    model_ = loaded.model
-    model_.driver = driver  # type: ignore[attr-defined]
+    cast(TPLlamaForCausalLM, loaded.model).driver = driver
     return loaded

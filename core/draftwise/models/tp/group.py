@@ -20,6 +20,7 @@ marked broken so every later call fails at once instead of waiting again.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,9 +42,9 @@ class TPGroup:
         #: why the group is unusable (None: healthy)
         self.broken: str | None = None
         try:
-            self.store = dist.TCPStore(address, port, size, rank == 0,
-                                       timeout=timedelta(seconds=max(timeout_s, start_timeout_s)),
-                                       wait_for_workers=False)
+            wait = timedelta(seconds=max(timeout_s, start_timeout_s))
+            self.store = dist.TCPStore(  # type: ignore[attr-defined]
+                address, port, size, rank == 0, timeout=wait, wait_for_workers=False)
             #: the store's port (rank 0 passes it to the others)
             self.port = int(self.store.port)
         except Exception as exc:  # noqa: BLE001 - any start-up failure is the same to a user
@@ -51,7 +52,9 @@ class TPGroup:
                 f"tensor parallel: rank {rank} of {size} could not reach the group's store at "
                 f"{address}:{port} within {timeout_s:g} s: {type(exc).__name__}: {exc}"
             ) from exc
-        self._backend, self._pg = backend, None
+        self._backend = backend
+        #: gloo's (or NCCL's) process group once joined: a ``torch.distributed`` Backend
+        self._pg: Any = None
 
     def signal(self, what: str) -> None:
         """Tell rank 0 this rank reached ``what`` (``joining``, ``loaded``)."""

@@ -15,7 +15,7 @@ vocabulary and cut to its true size (``models.tp.group``: why all-gather).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,14 +72,15 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         self.vocab_start = rank * split.vocab_per_rank
         #: rank 0 only: sends each step to the other ranks (None on the others)
         self.driver: StepSender | None = None
-        for layer in self.layers:
-            layer.group = group
+        for layer in self.decoder_layers():
+            cast(TPDecoderLayer, layer).group = group
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         """This rank's rows of the embedding (zeros for ids it does not hold), summed."""
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.split.vocab_per_rank)
-        rows = F.embedding(torch.where(mine, local, 0), self.embed_weight)
+        table = cast(torch.Tensor, self.embed_weight)  # dense: quantized TP is refused
+        rows = F.embedding(torch.where(mine, local, 0), table)
         return self.group.reduce_sum(torch.where(mine.unsqueeze(1), rows, 0))
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
