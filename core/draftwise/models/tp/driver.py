@@ -97,7 +97,8 @@ class Driver:
         """Wait until every worker signalled ``what``, failing at once if one exits."""
         end = time.monotonic() + deadline_s
         for rank, proc in enumerate(self.procs, 1):
-            while not self.group.reached(what, rank, 0.5):
+            while not self.group.reached(what, rank):
+                time.sleep(0.05)
                 code = proc.poll()
                 if code is not None or time.monotonic() > end:
                     why = (f"exited with code {code} (its error is on stderr)"

@@ -60,13 +60,9 @@ class TPGroup:
         """Tell rank 0 this rank reached ``what`` (``joining``, ``loaded``)."""
         self.store.set(f"{what}/{self.rank}", "1")
 
-    def reached(self, what: str, rank: int, wait_s: float) -> bool:
-        """Whether ``rank`` signalled ``what``, waiting at most ``wait_s``."""
-        try:
-            self.store.wait([f"{what}/{rank}"], timedelta(seconds=wait_s))
-        except Exception:  # noqa: BLE001 - the store's timeout is a RuntimeError/DistError
-            return False
-        return True
+    def reached(self, what: str, rank: int) -> bool:
+        """Whether ``rank`` signalled ``what`` yet (does not wait)."""
+        return bool(self.store.check([f"{what}/{rank}"]))
 
     def join(self) -> None:
         """Form the process group (blocks until every rank joined, or the timeout)."""
