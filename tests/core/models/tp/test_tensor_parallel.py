@@ -1,7 +1,8 @@
 """Tensor parallel over gloo with two local processes (``draftwise.models.tp``).
 
-One tiny fp32 qwen2 checkpoint (q/k/v biases, tied embeddings, an odd vocabulary so the
-last rank's vocabulary rows are padding) serves every test. TP=2 is checked against TP=1
+One tiny fp32 llama checkpoint (biases on every projection, so column-parallel biases are
+split and row-parallel ones added once; tied embeddings; an odd vocabulary, so the last
+rank's vocabulary rows are padding) serves every test. TP=2 is checked against TP=1
 (logits and hidden-state taps), against itself (the same bits run to run), and for
 greedy n-gram speculation against speculation off; the refusals run before any process
 starts; a killed rank and a stopped one fail their requests by name within the timeout.
@@ -51,8 +52,8 @@ def _bounded() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny("qwen2", tmp_path_factory.mktemp("tp-qwen2"), seed=5, vocab_size=509,
-                     tie_word_embeddings=True)
+    return save_tiny("llama", tmp_path_factory.mktemp("tp-llama"), seed=5, vocab_size=509,
+                     tie_word_embeddings=True, attention_bias=True, mlp_bias=True)
 
 
 def engine(path: Path, tp: int, **kwargs: object) -> LLMEngine:
