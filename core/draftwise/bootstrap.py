@@ -88,6 +88,10 @@ def check_tensor_parallel(
     from draftwise.models.tp.plan import check_size
 
     tp = check_size(args.tensor_parallel_size)
+    timeout = args.tensor_parallel_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise EngineConfigError(
+            f"tensor_parallel_timeout_s must be a number of seconds > 0, got {timeout!r}")
     if spec_config is not None and registry is not None:
         with_weights = tuple(m.method for m in spec_config.drafters if m.method is not None
                              and registry.get(m.method).speculator.loader is not None)
