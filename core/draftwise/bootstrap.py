@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
+    from draftwise.plugins.registry import SpeculatorRegistry
     from draftwise.speculation import Speculation
     from draftwise.speculator import KVLayout, TargetHeader
 
@@ -75,6 +76,27 @@ def check_args(args: EngineArgs) -> None:
         raise EngineConfigError(f"num_threads must be at least 1, got {args.num_threads}")
     if args.num_kv_blocks is not None and args.num_kv_blocks < 2:
         raise EngineConfigError(f"num_kv_blocks must be at least 2, got {args.num_kv_blocks}")
+
+
+def check_tensor_parallel(
+    args: EngineArgs, spec_config: ResolvedSpeculativeConfig | None,
+    registry: SpeculatorRegistry | None,
+) -> int:
+    """``tensor_parallel_size`` and the drafts' placement, refused by name before weights
+    (the split itself is checked against the target's config when it is read)."""
+    from draftwise.config.core import check_draft_tensor_parallel
+    from draftwise.models.tp.plan import check_size
+
+    tp = check_size(args.tensor_parallel_size)
+    timeout = args.tensor_parallel_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise EngineConfigError(
+            f"tensor_parallel_timeout_s must be a number of seconds > 0, got {timeout!r}")
+    if spec_config is not None and registry is not None:
+        with_weights = tuple(m.method for m in spec_config.drafters if m.method is not None
+                             and registry.get(m.method).speculator.loader is not None)
+        check_draft_tensor_parallel(spec_config.draft_tensor_parallel_size, tp, with_weights)
+    return tp
 
 
 def usable_cores() -> int:
@@ -270,6 +292,7 @@ def _build_engine_parts(
     if registry is not None and spec_config is not None:
         registry.ensure_buildable(spec_config)
     check_args(args)
+    tp = check_tensor_parallel(args, spec_config, registry)
     detected: list[DetectedDraft] = []
     if registry is not None and spec_config is not None:  # the drafts' own files, no weights
         target_path = resolve_model_path(args.model)
@@ -277,9 +300,17 @@ def _build_engine_parts(
             spec_config, registry, target_path, target=lazy_target_header(target_path)
         )
     torch.set_num_threads(args.num_threads or usable_cores())  # for loading
-    loaded = load_model(args.model, dtype=args.dtype, progress=progress, reserved=reserved)
+    threads_arg = args.num_threads
+    if tp > 1:  # ranks 1..tp-1 start here (draftwise.models.tp.driver)
+        from draftwise.models.tp.driver import start_tensor_parallel, threads_per_rank
+
+        threads_arg = threads_per_rank(args.num_threads, tp)
+        loaded = start_tensor_parallel(args.model, args.dtype, tp, threads_arg,
+                                       args.tensor_parallel_timeout_s, progress)
+    else:
+        loaded = load_model(args.model, dtype=args.dtype, progress=progress, reserved=reserved)
     drafts = load_drafts(detected, loaded)
-    backend = finish_backend(loaded, args.num_threads)
+    backend = finish_backend(loaded, threads_arg)
     threads = backend.threads or backend.torch_threads or 1
     max_model_len = resolve_max_model_len(args, loaded)
     num_blocks = size_kv_cache(args, loaded, max_model_len, draft_kv_layouts(detected, drafts))

@@ -39,3 +39,8 @@ class EngineArgs:
     #: what ``logprobs`` report (vLLM V1's names): "raw_logprobs" (the target's own
     #: distribution, vLLM's default) or "processed_logprobs" (what the token was drawn from)
     logprobs_mode: str = "raw_logprobs"
+    #: ranks the target is split over (``draftwise.models.tp``: HF safetensors llama-family
+    #: targets; gloo on CPU); ``num_threads`` is then per rank
+    tensor_parallel_size: int = 1
+    #: seconds a tensor-parallel collective may wait for a rank before its step fails
+    tensor_parallel_timeout_s: float = 60.0

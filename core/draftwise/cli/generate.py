@@ -53,6 +53,9 @@ import click
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: every core with the native "
               "GEMMs, else cores - 1).")
+@click.option("--tensor-parallel-size", "tensor_parallel_size", default=1, show_default=True,
+              type=int, help="Ranks the target is split over (HF safetensors llama-family "
+              "targets; local processes over gloo; --threads is then per rank).")
 def generate(
     model: str | None,
     prompt: str | None,
@@ -78,6 +81,7 @@ def generate(
     device: str,
     as_json: bool,
     num_threads: int | None,
+    tensor_parallel_size: int,
 ) -> None:
     """Generate a completion for PROMPT, streaming text as it is produced."""
     from draftwise.cli.common import (
@@ -131,6 +135,7 @@ def generate(
         engine = build_engine(
             model, speculative_config, dtype, reserved=reserved, max_num_seqs=1,
             num_threads=num_threads, device=device,
+            tensor_parallel_size=tensor_parallel_size,
         )
         announce_backend(engine)
         if ids is not None:

@@ -54,6 +54,9 @@ def default_served_name(model: str | None, engine: Any) -> str:
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
               help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
               "(docs/gpu.md).")
+@click.option("--tensor-parallel-size", "tensor_parallel_size", default=1, show_default=True,
+              type=int, help="Ranks the target is split over (HF safetensors llama-family "
+              "targets; local processes over gloo; --threads is then per rank).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--served-model-name", "served_names", multiple=True,
@@ -125,6 +128,7 @@ def serve(
     log_level: str,
     num_threads: int | None,
     logprobs_mode: str | None,
+    tensor_parallel_size: int,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import (
@@ -160,6 +164,8 @@ def serve(
         kwargs["logprobs_mode"] = logprobs_mode
     if num_threads is not None:
         kwargs["num_threads"] = num_threads
+    if tensor_parallel_size != 1:
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     if max_num_batched_tokens is not None:

@@ -154,15 +154,39 @@ def validate_core(values: dict[str, Any]) -> SpeculativeConfig:
         core = SpeculativeConfig.model_validate(values)
     except ValidationError as exc:
         raise translate(exc, values, "the core keys") from None
-    if core.draft_tensor_parallel_size not in (None, 1):
-        raise RefusedValueError(
-            f"draft_tensor_parallel_size={core.draft_tensor_parallel_size} is refused: "
-            "draftwise runs the draft on one device; tensor parallelism is not implemented. "
-            "Instead: drop it, or set 1.",
-            key="draft_tensor_parallel_size", value=core.draft_tensor_parallel_size,
-            reason="tensor parallelism is not implemented", instead="drop it, or set 1",
-        )
     return core
+
+
+def check_draft_tensor_parallel(
+    draft_size: int | None, target_size: int, model_methods: tuple[str, ...]
+) -> None:
+    """``draft_tensor_parallel_size`` as vLLM defines it: 1 or the target's
+    ``tensor_parallel_size``, checked once the engine's size is known (bootstrap, before
+    weights). ``model_methods``: the configured methods whose loader receives the target.
+
+    draftwise runs every drafter on rank 0, unsharded, so a draft split like the target is
+    refused for a drafter with weights (a model-free one has nothing to split, and any
+    drafter that reads the target is refused at ``target_size > 1``: the target's parts it
+    would run are split across ranks and run only with every rank joining).
+    """
+    key = "draft_tensor_parallel_size"
+    if draft_size is not None and draft_size not in (1, target_size):
+        where = ("draftwise runs the draft on one device" if target_size == 1 else
+                 f"vLLM allows 1 or the target's tensor_parallel_size ({target_size})")
+        raise RefusedValueError(
+            f"{key}={draft_size} is refused: {where}. Instead: drop it, or set 1.",
+            key=key, value=draft_size, reason=where, instead="drop it, or set 1")
+    if target_size > 1 and model_methods:
+        names = ", ".join(model_methods)
+        reason = (f"method {names} reads the target's embedding, LM head or layers, which at "
+                  f"tensor_parallel_size={target_size} are split across ranks and run only "
+                  "with every rank joining; drafters run on rank 0 alone")
+        raise RefusedValueError(
+            f"method={show(model_methods[0])} is refused at tensor_parallel_size="
+            f"{target_size}: {reason}. Instead: a model-free method (ngram, suffix), or "
+            "tensor_parallel_size=1.",
+            key="method", value=model_methods[0], reason=reason,
+            instead="a model-free method (ngram, suffix), or tensor_parallel_size=1")
 
 
 KSchedule = tuple[tuple[int, int, int], ...]

@@ -89,6 +89,9 @@ class ResolvedSpeculativeConfig:
     #: verify only the drafts before the first one the drafter's confidence head scores
     #: under t; 0 verifies every draft. Only methods declaring ``confidence_head`` take it
     confidence_threshold: float = 0.0
+    #: vLLM's key, checked against the engine's ``tensor_parallel_size`` at build
+    #: (:func:`~draftwise.config.core.check_draft_tensor_parallel`)
+    draft_tensor_parallel_size: int | None = None
 
     def k_for_batch(self, batch_size: int) -> int:
         """Draft tokens per row for a step of ``batch_size`` requests (the schedule, or k)."""
@@ -117,6 +120,8 @@ class ResolvedSpeculativeConfig:
             out["max_model_len"] = self.max_model_len
         if self.enforce_eager:
             out["enforce_eager"] = True
+        if self.draft_tensor_parallel_size is not None and not self.chain:
+            out["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
         if self.k_schedule:
             out["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.k_schedule]
         if self.options is not None:
@@ -352,6 +357,7 @@ def _resolve_chain(
         rejection_sample_method=core.rejection_sample_method,
         max_model_len=core.max_model_len,
         enforce_eager=bool(core.enforce_eager),
+        draft_tensor_parallel_size=core.draft_tensor_parallel_size,
         notices=notices,
         chain=tuple(resolved),
     )
@@ -408,6 +414,7 @@ def _resolve_single(
         rejection_sample_method=core.rejection_sample_method,
         max_model_len=core.max_model_len,
         enforce_eager=bool(core.enforce_eager),
+        draft_tensor_parallel_size=core.draft_tensor_parallel_size,
         options=options,
         notices=tuple(notices),
         provider=str(dist),

@@ -67,7 +67,7 @@ VLLM_FIELDS: tuple[VllmField, ...] = (
         "tensor_parallel_size", 410, "int | None", None, FieldKind.TRAP,
         "'tensor_parallel_size' is not a valid argument in the speculative_config "
         "(vLLM refuses it too)",
-        "pass 'draft_tensor_parallel_size' (draftwise accepts only 1)",
+        "pass 'draft_tensor_parallel_size' (1, or the target's tensor_parallel_size)",
     ),
     VllmField("quantization", 415, "QuantizationMethods | str | None", None, _C),
     VllmField(

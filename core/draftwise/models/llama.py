@@ -152,10 +152,19 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window)
-        h, x = add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
+        h, x = add_rms_norm(h, self.o_proj(attn), self.post_norm,
                             self.eps, native)
         act = silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias), native)
-        return h, linear(act, self.down_weight, self.down_bias)
+        return h, self.down_proj(act)
+
+    def o_proj(self, attn: torch.Tensor) -> torch.Tensor:  # [T, q_size] -> [T, hidden]
+        """The attention output projection (a method so tensor parallel's row-parallel
+        layer, ``models.tp.layers``, can reduce its partial sums before the bias)."""
+        return linear(attn, self.o_weight, self.o_bias)
+
+    def down_proj(self, act: torch.Tensor) -> torch.Tensor:  # [T, inter] -> [T, hidden]
+        """The MLP's down projection (row-parallel under tensor parallel, as ``o_proj``)."""
+        return linear(act, self.down_weight, self.down_bias)
 
     def stack_layer(self) -> StackLayer | None:
         """This layer for ``models.stack.decoder_plan``, or None where it cannot run there (a
@@ -185,15 +194,17 @@ class DecoderLayer(nn.Module):
         kernels.rope_qkv_(qkv, self.num_heads + self.num_kv_heads, rope)
         attn = kernels.paged_attention_qkv(qkv, self.num_heads, cache, index, self.window,
                                            self.scale)
-        h, x = kernels.add_rms_norm(h, linear(attn, self.o_weight, self.o_bias), self.post_norm,
+        h, x = kernels.add_rms_norm(h, self.o_proj(attn), self.post_norm,
                                     self.eps)
         act = kernels.silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias))
-        return h, linear(act, self.down_weight, self.down_bias)
+        return h, self.down_proj(act)
 
 
 class LlamaForCausalLM(nn.Module):
     """A llama-family decoder over paged KV; ``forward(batch, kv) -> ModelOutput``."""
 
+    #: the decoder layer built per layer (tensor parallel's model builds its own)
+    layer_class: type[DecoderLayer] = DecoderLayer
     # buffers (declared for type checkers; registered in __init__)
     inv_freq: torch.Tensor  # [head_dim // 2] fp32
     rope_cos: torch.Tensor  # [positions, head_dim]
@@ -221,7 +232,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_weight: nn.Parameter | QuantWeight = p(
             "embed_weight", config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, device, frozenset(
+            self.layer_class(config, i, dtype, device, frozenset(
                 n.split(".", 2)[2] for n in external if n.startswith(f"layers.{i}.")))
             for i in range(config.num_hidden_layers)
         )

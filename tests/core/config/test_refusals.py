@@ -128,17 +128,33 @@ def test_tensor_parallel_size_trap(installed_registry) -> None:
     assert str(err) == (
         "tensor_parallel_size=2 is refused: 'tensor_parallel_size' is not a valid argument in "
         "the speculative_config (vLLM refuses it too). Instead: pass "
-        "'draft_tensor_parallel_size' (draftwise accepts only 1)."
+        "'draft_tensor_parallel_size' (1, or the target's tensor_parallel_size)."
     )
 
 
 def test_draft_tensor_parallel_size(installed_registry) -> None:
+    """Parsed and kept; checked against the engine's tensor_parallel_size at build
+    (``check_draft_tensor_parallel``: vLLM's rule, 1 or the target's size)."""
+    from draftwise.config.core import check_draft_tensor_parallel
+
     assert parse_speculative_config({**NGRAM, "draft_tensor_parallel_size": 1}, installed_registry)
-    err = refuse({**NGRAM, "draft_tensor_parallel_size": 2}, installed_registry, RefusedValueError)
-    assert str(err) == (
-        "draft_tensor_parallel_size=2 is refused: draftwise runs the draft on one device; "
-        "tensor parallelism is not implemented. Instead: drop it, or set 1."
+    cfg = parse_speculative_config({**NGRAM, "draft_tensor_parallel_size": 2}, installed_registry)
+    assert cfg is not None and cfg.draft_tensor_parallel_size == 2
+    assert cfg.to_json()["draft_tensor_parallel_size"] == 2
+    check_draft_tensor_parallel(2, 2, ())  # equal to the target's: model-free runs
+    check_draft_tensor_parallel(1, 2, ())
+    with pytest.raises(RefusedValueError) as err:
+        check_draft_tensor_parallel(2, 1, ())
+    assert str(err.value) == (
+        "draft_tensor_parallel_size=2 is refused: draftwise runs the draft on one device. "
+        "Instead: drop it, or set 1."
     )
+    with pytest.raises(RefusedValueError, match=r"vLLM allows 1 or the target's "
+                       r"tensor_parallel_size \(4\)"):
+        check_draft_tensor_parallel(2, 4, ())
+    with pytest.raises(RefusedValueError, match=r'method="mtp" is refused at '
+                       r"tensor_parallel_size=2"):
+        check_draft_tensor_parallel(2, 2, ("mtp",))
 
 
 def test_option_of_another_method(installed_registry) -> None:
