@@ -159,7 +159,9 @@ def serve(
     )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs, "device": device}
+    kwargs: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+    if device != "cpu":
+        kwargs["device"] = device
     if logprobs_mode is not None:
         kwargs["logprobs_mode"] = logprobs_mode
     if num_threads is not None:
