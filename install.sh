@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 "$PY" -m pip install --disable-pip-version-check \
-    "torch==2.13.0" -e ".[test]" \
+    "torch==2.13.0" -e ".[test,ray]" \
     -e plugins/mtp -e plugins/dflash -e plugins/dspark -e plugins/ngram -e plugins/draft_model
 # z-lab's DFlash reference, a test-only oracle: --no-deps skips its CLI's datasets/pyarrow pins.
 "$PY" -m pip install --disable-pip-version-check --no-deps "dflash==0.1.0"

@@ -15,12 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from server_fakes import serving
-from tiny_checkpoints import TINY, save_tiny, write_wordlevel_tokenizer
-
 from draftwise.engine import LLMEngine
 from draftwise.engine_args import EngineArgs
 from draftwise.server.block_events import BlockEventLog
+from server_fakes import serving
+from tiny_checkpoints import TINY, save_tiny, write_wordlevel_tokenizer
 
 PROMPT = [5, 9, 13, 2, 7, 11, 4, 8, 12, 3, 6, 10]  # three full blocks of 4
 
