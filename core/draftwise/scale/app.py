@@ -111,7 +111,11 @@ def deploy(spec: ReplicaSpec, scaling: Scaling, host: str, port: int,
     try:
         serve.run(build_app(spec, scaling), name=name, route_prefix=route_prefix)
     except RuntimeError as exc:
-        named = start_error(str(exc))
+        # the app's message names the failed deployment; the replica's error is in the
+        # deployment's own status message
+        app = serve.status().applications.get(name)
+        texts = [str(exc), *(d.message for d in (app.deployments.values() if app else ()))]
+        named = next((e for e in map(start_error, texts) if e is not None), None)
         if named is None:
             raise
         raise ReplicaStartError(named) from None
