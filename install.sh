@@ -12,7 +12,7 @@ if [ "${DRAFTWISE_KEEP_TORCH:-0}" = 1 ] && "$PY" -c "import torch, triton" 2>/de
     PINS=()
 fi
 "$PY" -m pip install --disable-pip-version-check \
-    ${PINS[@]+"${PINS[@]}"} -e ".[test]" \
+    ${PINS[@]+"${PINS[@]}"} -e ".[test,ray]" \
     -e plugins/mtp -e plugins/dflash -e plugins/dspark -e plugins/ngram -e plugins/draft_model
 # z-lab's DFlash reference, a test-only oracle: --no-deps skips its CLI's datasets/pyarrow pins.
 "$PY" -m pip install --disable-pip-version-check --no-deps "dflash==0.1.0"

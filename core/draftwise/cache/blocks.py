@@ -14,6 +14,9 @@ can never hand out wrong K/V. A freed block keeps its entry until the block is r
 Free blocks sit in two queues, both O(1) per operation: never-cached blocks first, then
 cached blocks in LRU order (the block freed longest ago is evicted first). Handing out
 uncached blocks before evicting cached ones keeps the cache as long as possible.
+
+An optional ``listener`` hears each entry stored and evicted, so a server can publish
+what its cache holds to a router (``draftwise.server.block_events``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -71,6 +74,14 @@ class Block:
     drafts_ready: bool = False
 
 
+class BlockListener(Protocol):
+    """Told, on the thread that owns the pool, of each cached entry as it comes and goes."""
+
+    def stored(self, block_hash: int, parent_hash: int | None,
+               token_ids: tuple[int, ...]) -> None: ...
+    def evicted(self, block_hash: int) -> None: ...
+
+
 class BlockPool:
     """Hands out KV blocks, counts their users and remembers full blocks for reuse."""
 
@@ -101,6 +112,9 @@ class BlockPool:
         self._table: dict[int, list[PrefixEntry]] = {}
         self._num_entries = 0
         self._next_entry_id = 0
+        #: told of every entry stored and evicted (the server's prefix-block event log, so
+        #: an external router knows what this pool holds); None: nobody listens
+        self.listener: BlockListener | None = None
 
     # -- sizes ----------------------------------------------------------------------------
 
@@ -244,7 +258,26 @@ class BlockPool:
         self._table.setdefault(block_hash, []).append(entry)
         self._num_entries += 1
         block.entry = entry
+        if self.listener is not None:
+            self.listener.stored(block_hash, None if parent is None else parent.block_hash,
+                                 token_ids)
         return entry
+
+    def cached_blocks(self) -> list[tuple[int, int | None, tuple[int, ...]]]:
+        """(hash, parent hash, tokens) of every reachable cached entry, parents first; an
+        entry whose parent was evicted is unreachable (``find_cached_prefix`` stops there)
+        and left out."""
+        entries = sorted((e for bucket in self._table.values() for e in bucket),
+                         key=lambda e: e.entry_id)
+        hashes: dict[int, int] = {}
+        out: list[tuple[int, int | None, tuple[int, ...]]] = []
+        for e in entries:  # a parent's entry id is always smaller than its child's
+            if e.parent_id is not None and e.parent_id not in hashes:
+                continue
+            hashes[e.entry_id] = e.block_hash
+            out.append((e.block_hash, None if e.parent_id is None else hashes[e.parent_id],
+                        e.token_ids))
+        return out
 
     def reset_prefix_cache(self) -> int:
         """Forget every free cached block (benchmarks want a cold cache); returns how many."""
@@ -282,6 +315,8 @@ class BlockPool:
             del self._table[entry.block_hash]
         self._num_entries -= 1
         block.entry = None
+        if self.listener is not None:
+            self.listener.evicted(entry.block_hash)
 
     # -- checking -------------------------------------------------------------------------
 

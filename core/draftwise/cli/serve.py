@@ -102,6 +102,20 @@ def default_served_name(model: str | None, engine: Any) -> str:
               "default, as vLLM's) or the processed one tokens are drawn from.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1),
+              help="Engine replicas on Ray Serve behind this one endpoint (needs the "
+              "`ray` extra); 1: this process serves alone.")
+@click.option("--ray-address", default=None,
+              help="Join this Ray cluster instead of starting one on 127.0.0.1. Ray's "
+              "traffic is unauthenticated: see docs/scaling.md.")
+@click.option("--min-replicas", default=None, type=click.IntRange(1),
+              help="Autoscaling lower bound (with --max-replicas; --replicas starts).")
+@click.option("--max-replicas", default=None, type=click.IntRange(1),
+              help="Autoscaling upper bound (with --min-replicas).")
+@click.option("--routing", default="prefix", show_default=True,
+              type=click.Choice(["prefix", "round-robin", "power-of-two"]),
+              help="How replicas are picked: the one holding the longest prefix of the "
+              "prompt (load-bounded), or blind to prefixes.")
 def serve(
     model: str | None,
     host: str,
@@ -128,7 +142,11 @@ def serve(
     log_level: str,
     num_threads: int | None,
     logprobs_mode: str | None,
-    tensor_parallel_size: int,
+    replicas: int = 1,
+    ray_address: str | None = None,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    routing: str = "prefix",
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions (OpenAI API) until SIGTERM."""
     from draftwise.cli.common import (
@@ -174,6 +192,19 @@ def serve(
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if long_prefill_token_threshold is not None:
         kwargs["long_prefill_token_threshold"] = long_prefill_token_threshold
+    if replicas > 1 or ray_address or min_replicas is not None or max_replicas is not None:
+        if reserved is not None:  # the replicas load the weights, not this process
+            reserved.finish()
+        from draftwise.cli.serve_replicas import serve_replicas
+
+        serve_replicas(model=model, speculative_config=speculative_config, dtype=dtype,
+                       engine_kwargs=kwargs, served_names=served_names, api_key=api_key,
+                       return_spec_metrics=return_spec_metrics,
+                       draft_index_scope=draft_index_scope, limits=limits,
+                       enable_docs=enable_docs, host=host, port=port, replicas=replicas,
+                       ray_address=ray_address, min_replicas=min_replicas,
+                       max_replicas=max_replicas, routing=routing)
+        return
     try:
         engine = build_engine(model, speculative_config, dtype, reserved=reserved, **kwargs)
     except Exception as exc:  # noqa: BLE001 - refusals exit 2 with the message

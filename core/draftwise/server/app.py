@@ -22,6 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import draftwise
 from draftwise.request import CompletionOutput, RequestOutput
+from draftwise.server.block_events import attach as attach_block_events
+from draftwise.server.block_events import sse_stream as block_event_stream
 from draftwise.server.body import BodyGuard
 from draftwise.server.engine_loop import EngineLoop
 from draftwise.server.errors import APIError, install_handlers
@@ -352,6 +354,17 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+async def kv_events(request: Request) -> Response:
+    """GET /kv_events: the prefix blocks this server holds, then each stored/evicted one
+    (``draftwise.server.block_events``), for routers in front of bare servers."""
+    log = request.app.state.block_events
+    if log is None:
+        raise APIError("this server's engine has no prefix cache, so it has no prefix "
+                       "blocks to report", status=404, code="no_prefix_cache")
+    return StreamingResponse(block_event_stream(log), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
 async def version(request: Request) -> JSONResponse:
     """GET /version: served without the API key, so drafters are named by base name."""
     engine = _ctx(request).loop.engine
@@ -386,6 +399,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     server_metrics = ServerMetrics(config.model_name, engine=engine)
     loop = EngineLoop(engine, observer=server_metrics)
     server_metrics.watch(lambda: loop.snapshot)
+    block_events = attach_block_events(engine)  # before the engine thread starts
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -402,10 +416,13 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     docs: dict[str, Any] = dict(DOCS_ROUTES) if config.enable_docs else dict.fromkeys(DOCS_ROUTES)
     app = FastAPI(title="draftwise", version=draftwise.__version__, lifespan=lifespan, **docs)
     app.state.serving = ServingContext(config=config, loop=loop, metrics=server_metrics)
+    app.state.block_events = block_events
     install_handlers(app)
     # the last added runs first: the gate (auth, counts), then the body guard
     app.add_middleware(BodyGuard, limits=config.limits, json_paths=JSON_ROUTES)
-    protected = (*DOCS_ROUTES.values(), "/docs/oauth2-redirect") if config.enable_docs else ()
+    protected: tuple[str, ...] = ("/kv_events",)  # block token ids are prompt text
+    if config.enable_docs:
+        protected += (*DOCS_ROUTES.values(), "/docs/oauth2-redirect")
     app.add_middleware(_Gate, api_key=config.api_key, metrics=server_metrics,
                        protected=protected)
     app.add_api_route("/v1/completions", completions, methods=["POST"],
@@ -416,4 +433,5 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/version", version, methods=["GET"])
+    app.add_api_route("/kv_events", kv_events, methods=["GET"], response_model=None)
     return app

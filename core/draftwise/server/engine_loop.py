@@ -391,9 +391,17 @@ class EngineLoop:
     def _publish(self) -> None:
         """Swap in a fresh snapshot of the engine's load and cache use."""
         kv = getattr(self.engine, "kv", None)
+        scheduler = getattr(self.engine, "scheduler", None)
+        stats = getattr(kv, "prefix_cache_stats", None) if kv is not None else None
         self.snapshot = {
             "num_requests": len(self._streams),
             "num_unfinished": int(getattr(self.engine, "num_unfinished_requests", 0)),
+            # what a router reads: the queue, the batch, the cache's fill and its hits
+            "num_waiting": len(scheduler.waiting) if scheduler is not None else None,
+            "num_running": len(scheduler.running) if scheduler is not None else None,
             "kv_used_blocks": int(kv.num_used_blocks) if kv is not None else None,
             "kv_free_blocks": int(kv.num_free_blocks) if kv is not None else None,
+            "kv_usage": float(kv.usage) if kv is not None else None,
+            "prefix_cache_queries": stats.queries if stats is not None else None,
+            "prefix_cache_hits": stats.hits if stats is not None else None,
         }

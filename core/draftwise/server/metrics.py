@@ -29,7 +29,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20
 #: the route templates counted by path; anything else is counted as "other"
 KNOWN_PATHS = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/version",
+    "/version", "/kv_events",
 })
 
 
@@ -93,12 +93,32 @@ class ServerMetrics:
             labels, registry=reg,
         )
 
+        # what routers read (vLLM's names, which SGLang's gateway and llm-d's EPP scrape)
+        self._router_gauges = {
+            key: Gauge(f"draftwise:{name}", doc, labels, registry=reg)
+            for key, name, doc in (
+                ("num_waiting", "num_requests_waiting",
+                 "Requests queued in the scheduler, not yet in the batch."),
+                ("num_running", "num_requests_in_batch",
+                 "Requests in the scheduler's running batch."),
+                ("kv_usage", "kv_cache_usage_perc",
+                 "Fraction of the KV-cache blocks held by requests (1 = full)."),
+                ("prefix_cache_queries", "prefix_cache_queries",
+                 "Prompt tokens looked up in the prefix cache (cumulative)."),
+                ("prefix_cache_hits", "prefix_cache_hits",
+                 "Prompt tokens served from the prefix cache (cumulative)."),
+            )
+        }
+
     def watch(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         """Gauges read the engine loop's published snapshot at scrape time."""
         self._running.labels(self.model_name).set_function(
             lambda: float(snapshot().get("num_requests") or 0))
         self._kv_used.labels(self.model_name).set_function(
             lambda: float(snapshot().get("kv_used_blocks") or 0))
+        for key, gauge in self._router_gauges.items():
+            gauge.labels(self.model_name).set_function(
+                lambda key=key: float(snapshot().get(key) or 0))
 
     # -- the engine loop's observer (called on the engine thread; prometheus is thread-safe)
 
