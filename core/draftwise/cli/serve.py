@@ -142,6 +142,7 @@ def serve(
     log_level: str,
     num_threads: int | None,
     logprobs_mode: str | None,
+    tensor_parallel_size: int = 1,
     replicas: int = 1,
     ray_address: str | None = None,
     min_replicas: int | None = None,
@@ -193,6 +194,13 @@ def serve(
     if long_prefill_token_threshold is not None:
         kwargs["long_prefill_token_threshold"] = long_prefill_token_threshold
     if replicas > 1 or ray_address or min_replicas is not None or max_replicas is not None:
+        if tensor_parallel_size != 1 or device != "cpu":
+            # each replica would start its own rank processes / a device engine: neither
+            # is wired through Ray Serve's replica placement, so refuse rather than guess
+            raise click.UsageError(
+                "--replicas (or --ray-address / autoscaling bounds) runs CPU engines of "
+                "one process each: drop --tensor-parallel-size/--device, or serve one "
+                "split engine without --replicas.")
         if reserved is not None:  # the replicas load the weights, not this process
             reserved.finish()
         from draftwise.cli.serve_replicas import serve_replicas

@@ -123,3 +123,12 @@ def test_api_key_from_the_environment(stubs):
 def test_out_of_range_limits_are_usage_errors(stubs, args):
     result = CliRunner().invoke(serve, args)
     assert result.exit_code == 2 and "build" not in stubs
+
+
+def test_replicas_with_tensor_parallel_are_refused_by_name(stubs):
+    """--replicas runs one-process CPU engines: a split engine per replica is refused at
+    once (exit 2, names both options), never started."""
+    result = CliRunner().invoke(serve, ["--replicas", "2", "--tensor-parallel-size", "2"])
+    assert result.exit_code == 2, result.output
+    assert "--tensor-parallel-size" in result.output and "--replicas" in result.output
+    assert "build" not in stubs
