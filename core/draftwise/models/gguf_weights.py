@@ -258,8 +258,13 @@ def _stream_to_file(
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
-            for done in [pool.submit(stream, t) for t in sizes]:
-                done.result()
+            tasks = [pool.submit(stream, t) for t in sizes]
+            try:
+                for task in tasks:
+                    task.result()
+            finally:  # after a failure, the weights not started are not packed for nothing
+                for task in tasks:
+                    task.cancel()
     except OSError as exc:  # a disk that filled up after all, an I/O error
         logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
                        writing.data, exc, packed_cache.ENV)
