@@ -16,7 +16,9 @@ comparisons).
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,22 +26,27 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftwise.formats.ggml import GGMLQuantizationType
+from draftwise.formats.ggml import GGML_QUANT_SIZES, GGMLQuantizationType
 from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.models import packed_cache
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor, region_tensor
 from draftwise.models.quant import (
     NATIVE_TYPES,
+    PACK_CALL_BYTES,
+    TILE,
     QuantPart,
     QuantWeight,
     pack_quant,
+    pack_quant_stream,
     plan_bytes,
 )
 
 if TYPE_CHECKING:
     from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
+
+logger = logging.getLogger("draftwise")
 
 #: stored types that are dense already (no notice when they are widened or cast)
 _FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16,
@@ -161,10 +168,17 @@ def _pack_groups(
     total = sum(sizes.values())
     key = packed_cache.cache_key(ckpt.path, sizes) if packed_cache.enabled() else None
     cached = packed_cache.load(key, total) if key is not None else None
-    taken = reserved.take(0 if cached is not None else total) if reserved is not None else None
+    writing = (packed_cache.PackedFile.create(key, total)
+               if key is not None and cached is None and total else None)
+    taken = (reserved.take(0 if cached is not None or writing is not None else total)
+             if reserved is not None else None)
     if not sizes:
         return 0
-    if cached is not None:  # packed by an earlier start: mapped, nothing to pack
+    stored = {t: [available[n][0] for n in hf] for t, hf in plan.groups.items()}
+    workers = min(os.cpu_count() or 1, len(sizes))
+    if writing is not None:  # packed straight into the cache file, then mapped
+        cached = _stream_to_file(writing, sizes, parts_of, k_of, stored, ckpt, workers)
+    if cached is not None:  # packed by an earlier start or just now: mapped, nothing to pack
         arena = cached
     elif taken is not None:
         arena = region_tensor(*taken, total, torch.uint8)
@@ -174,7 +188,6 @@ def _pack_groups(
     for target, size in sizes.items():
         slices[target] = arena[offset : offset + size]
         offset += size
-    stored = {t: [available[n][0] for n in hf] for t, hf in plan.groups.items()}
 
     def pack(target: str) -> QuantWeight:
         """One weight, packed by one thread, which gives its stored pages back: a tensor
@@ -186,7 +199,7 @@ def _pack_groups(
         398 MiB, against 108 so)."""
         names, parts = stored[target], parts_of[target]
         follow = None
-        if len(parts) == 1 and parts[0].order is None:
+        if len(parts) == 1 and parts[0].order is None and cached is None:
             follow = functools.partial(ckpt.release, names[0])
         weight = pack_quant(parts, k_of[target], slices[target], 1, follow,
                             packed=cached is not None)
@@ -197,7 +210,6 @@ def _pack_groups(
     # one weight per task, each packed by one thread: no barrier between the threads
     # (a late thread, its core busy elsewhere, only delays its own weight), and the arena's
     # pages not faulted in yet are zeroed by the kernel in whichever thread first writes them
-    workers = min(os.cpu_count() or 1, len(sizes))
     with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
         packed = {t: pool.submit(pack, t) for t in sizes}
         for target, hf in plan.groups.items():
@@ -205,6 +217,62 @@ def _pack_groups(
             for n in hf:
                 if progress is not None:
                     progress(n)
-    if key is not None and cached is None:  # (it says where, once, with the switch)
-        packed_cache.store_in_background(key, arena)
     return offset
+
+
+def _stream_to_file(
+    writing: packed_cache.PackedFile,
+    sizes: Mapping[str, int],
+    parts_of: Mapping[str, list[QuantPart]],
+    k_of: Mapping[str, int],
+    stored: Mapping[str, list[str]],
+    ckpt: GGUFCheckpoint,
+    workers: int,
+) -> torch.Tensor | None:
+    """Pack every weight into ``writing`` (the cache file, ``packed_cache.PackedFile``) and
+    map it; None when that failed (the file is gone, the caller packs into memory).
+
+    Each thread packs a weight at a time through one scratch buffer of its own, reused
+    (fresh memory faulted once, not per weight), and gives the weight's stored pages back
+    as they are read, as :func:`_pack_groups`'s ``pack`` does."""
+    widest = max(TILE * _widest_row_bytes(parts_of[t], k_of[t]) for t in sizes)
+    scratch_bytes = max(PACK_CALL_BYTES, widest)
+    local = threading.local()
+    offsets, at = {}, 0
+    for target, size in sizes.items():
+        offsets[target] = at
+        at += size
+
+    def stream(target: str) -> None:
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = torch.empty(scratch_bytes, dtype=torch.uint8)
+        names, parts, base = stored[target], parts_of[target], offsets[target]
+        follow = None
+        if len(parts) == 1 and parts[0].order is None:
+            follow = functools.partial(ckpt.release, names[0])
+        pack_quant_stream(parts, k_of[target], scratch,
+                          lambda offset, chunk: writing.write(base + offset, chunk), follow)
+        for name in names:
+            ckpt.release(name)
+
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
+            tasks = [pool.submit(stream, t) for t in sizes]
+            try:
+                for task in tasks:
+                    task.result()
+            finally:  # after a failure, the weights not started are not packed for nothing
+                for task in tasks:
+                    task.cancel()
+    except OSError as exc:  # a disk that filled up after all, an I/O error
+        logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
+                       writing.data, exc, packed_cache.ENV)
+        writing.abandon()
+        return None
+    return writing.finish()
+
+
+def _widest_row_bytes(parts: list[QuantPart], k: int) -> int:
+    """The widest stored row of ``parts`` in bytes (the scratch holds a tile of it)."""
+    return max(k // GGML_QUANT_SIZES[p.qtype][0] * GGML_QUANT_SIZES[p.qtype][1] for p in parts)

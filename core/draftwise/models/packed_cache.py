@@ -18,11 +18,13 @@ holds that key, the size and CRC-32s of 64 KB samples every 16 MB, all checked b
 file is used: a truncated, resized or overwritten file (or one from another build) is
 never mapped; it is packed again and rewritten, with a warning naming it.
 
-Writing costs the first start's process ~3.5 s of system time for the 1.5B (page-cache
-pages are fresh memory too; the kernel writes them back later), on a thread after the load
-so the first token does not wait, and disk the size of the arena; ``DRAFTWISE_PACKED_CACHE=0`` turns the
-cache off (no file read or written), and ``$DRAFTWISE_CACHE_DIR`` (else
-``$XDG_CACHE_HOME/draftwise``, else ``~/.cache/draftwise``) says where it lives.
+A first start packs straight into the file (:class:`PackedFile`) and runs on it as later
+starts do: page-cache pages are fresh memory too, but they are then the only copy (the
+packed bytes used to be made in an anonymous arena and written here afterwards, twice
+the fresh memory). It costs disk the size of the packed weights (1.11 GB for the 1.5B
+Q4_K_M: the GGUF's own size again); ``DRAFTWISE_PACKED_CACHE=0`` turns the cache off (no
+file read or written), and ``$DRAFTWISE_CACHE_DIR`` (else ``$XDG_CACHE_HOME/draftwise``,
+else ``~/.cache/draftwise``) says where it lives.
 """
 
 from __future__ import annotations
@@ -50,9 +52,6 @@ SAMPLE = 64 << 10
 STRIDE = 16 << 20
 #: a temporary file older than this is a write that died, deleted by the next write
 _ABANDONED_S = 3600.0
-#: this process's writes in flight, by data file (``store_in_background``)
-_WRITING: dict[Path, threading.Thread] = {}
-_WRITING_LOCK = threading.Lock()
 #: the environment switch (``0``: no cache)
 ENV = "DRAFTWISE_PACKED_CACHE"
 
@@ -164,60 +163,98 @@ def load(key: Mapping[str, Any], nbytes: int) -> torch.Tensor | None:
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
-def store_in_background(key: Mapping[str, Any], arena: torch.Tensor) -> threading.Thread | None:
-    """:func:`store` on a thread of its own, started now; None when the cache is off.
+class PackedFile:
+    """A cache file written in place by the load itself: the packing threads hand it their
+    bytes (:meth:`write`, at any offset, from any thread), and :meth:`finish` maps it and
+    puts it in place for later starts.
 
-    Why not inline: writing ~1 GB allocates as many page-cache pages, fresh memory that
-    this VM's host supplies page by page (~3 s of system time for the 1.5B), and the first
-    start should not wait for that before its first token. The thread is not a daemon: a
-    process that finishes first (``generate`` of a few tokens) waits for the write at exit
-    rather than leaving a partial file (which :func:`load` would refuse anyway). The write
-    releases the GIL."""
-    if not enabled() or arena.numel() == 0:
-        return None
-    data = paths(key)[0]
-    with _WRITING_LOCK:
-        busy = _WRITING.get(data)
-        if busy is not None and busy.is_alive():  # a second engine of this process loaded
-            return busy  # the same model before the first write ended: the same bytes
-        # said here, on the loading thread, before any text streams (said from the
-        # writer, it landed in the middle of the first answer on a terminal)
+    Why: packing into an anonymous arena and then writing that arena here allocated the
+    1.5B's 1.1 GB twice on a first start, once as anonymous memory and once as page cache,
+    each page of both a fault that this VM's host supplies. Written here directly, the
+    bytes are page cache once, and the first start then runs on the same mapping later
+    starts make (:func:`load`). The file is reserved whole up front (``posix_fallocate``),
+    so a full disk refuses before any packing, and the loader packs into memory instead.
+    A reader never sees it before :meth:`finish`: it has a temporary name of this process
+    and thread until its bytes are all written and their samples taken, and the sidecar
+    comes after the rename."""
+
+    def __init__(self, key: Mapping[str, Any], nbytes: int) -> None:
+        self.key, self.nbytes = key, nbytes
+        self.data, self.side = paths(key)
+        self._own = f"{os.getpid()}-{threading.get_ident()}"
+        self._fd = -1
+        self.tmp = self.data.with_suffix(f".tmp{self._own}")
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        evict_stale(self.data.parent, key)
+        self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(self._fd, 0, nbytes)
+            else:
+                os.ftruncate(self._fd, nbytes)
+        except OSError:
+            self.abandon()
+            raise
+
+    @classmethod
+    def create(cls, key: Mapping[str, Any], nbytes: int) -> PackedFile | None:
+        """A new file for ``key``, or None (the cache is off, or the file cannot be made:
+        then a warning, and the loader packs into memory)."""
+        if not enabled() or nbytes <= 0:
+            return None
+        try:
+            made = cls(key, nbytes)
+        except OSError as exc:
+            logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
+                           paths(key)[0], exc, ENV)
+            return None
+        # said here, on the loading thread, before any text streams
         logger.warning("draftwise: writing packed weights to %s (%.2f GB) for later starts "
-                       "to map (%s=0 turns this off)", data, arena.numel() / 1e9, ENV)
-        thread = threading.Thread(target=store, args=(key, arena),
-                                  name="draftwise-packed-cache")
-        _WRITING[data] = thread
-        thread.start()
-    return thread
+                       "to map (%s=0 turns this off)", made.data, nbytes / 1e9, ENV)
+        return made
+
+    def write(self, offset: int, chunk: torch.Tensor) -> None:
+        """Write ``chunk`` (uint8, contiguous) at ``offset`` (``os.pwrite`` releases the GIL
+        and takes no file position: packing threads write side by side)."""
+        view = memoryview(chunk.numpy()).cast("B")
+        if offset < 0 or offset + len(view) > self.nbytes:
+            raise ValueError(f"{len(view)} bytes at {offset} do not fit {self.nbytes}")
+        while view:
+            done = os.pwrite(self._fd, view, offset)
+            view, offset = view[done:], offset + done
+
+    def finish(self) -> torch.Tensor | None:
+        """Map the written file (as :func:`load` maps one), take its samples, rename it into
+        place and write its sidecar; the uint8 tensor over the mapping, or None (it could
+        not be mapped: a warning, the file deleted, and the loader packs into memory)."""
+        import torch
+
+        from draftwise.models.arena import huge_page_file_view
+
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            region = huge_page_file_view(self.tmp, self.nbytes)
+            meta = {"key": self.key, "nbytes": self.nbytes,
+                    "samples": _samples(memoryview(region))}
+            os.replace(self.tmp, self.data)
+            side_tmp = self.side.with_suffix(f".tmp{self._own}j")
+            side_tmp.write_text(json.dumps(meta, default=str))
+            os.replace(side_tmp, self.side)
+        except OSError as exc:
+            logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
+                           self.data, exc, ENV)
+            self.abandon()
+            return None
+        return torch.frombuffer(region, dtype=torch.uint8)
+
+    def abandon(self) -> None:
+        """Delete the temporary file (a failed write: nothing is put in place)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.tmp.unlink(missing_ok=True)
 
 
-def store(key: Mapping[str, Any], arena: torch.Tensor) -> Path | None:
-    """Write ``arena`` (the packed bytes) for ``key``: data to a temporary file renamed into
-    place, then the sidecar, so a reader never sees a partial file. A failure (a full or
-    read-only disk) is a warning, not a refusal: the weights are loaded either way."""
-    if not enabled() or arena.numel() == 0:
-        return None
-    data, side = paths(key)
-    own = f"{os.getpid()}-{threading.get_ident()}"  # (one writer's temporary files)
-    tmp = data.with_suffix(f".tmp{own}")
-    try:
-        data.parent.mkdir(parents=True, exist_ok=True)
-        evict_stale(data.parent, key)
-        view = memoryview(arena.numpy()).cast("B")
-        with open(tmp, "wb") as f:
-            f.write(view)
-        os.replace(tmp, data)
-        meta = {"key": key, "nbytes": arena.numel(), "samples": _samples(view)}
-        side_tmp = side.with_suffix(f".tmp{own}j")
-        side_tmp.write_text(json.dumps(meta, default=str))
-        os.replace(side_tmp, side)  # (a reader, or another writer's eviction, never sees half)
-    except OSError as exc:
-        logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
-                       data, exc, ENV)
-        tmp.unlink(missing_ok=True)
-        return None
-    return data
-
-
-__all__ = ["ENV", "FORMAT", "cache_key", "cached_for", "enabled", "evict_stale", "file_key",
-           "load", "paths", "store", "store_in_background"]
+__all__ = ["ENV", "FORMAT", "PackedFile", "cache_key", "cached_for", "enabled", "evict_stale", "file_key",
+           "load", "paths"]

@@ -11,18 +11,19 @@ from __future__ import annotations
 import os
 
 from draftwise.models.arena import PrefaultedArena, available_memory, libc_madvise
-from draftwise.models.packed_cache import cached_for
+from draftwise.models.packed_cache import enabled
 
 
 def prefault_for_gguf(path: str) -> PrefaultedArena | None:
     """An arena for the quantized weights of the GGUF file at ``path``, faulting in
     already, sized by the file; None where faulting ahead is not possible here (no
     ``madvise`` to call), the file is not a GGUF, or it would take more than half the
-    memory available now (the load itself then decides what fits), or its packed weights
-    are cached in a file (``models.packed_cache``), which the load maps instead."""
+    memory available now (the load itself then decides what fits), or the packed-weights
+    cache is on (``models.packed_cache``): the load then maps a file, the one an earlier
+    start wrote or the one it packs into itself, and fills no arena."""
     if libc_madvise() is None:
         return None
-    if cached_for(path):  # its packed weights are mapped from a file: no arena to fill
+    if enabled():  # packed weights live in a cache file: no arena to fill
         return None
     try:
         with open(path, "rb") as f:

@@ -186,6 +186,73 @@ def _segments(parts: Sequence[QuantPart]) -> list[list[QuantPart]]:
     return groups
 
 
+def _row_addresses(group: Sequence[QuantPart], k: int) -> np.ndarray:  # [rows] int64
+    """The address of each stored row of one segment's parts, in packed order (checked)."""
+    qtype = group[0].qtype
+    block, size = GGML_QUANT_SIZES[qtype]
+    if qtype not in NATIVE_TYPES or k % block:
+        raise ValueError(f"{qtype.name} with {k} columns cannot be packed natively")
+    pointers = []
+    for part in group:
+        raw = part.raw
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != k // block * size:
+            raise ValueError(f"{qtype.name} rows must be uint8 [rows, {k // block * size}]")
+        if raw.strides[1] != 1:
+            raise ValueError("stored rows must be contiguous")
+        order = np.arange(raw.shape[0]) if part.order is None else part.order
+        base = raw.__array_interface__["data"][0]
+        pointers.append(base + np.asarray(order, dtype=np.int64) * raw.strides[0])
+    return np.concatenate(pointers).astype(np.int64)
+
+
+def pack_quant_stream(
+    parts: Sequence[QuantPart],
+    k: int,
+    scratch: torch.Tensor,
+    write: Callable[[int, torch.Tensor], None],
+    rows_done: Callable[[int], None] | None = None,
+) -> int:
+    """:func:`pack_quant`'s bytes without an arena: packed a kernel call at a time into
+    ``scratch`` (uint8, at least :data:`PACK_CALL_BYTES` plus one tile of the widest row)
+    and handed to ``write(offset, bytes)`` at their offset in the weight's packed bytes.
+
+    Why: a first start writes the packed weights straight into the cache file
+    (``models.packed_cache.PackedFile``), so the process allocates them once, as page
+    cache, and not a second time as an anonymous arena (each fresh page is a fault the
+    host of a VM with free page reporting supplies). The bytes are :func:`pack_quant`'s:
+    a call writes whole tiles, and tiles do not depend on the call they were packed in.
+    Returns the bytes written (:func:`plan_bytes`).
+    """
+    if not quant_kernels_available():
+        raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
+    groups = _segments(parts)
+    if len(groups) > MAX_SEGMENTS:
+        raise ValueError(f"at most {MAX_SEGMENTS} type segments per weight, got {len(groups)}")
+    if scratch.dtype != torch.uint8 or not scratch.is_contiguous():
+        raise ValueError("pack_quant_stream needs a contiguous uint8 scratch buffer")
+    offset, start = 0, 0
+    for group in groups:
+        qtype = group[0].qtype
+        rows = _row_addresses(group, k)
+        block, size = GGML_QUANT_SIZES[qtype]
+        row_bytes = k // block * size
+        if TILE * row_bytes > scratch.numel():
+            raise ValueError(f"a scratch of {scratch.numel()} bytes holds no tile of "
+                             f"{qtype.name} x {k}")
+        step = scratch.numel() // (row_bytes * TILE) * TILE
+        for first in range(0, len(rows), step):
+            n = min(step, len(rows) - first)
+            part_bytes = packed_bytes(qtype, n, k)
+            kernels.quant_pack(int(qtype), rows.ctypes.data + rows.itemsize * first, n, k,
+                               scratch[:part_bytes], part_bytes, 1)
+            write(offset + first * row_bytes, scratch[:part_bytes])
+            if rows_done is not None:
+                rows_done(start + first + n)
+        offset += packed_bytes(qtype, len(rows), k)
+        start += len(rows)
+    return offset
+
+
 def plan_bytes(parts: Sequence[QuantPart], k: int) -> int:
     """Bytes :func:`pack_quant` will need for ``parts`` (to size one arena for a model)."""
     return sum(
@@ -230,19 +297,7 @@ def pack_quant(
     for group in groups:
         qtype = group[0].qtype
         block, size = GGML_QUANT_SIZES[qtype]
-        if qtype not in NATIVE_TYPES or k % block:
-            raise ValueError(f"{qtype.name} with {k} columns cannot be packed natively")
-        pointers = []
-        for part in group:
-            raw = part.raw
-            if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != k // block * size:
-                raise ValueError(f"{qtype.name} rows must be uint8 [rows, {k // block * size}]")
-            if raw.strides[1] != 1:
-                raise ValueError("stored rows must be contiguous")
-            order = np.arange(raw.shape[0]) if part.order is None else part.order
-            base = raw.__array_interface__["data"][0]
-            pointers.append(base + np.asarray(order, dtype=np.int64) * raw.strides[0])
-        rows = np.concatenate(pointers).astype(np.int64)
+        rows = _row_addresses(group, k)
         nbytes = packed_bytes(qtype, len(rows), k)
         data = out[offset : offset + nbytes]
         row_bytes = k // block * size

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,11 +30,7 @@ def cache_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def _load_and_wait(path: str) -> torch.nn.Module:
-    model = load_model(path).model
-    for thread in __import__("threading").enumerate():  # the background write
-        if thread.name == "draftwise-packed-cache":
-            thread.join()
-    return model
+    return load_model(path).model  # (the file is written, and in place, once it returns)
 
 
 def _packed_bytes(model: torch.nn.Module) -> list[bytes]:
@@ -125,26 +123,101 @@ def test_another_builds_file_of_the_same_model_is_replaced(tiny_gguf, cache_on: 
     assert len(new) == 2 and not set(new) & set(old)
 
 
-def test_two_engines_loading_one_model_write_it_once(tiny_gguf, cache_on: Path, monkeypatch,
-                                                     caplog) -> None:
-    """A process that loads the same model twice before the first write ends (a benchmark
-    building several engines) writes the file once: one notice, one file, no warning."""
+def test_first_start_runs_on_the_file_it_writes_with_the_bits_of_the_arena(
+        tiny_gguf, cache_on: Path, monkeypatch) -> None:
+    """A first start packs into the cache file and runs on its mapping: the same packed
+    bytes and the same logits as packing into memory with the cache off, and as a later
+    start mapping the file; no arena is faulted ahead, no temporary file is left."""
+    t = tiny_gguf(arch="qwen2", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=False,
+                  tensor_types=Q4_K_M, **SHAPE)
+    monkeypatch.setenv(packed_cache.ENV, "0")
+    in_memory = load_model(str(t.path)).model
+    monkeypatch.setenv(packed_cache.ENV, "1")
+    assert prefault_for_gguf(str(t.path)) is None  # the first start fills no arena either
+    first = load_model(str(t.path)).model
+    data = next(cache_on.glob("*.bin"))
+    seg = first.decoder_layers()[0].qkv_weight.segments[0]
+    with open("/proc/self/maps") as maps:  # the weights are the file's mapping, not memory
+        mapped = [line for line in maps if line.rstrip().endswith(str(data))]
+    assert mapped and any(int(r.split()[0].split("-")[0], 16) <= seg.data.data_ptr()
+                          < int(r.split()[0].split("-")[1], 16) for r in mapped)
+    second = load_model(str(t.path)).model
+    assert _packed_bytes(first) == _packed_bytes(in_memory) == _packed_bytes(second)
+    want = logits(in_memory, IDS)
+    assert torch.equal(logits(first, IDS), want) and torch.equal(logits(second, IDS), want)
+    assert sorted(p.suffix for p in cache_on.iterdir()) == [".bin", ".json"]
+
+
+def test_a_write_that_fails_leaves_no_file_and_loads_the_same_model(
+        tiny_gguf, cache_on: Path, monkeypatch, caplog) -> None:
+    """A disk that fills up mid-write: a warning, the weights packed into memory instead
+    (the same logits), and nothing a later start could map (no data file, no sidecar, no
+    temporary file); that later start packs again and writes the file whole."""
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True,
+                  tensor_types=Q4_K_M, **SHAPE)
+    write = packed_cache.PackedFile.write
+    calls = []
+
+    def full_disk(self, offset, chunk):
+        calls.append(offset)
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        write(self, offset, chunk)
+
+    monkeypatch.setattr(packed_cache.PackedFile, "write", full_disk)
+    with caplog.at_level(logging.WARNING, logger="draftwise"):
+        model = load_model(str(t.path)).model
+    assert "not cached" in caplog.text and "No space left" in caplog.text
+    assert len(calls) >= 4 and not list(cache_on.iterdir())
+    assert not packed_cache.cached_for(str(t.path))
+    monkeypatch.setattr(packed_cache.PackedFile, "write", write)
+    again = load_model(str(t.path)).model
+    assert packed_cache.cached_for(str(t.path))
+    assert torch.equal(logits(again, IDS), logits(model, IDS))
+
+
+def test_a_disk_without_room_refuses_before_packing(tiny_gguf, cache_on: Path, monkeypatch,
+                                                    caplog) -> None:
+    """The file is reserved whole before any packing: without room, nothing is packed
+    twice and nothing is left, and the model loads from memory."""
     t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
-    gate = __import__("threading").Event()
-    store = packed_cache.store
 
-    def slow_store(key, arena):
-        gate.wait(10)
-        return store(key, arena)
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(packed_cache, "store", slow_store)
+    monkeypatch.setattr(packed_cache.os, "posix_fallocate", no_room)
+    streamed = []
+    monkeypatch.setattr(packed_cache.PackedFile, "write",
+                        lambda self, offset, chunk: streamed.append(offset))
     with caplog.at_level(logging.WARNING, logger="draftwise"):
         load_model(str(t.path))
-        load_model(str(t.path))  # the first write is still held at the gate
-        gate.set()
-        for thread in __import__("threading").enumerate():  # every writer, to its end
-            if thread.name == "draftwise-packed-cache":
-                thread.join()
-    assert caplog.text.count("writing packed weights to") == 1
-    assert "not cached" not in caplog.text
-    assert len(list(cache_on.glob("*.bin"))) == 1 and not list(cache_on.glob("*.tmp*"))
+    assert "not cached" in caplog.text and not streamed
+    assert not list(cache_on.iterdir())
+
+
+def test_two_loads_at_once_write_one_whole_file(tiny_gguf, cache_on: Path, monkeypatch) -> None:
+    """Two loads of one model writing at the same time (two processes starting together,
+    here two threads: each its own temporary file) leave one data file and its sidecar,
+    which a third load maps, and both run the same bits."""
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True,
+                  tensor_types=Q4_K_M, **SHAPE)
+    both_writing = threading.Barrier(2, timeout=20)
+    finish = packed_cache.PackedFile.finish
+
+    def together(self):
+        both_writing.wait()  # breaks (and the test fails) unless both are mid-write
+        return finish(self)
+
+    monkeypatch.setattr(packed_cache.PackedFile, "finish", together)
+    with ThreadPoolExecutor(2) as pool:
+        models = list(pool.map(lambda _: load_model(str(t.path)).model, range(2)))
+    monkeypatch.setattr(packed_cache.PackedFile, "finish", finish)
+    assert sorted(p.suffix for p in cache_on.iterdir()) == [".bin", ".json"]
+    mapped: list[torch.Tensor | None] = []
+    load = packed_cache.load
+    monkeypatch.setattr(packed_cache, "load", lambda key, n: mapped.append(load(key, n))
+                        or mapped[-1])
+    third = load_model(str(t.path)).model
+    assert len(mapped) == 1 and mapped[0] is not None
+    want = logits(third, IDS)
+    assert all(torch.equal(logits(m, IDS), want) for m in models)
