@@ -532,7 +532,13 @@ class DepthPolicy:
                 est.steps_off += 1
                 # (a probe that would not pay even if all its drafts held waits, its count
                 # kept, for a step where it could: a smaller batch, a cheaper forward)
-                if est.steps_off >= self.probe_interval(est) and could_pay(first):
+                # (past the longest interval it probes whatever the check says: the check
+                # reads the drafter's measured price, and a price set by one cold call, or
+                # by a drafter since made cheaper, is re-measured only by drafting; without
+                # this a request, and the engine with it, could stay at k = 0 for good)
+                due = est.steps_off >= self.probe_interval(est)
+                overdue = est.steps_off >= self.config.max_probe_interval
+                if due and (overdue or could_pay(first)):
                     ks[i] = first
                     est.steps_off = 0
                     est.num_probes += 1

@@ -597,3 +597,17 @@ def test_batch_rest_off_decides_every_step() -> None:
     for _ in range(20):
         assert pol.choose([est], [4])[0]
         pol.rest.step_verified(False)
+
+
+def test_a_price_that_refuses_every_probe_is_re_measured_past_the_longest_interval() -> None:
+    """One cold first call priced a drafter's token above the step it saves, so the check
+    refused every probe, and only drafting re-measures the price: a request (and the engine)
+    stayed at k = 0 for good. Past ``max_probe_interval`` it probes anyway, once."""
+    pol = compute_bound_policy(prior=1.0, probe_interval=2, max_probe_interval=6)
+    est = pol.new_estimate()
+    est.num_probes, est.seen[0] = 1, 1  # past its first-step probe
+    pol.cost.draft_seconds_per_token = 2.0  # dearer than the one-row step (1.0)
+    ks = [pol.choose([est], [2])[0] for _ in range(6)]
+    assert ks == [0, 0, 0, 0, 0, 1] and est.probing
+    pol.cost.observe_draft(0.01, 1)  # the probe's draft: the price moves
+    assert pol.cost.draft_seconds_per_token < 2.0
