@@ -91,6 +91,10 @@ class FakeKV:
     def num_free_blocks(self) -> int:
         return self.capacity - self.num_used_blocks
 
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.capacity
+
 
 class FakeGrammars:
     """LLMEngine.grammars' face the server uses: compiling ahead is a no-op here."""
