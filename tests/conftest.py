@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +21,11 @@ from draftwise.plugins.manager import load_speculators, reset_plugin_cache
 # from temporary folders and would leave one file each. Off for the whole run (child
 # processes included); the cache's own tests turn it on over a temporary folder.
 os.environ.setdefault("DRAFTWISE_PACKED_CACHE", "0")
+# Adaptive depth, the default with speculation on, keeps each model's measured cost grid
+# in the same cache folder: the run's grids go to a folder of its own, removed at exit.
+if "DRAFTWISE_CACHE_DIR" not in os.environ:
+    os.environ["DRAFTWISE_CACHE_DIR"] = tempfile.mkdtemp(prefix="draftwise-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DRAFTWISE_CACHE_DIR"], True)
 
 #: make_dist(name, version, entry_points={ep_name: module}, modules={module: source}) -> dir
 MakeDist = Callable[..., Path]

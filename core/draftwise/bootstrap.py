@@ -346,4 +346,5 @@ def _build_engine_parts(
         if spec_config.adaptive is not None:
             policy = build_depth_policy(spec_config, runner, kv, args, threads, k)
             speculation.policy = scheduler.depth_policy = policy
+        logger.info("%s", spec_config.depth_line())
     return EngineParts(spec_config, loaded, runner, kv, scheduler, max_model_len, speculation)

@@ -506,3 +506,8 @@ class Speculator:
     capabilities: Capabilities = field(default_factory=Capabilities)
     #: one line, shown by ``draftwise plugins``
     description: str = ""
+    #: given the method's options, the setting by which the drafter cuts its own drafts
+    #: by confidence (e.g. ``"min_draft_confidence=0.8"``), or None. Such a stop already
+    #: prices depth, so a config that sets it keeps fixed depth unless it asks for
+    #: adaptive depth (``draftwise.config.speculative._depth_default`` says why)
+    own_depth_stop: Callable[[BaseModel], str | None] | None = None

@@ -115,6 +115,39 @@ def test_objective_switches_with_the_queue_and_stays_lossless(
     assert llm.engine.spec.metrics.num_accepted_tokens > 0
 
 
+def test_the_default_is_adaptive_and_false_pins_fixed_depth(
+    tiny: Path, plain: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config without the ``draftwise`` key runs adaptive depth (the policy exists and
+    the depths it chooses vary within the cap); ``"adaptive": false`` has no policy, so
+    every decode row may draft k; both give speculation off's tokens."""
+    chosen: list[int] = []
+    choose = DepthPolicy.choose
+
+    def spy(self: DepthPolicy, estimates: list, caps: list[int]) -> list[int]:
+        ks = choose(self, estimates, caps)
+        chosen.extend(ks)
+        return ks
+
+    monkeypatch.setattr(DepthPolicy, "choose", spy)
+    default = cheap_drafts(LLM(model=str(tiny), dtype="bfloat16", speculative_config=NGRAM,
+                               max_num_seqs=8))
+    assert default.engine.spec.policy is not None
+    assert default.engine.spec_config.depth == "adaptive"
+    outs = default.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert default.engine.spec.metrics.num_accepted_tokens > 0
+    assert len(set(chosen)) > 1 and max(chosen) <= 4, Counter(chosen)
+
+    chosen.clear()
+    fixed = LLM(model=str(tiny), dtype="bfloat16", max_num_seqs=8,
+                speculative_config={**NGRAM, "draftwise": {"adaptive": False}})
+    assert fixed.engine.spec.policy is None and fixed.engine.spec_config.depth == "fixed"
+    outs = fixed.generate(prompts(), greedy())
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert chosen == [] and fixed.engine.spec.metrics.num_accepted_tokens > 0
+
+
 def test_spec_off_request_in_a_speculating_batch(tiny: Path, plain: list[list[int]]) -> None:
     llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=NGRAM, max_num_seqs=8)
     asks = [SpeculativeParams(enabled=False), None, SpeculativeParams(num_speculative_tokens=1),

@@ -252,15 +252,16 @@ def bench(
 
 
 def _without_adaptive(spec: str) -> str | None:
-    """The same config at fixed depth, or None when it has no adaptive settings."""
-    data = json.loads(spec)
-    ns = data.get("draftwise") if isinstance(data, dict) else None
-    if not isinstance(ns, dict) or ns.get("adaptive") in (None, False):
+    """The same config at fixed depth (``"adaptive": false``), or None when it runs fixed
+    depth already (adaptive is the default: a config without the key is adaptive unless
+    its drafter's own confidence stop keeps it fixed, which the resolved config knows)."""
+    from draftwise.config import parse_speculative_config
+
+    if parse_speculative_config(spec).adaptive is None:
         return None
-    ns = {k: v for k, v in ns.items() if k != "adaptive"}
-    data = {k: v for k, v in data.items() if k != "draftwise"}
-    if ns:
-        data["draftwise"] = ns
+    data = json.loads(spec)
+    ns = data.get("draftwise")
+    data["draftwise"] = {**(ns if isinstance(ns, dict) else {}), "adaptive": False}
     return json.dumps(data)
 
 

@@ -205,12 +205,15 @@ def build_engine(
 
 
 def announce_backend(engine: LLMEngine) -> None:
-    """The one start-up line naming the kernels that run (``models.backend``) on stderr,
-    unless logging shows INFO, where bootstrap has logged it already."""
+    """The start-up lines on stderr: the kernels that run (``models.backend``) and, with
+    speculation, the depth rule in force; unless logging shows INFO, where bootstrap has
+    logged them already."""
     import logging
 
     if not logging.getLogger("draftwise.bootstrap").isEnabledFor(logging.INFO):
         click.echo(engine.loaded.model.backend.line(), err=True)
+        if engine.spec_config is not None:  # which depth rule is in force, and the switch
+            click.echo(engine.spec_config.depth_line(), err=True)
 
 
 def sampling_params(**fields: Any) -> SamplingParams:

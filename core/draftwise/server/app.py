@@ -374,6 +374,8 @@ async def version(request: Request) -> JSONResponse:
         "speculative_config": (
             public_spec_config(spec_config.to_json()) if spec_config is not None else None
         ),
+        # "adaptive" (the engine picks each request's depth, k the cap) or "fixed"
+        "speculative_depth": spec_config.depth if spec_config is not None else None,
     })
 
 

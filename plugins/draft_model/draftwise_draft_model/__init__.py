@@ -29,6 +29,13 @@ def make_proposer(options: BaseModel, ctx: ProposerContext) -> Proposer:
     )
 
 
+def own_depth_stop(options: BaseModel) -> str | None:
+    """``min_draft_confidence`` > 0 stops a row's draft after an unsure token: the
+    drafter prices its own depth, so the core keeps fixed depth unless asked."""
+    threshold = getattr(options, "min_draft_confidence", 0.0)
+    return f"min_draft_confidence={threshold:g}" if threshold else None
+
+
 @hookimpl
 def register_speculators(register: RegisterSpeculator) -> None:
     """Declare method ``draft_model``."""
@@ -41,5 +48,6 @@ def register_speculators(register: RegisterSpeculator) -> None:
             loader=DraftModelLoader(),
             capabilities=CAPABILITIES,
             description=DESCRIPTION,
+            own_depth_stop=own_depth_stop,
         )
     )

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from tiny_checkpoints import save_tiny, save_tiny_hybrid
 
 from draftwise.cli import CliState, cli
+from draftwise.config.adaptive import AdaptiveConfig
 from draftwise.plugins import PluginHost, load_entry_point_plugins
 
 
@@ -33,7 +34,17 @@ def test_resolved_config_printed(state: CliState) -> None:
         "rejection_sample_method": "standard",
         "prompt_lookup_min": 5,
         "prompt_lookup_max": 5,
+        # no "draftwise" key: adaptive depth with every default, printed so the user sees it
+        "draftwise": {"adaptive": AdaptiveConfig().model_dump(mode="json")},
     }
+    assert result.stderr == ""
+
+
+def test_adaptive_false_prints_fixed_depth(state: CliState) -> None:
+    result = check(state, '{"method":"ngram","num_speculative_tokens":4,'
+                          '"draftwise":{"adaptive":false}}')
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["draftwise"] == {"adaptive": False}
     assert result.stderr == ""
 
 

@@ -21,8 +21,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def spec(tiny: Path) -> str:
-    """The target drafting for itself: every draft is accepted."""
-    return json.dumps({"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3})
+    """The target drafting for itself: every draft is accepted. Fixed depth, so the counts
+    below are exact (adaptive depth, the default, would choose them)."""
+    return json.dumps({"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3,
+                       "draftwise": {"adaptive": False}})
 
 
 def run(tiny: Path, *extra: str):
@@ -108,3 +110,16 @@ def test_process_started_counts_from_the_process_not_the_import() -> None:
         assert before_import == 0.0
         return
     assert 0.3 - 0.02 <= before_import < 30  # the sleep, within a clock tick
+
+
+def test_start_up_says_which_depth_rule_is_in_force(tiny: Path) -> None:
+    """No ``draftwise`` key: adaptive depth, said on stderr with the switch that pins k."""
+    adaptive = json.dumps({"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3})
+    result = run(tiny, "--speculative-config", adaptive)
+    assert result.exit_code == 0, result.output
+    assert ('speculation: draft_model, adaptive depth 0..3 per request and step '
+            '("draftwise": {"adaptive": false} pins k)') in result.stderr.splitlines()
+    result = run(tiny, "--speculative-config", spec(tiny))
+    assert result.exit_code == 0, result.output
+    assert ('speculation: draft_model, fixed depth k=3, "draftwise": {"adaptive": false}'
+            in result.stderr.splitlines())

@@ -77,3 +77,49 @@ def test_chain_takes_it_at_the_top_only(installed_registry) -> None:
     with pytest.raises(RefusedValueError) as err:
         parse_speculative_config({"draftwise": {"drafter_chain": inner}}, installed_registry)
     assert err.value.key == "draftwise.drafter_chain[0].draftwise.adaptive"
+
+
+# -- the default: adaptive depth unless the config says otherwise (issue 41) --
+
+
+def test_no_key_is_adaptive_with_every_default(installed_registry) -> None:
+    cfg = parse_speculative_config(NGRAM, installed_registry)
+    assert cfg.adaptive == AdaptiveConfig() and cfg.depth == "adaptive"
+    assert parse_speculative_config({**NGRAM, "draftwise": {}}, installed_registry).adaptive
+    assert "adaptive depth 0..3" in cfg.depth_line()
+
+
+def test_false_pins_fixed_depth_and_survives_the_round_trip(installed_registry) -> None:
+    fixed = parse({"adaptive": False}, installed_registry)
+    assert fixed.adaptive is None and fixed.depth == "fixed"
+    assert fixed.to_json()["draftwise"] == {"adaptive": False}
+    assert parse_speculative_config(fixed.to_json(), installed_registry) == fixed
+    default = parse_speculative_config(NGRAM, installed_registry)
+    assert parse_speculative_config(default.to_json(), installed_registry) == default
+
+
+def test_chain_default_is_adaptive_at_the_top_and_members_stay_clean(installed_registry) -> None:
+    chain = [{"method": "ngram", "num_speculative_tokens": 2},
+             {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}]
+    cfg = parse_speculative_config({"draftwise": {"drafter_chain": chain}}, installed_registry)
+    assert cfg.adaptive == AdaptiveConfig() and all(m.adaptive is None for m in cfg.chain)
+    members = cfg.to_json()["draftwise"]["drafter_chain"]
+    assert all("draftwise" not in m for m in members)
+    assert parse_speculative_config(cfg.to_json(), installed_registry) == cfg
+
+
+def test_a_drafters_own_confidence_stop_keeps_fixed_depth_and_says_so(installed_registry) -> None:
+    """draft_model's min_draft_confidence already prices depth: adaptive on top measured
+    worse than the stop alone, so the default keeps fixed depth, in a notice and the
+    start-up line; asking for adaptive still gets it."""
+    dm = {"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 8,
+          "min_draft_confidence": 0.8}
+    cfg = parse_speculative_config(dm, installed_registry)
+    assert cfg.adaptive is None and cfg.depth_stops == ("min_draft_confidence=0.8",)
+    assert any("min_draft_confidence=0.8" in n for n in cfg.notices)
+    assert cfg.depth_line() == ("speculation: draft_model, fixed depth k=8, cut by the "
+                                "drafter's own stop (min_draft_confidence=0.8)")
+    asked = parse_speculative_config({**dm, "draftwise": {"adaptive": True}}, installed_registry)
+    assert asked.adaptive == AdaptiveConfig() and asked.depth_stops == ()
+    plain = parse_speculative_config({**dm, "min_draft_confidence": 0.0}, installed_registry)
+    assert plain.adaptive == AdaptiveConfig()

@@ -208,6 +208,11 @@ def test_confidence_threshold_refused_by_name(target_dir, dspark_dir, tmp_path) 
         "drafter_chain": [spec(dspark_dir, k=None, **cut)]}})
     assert chained.chain[0].confidence_threshold == 0.5
     assert parse_speculative_config(chained.chain[0].to_json()) == chained.chain[0]
+    # the cut prices depth itself: without an adaptive key, depth stays fixed (and says so)
+    assert chained.adaptive is None and chained.depth_stops == ("confidence_threshold=0.5",)
+    alone = parse_speculative_config(spec(dspark_dir, **cut))
+    assert alone.adaptive is None and "confidence_threshold=0.5" in alone.depth_line()
+    assert parse_speculative_config(spec(dspark_dir)).adaptive is not None
     with pytest.raises(RefusedValueError, match="enable_adaptive_verification=true is refused"):
         LLM(model=str(target_dir), speculative_config=spec(dspark_dir,
                                                            enable_adaptive_verification=True))
