@@ -73,8 +73,11 @@ def install_oracle(make_dist: Any) -> None:
 
 def oracle_spec(directory: Path, prompts: Sequence[list[int]], outs: Sequence[Any],
                 k: int) -> dict[str, Any]:
-    """The oracle's config drafting ``outs`` (RequestOutputs, first completion each)."""
+    """The oracle's config drafting ``outs`` (RequestOutputs, first completion each), at
+    fixed depth: the tests place stops, grammar cuts and rejections at known positions of
+    k-deep drafts, which adaptive depth (the default) would make shallower."""
     script = directory / "oracle.json"
     script.write_text(json.dumps([[list(p), o.outputs[0].token_ids]
                                   for p, o in zip(prompts, outs)]))
-    return {"method": "oracle", "num_speculative_tokens": k, "script_path": str(script)}
+    return {"method": "oracle", "num_speculative_tokens": k, "script_path": str(script),
+            "draftwise": {"adaptive": False}}

@@ -15,9 +15,21 @@ from typing import Any
 from draftwise import LLM, SamplingParams
 
 
+def fixed_depth(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` at vLLM's fixed depth (``"draftwise": {"adaptive": false}``).
+
+    Adaptive depth is the default, and it verifies fewer drafts where they do not pay (a
+    probe of one draft, k = 0 after rejections): a test of the accept rule or of a
+    feature at every draft position needs each request drafted k deep, every step."""
+    ns = config.get("draftwise")
+    return {**config, "draftwise": {**(ns if isinstance(ns, dict) else {}), "adaptive": False}}
+
+
 def sample_pairs(target: Path, config: dict[str, Any] | None, seed: int, prompt: list[int],
                  n: int, check: bool = True, temperature: float = 1.0) -> Counter:
-    """Counts of (token 2, token 3) over ``n`` samples (see the module doc)."""
+    """Counts of (token 2, token 3) over ``n`` samples (see the module doc), at fixed depth."""
+    if config is not None:
+        config = fixed_depth(config)
     llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
     params = [
         SamplingParams(temperature=temperature, top_k=3, max_tokens=4, seed=seed * 100_000 + i,

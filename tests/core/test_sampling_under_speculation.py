@@ -18,6 +18,7 @@ import pytest
 from draftwise import LLM, SamplingParams
 from oracle_drafter import install_oracle, oracle_spec
 from stats import CHI2_9999, chi2_two_sample, pool_rare
+from spec_sampling import fixed_depth
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], [4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23, 42, 4, 8]]
 
@@ -327,7 +328,9 @@ N = 2400
 
 
 def sample_joint(tiny: Path, config: dict | None, seed: int) -> Counter:
-    """Joint counts of tokens 2 and 3: the step verifying two drafts makes both."""
+    """Joint counts of tokens 2 and 3: the step verifying two drafts makes both (at fixed
+    depth, so every request verifies two)."""
+    config = fixed_depth(config) if config is not None else None
     llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
     params = [SamplingParams(temperature=1.0, max_tokens=4, seed=seed * 100_000 + i,
                              ignore_eos=True, allowed_token_ids=tuple(CANDIDATES),
