@@ -16,6 +16,10 @@ processes do (on a 2-core machine at load 9, wall-clock minima over four passes 
 which steered adaptive depth shallow). With several threads the CPU clock sums them, so
 wall time is the measure there.
 
+Only batches of up to :data:`STARTUP_ROWS` rows are timed at start-up; the grid's larger
+batch sizes are read off their time against the forward's token count
+(:func:`estimate_rows`) until the engine's own steps there replace them (below).
+
 Between grid points :meth:`CostModel.forward_seconds` interpolates linearly in tokens,
 then in rows; beyond the largest measured batch it extrapolates per row. The drafters' cost
 per draft token is measured online (:meth:`CostModel.observe_draft`), as an exponentially
@@ -79,9 +83,15 @@ MAX_STEP_CHANGE = 0.25
 REPEATS = 4
 #: context each timed row attends over (a typical decode position, well inside any model)
 CONTEXT = 128
+#: batch sizes timed at start-up; the grid's larger ones are estimated from them
+#: (:func:`estimate_rows`) until the engine's own steps there replace the estimate.
+#: Timing every batch size up to 32 rows took 22 s on the default model on a loaded
+#: 2-core machine, and would take over a minute on the 1.5B: with adaptive depth the
+#: default, that was a server's first start
+STARTUP_ROWS = 2
 _PROBE_ID = "draftwise-cost-probe"
 #: bumped when what a cached grid means changes (then old files are simply not found)
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 @dataclass(slots=True)
@@ -124,6 +134,9 @@ class CostModel:
     source: str = "given"
     #: grid measurement time (0 when cached or given)
     measure_seconds: float = 0.0
+    #: the batch sizes timed at start-up (the others were estimated: :func:`estimate_rows`);
+    #: empty: every row (given, cached from an older grid)
+    timed_rows: tuple[int, ...] = ()
     #: per batch size, the running time of a decode step outside the target forward and
     #: the drafters (empty until a step was timed: then the forward alone)
     overhead: dict[int, RunningTime] = field(default_factory=dict)
@@ -266,6 +279,7 @@ class CostModel:
             "source": self.source,
             "measure_seconds": self.measure_seconds,
             "rows": list(self.rows),
+            "timed_rows": list(self.timed_rows or self.rows),
             "tokens_per_row": list(self.tokens_per_row),
             "forward_seconds": [list(r) for r in self.seconds],
             "draft_seconds_per_token": self.draft_seconds_per_token,
@@ -309,22 +323,64 @@ def measure_costs(
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            return CostModel(rows, tokens, data["seconds"], source="cache", clock=clock)
+            return CostModel(rows, tokens, data["seconds"], source="cache", clock=clock,
+                             timed_rows=tuple(data.get("timed_rows", ())))
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("cost model cache %s unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    grid = monotone(_time_grid(runner, kv, rows, tokens, clock))
+    timed_rows = [r for r in rows if r <= STARTUP_ROWS]
+    timed = monotone(_time_grid(runner, kv, timed_rows, tokens, clock))
+    grid = monotone(estimate_rows(timed_rows, tokens, timed, rows))
     model = CostModel(rows, tokens, grid, source="measured",
-                      measure_seconds=time.perf_counter() - start, clock=clock)
-    logger.info("cost model: timed %d forwards in %.2f s", len(rows) * len(tokens),
+                      measure_seconds=time.perf_counter() - start, clock=clock,
+                      timed_rows=tuple(timed_rows))
+    logger.info("cost model: timed %d forwards in %.2f s", len(timed_rows) * len(tokens),
                 model.measure_seconds)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"key": full_key, "seconds": grid}))
+            path.write_text(json.dumps({"key": full_key, "seconds": grid,
+                                        "timed_rows": timed_rows}))
         except OSError as exc:  # a read-only home is not a reason to refuse serving
             logger.warning("cost model not cached at %s: %s", path, exc)
     return model
+
+
+def estimate_rows(timed_rows: list[int], tokens: list[int], timed: list[list[float]],
+                  rows: list[int]) -> list[list[float]]:
+    """The ``rows`` x ``tokens`` grid from the timed batch sizes: a timed point as timed,
+    any other as a function of the forward's token count n = rows x tokens per row.
+
+    Why n: a CPU forward streams every weight once (the cost at n = 1) and then computes
+    per token, so over the small batches timed, time against n is the curve, and beyond
+    them it goes on at the slope of its last segment (the compute-bound per-token cost:
+    on the 1.5B at 8 rows, two tokens a row then read ~1.8x one, as the engine measured).
+    Attention over the timing context is per token too. Points read off the curve are
+    estimates: the engine's own steps at that batch size replace them
+    (:meth:`CostModel.calibrated`)."""
+    by_n: dict[int, list[float]] = {}
+    for r, row in zip(timed_rows, timed):
+        for t, sec in zip(tokens, row):
+            by_n.setdefault(r * t, []).append(sec)
+    ns = sorted(by_n)
+    ys: list[float] = []
+    for n in ns:  # the mean of the shapes with n tokens; never below a smaller n
+        ys.append(max([sum(by_n[n]) / len(by_n[n]), *ys[-1:]]))
+
+    def at(n: int) -> float:
+        if n <= ns[0] or len(ns) == 1:
+            return ys[0] * (n / ns[0] if len(ns) == 1 and n > ns[0] else 1.0)
+        if n >= ns[-1]:
+            slope = (ys[-1] - ys[-2]) / (ns[-1] - ns[-2])
+            return ys[-1] + max(0.0, slope) * (n - ns[-1])
+        j = bisect.bisect_left(ns, n)
+        if ns[j] == n:
+            return ys[j]
+        w = (n - ns[j - 1]) / (ns[j] - ns[j - 1])
+        return ys[j - 1] + w * (ys[j] - ys[j - 1])
+
+    timed_at = dict(zip(timed_rows, timed))
+    return [list(timed_at[r]) if r in timed_at else [at(r * t) for t in tokens] for r in rows]
 
 
 def monotone(grid: list[list[float]]) -> list[list[float]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,42 @@ def test_drafting_is_priced_per_draft_made(tmp_path: Path, monkeypatch) -> None:
                  SamplingParams(temperature=0, max_tokens=24))
     assert seen == made  # one proposing call per step here, no backlog (no own KV)
     assert any(m < a for m, a in zip(made, asked))  # the case the rule is about
+
+
+def test_rows_beyond_the_start_up_ones_are_read_off_time_against_tokens() -> None:
+    """Timed: 1 and 2 rows. 4 rows x 1 token is n = 4, timed as 1 row x 4 tokens (and
+    2 x 2: their mean); 4 x 3 = 12 lies past the largest n timed (2 x 3 = 6), so it goes
+    on at the last segment's slope."""
+    from draftwise.cost_model import estimate_rows
+
+    tokens = [1, 2, 3]
+    timed = [[10.0, 12.0, 14.0], [11.0, 15.0, 21.0]]
+    grid = estimate_rows([1, 2], tokens, timed, [1, 2, 4])
+    assert grid[:2] == timed
+    # n: 1 -> 10, 2 -> mean(12, 11) = 11.5, 3 -> 14, 4 -> 15, 6 -> 21 (slope 3 per token)
+    assert grid[2] == [15.0, 21.0 + 3.0 * 2, 21.0 + 3.0 * 6]
+
+
+def test_only_the_start_up_rows_are_timed(tmp_path: Path, monkeypatch) -> None:
+    """A server of 8 sequences times batches of 1 and 2 rows at start (not 4 and 8); the
+    grid still has every batch size, for the engine's own steps to anchor."""
+    from draftwise import LLM
+    import draftwise.cost_model as cm
+
+    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[list[int]] = []
+    real = cm._time_grid
+
+    def spy(runner, kv, rows, tokens, clock=time.perf_counter):  # type: ignore[no-untyped-def]
+        seen.append(list(rows))
+        return real(runner, kv, rows, tokens, clock)
+
+    monkeypatch.setattr(cm, "_time_grid", spy)
+    path = save_tiny("llama", tmp_path / "m", seed=1)
+    sc = {"method": "ngram", "num_speculative_tokens": 2}
+    llm = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=8)
+    cost = llm.engine.spec.policy.cost
+    assert seen == [[1, 2]] and cost.rows == [1, 2, 4, 8] and cost.timed_rows == (1, 2)
+    assert cost.summary()["timed_rows"] == [1, 2]
+    again = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=8)
+    assert again.engine.spec.policy.cost.timed_rows == (1, 2) and seen == [[1, 2]]
