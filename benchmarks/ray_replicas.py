@@ -190,14 +190,16 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1", _temp_dir=temp, logging_level="WARNING")
     try:
-        for i, routing in enumerate(args.routing.split(",")):
-            port = 18960 + i
+        for routing in args.routing.split(","):
+            # one Serve HTTP proxy per cluster (its port is set once), and the ingress
+            # relays the raw path: each policy's app in turn, at "/", the last one deleted
+            port = 18960
             spec = ReplicaSpec(model=args.model, speculative_config=None, dtype="auto",
                                engine_kwargs={"num_threads": 1},
                                config=ServerConfig(served_model_names=("default",)))
             deploy(spec, Scaling(replicas=2, routing=routing), "127.0.0.1", port,
-                   name=f"bench-{routing}", route_prefix=f"/{routing}")
-            url = f"http://127.0.0.1:{port}/{routing}"
+                   name=f"bench-{routing}", route_prefix="/")
+            url = f"http://127.0.0.1:{port}"
             asyncio.run(load(url, items, 2, 4))
             for run, conc in enumerate(concs):
                 got = measured(url, 2, prompts(args.requests, run), conc, args.max_tokens)

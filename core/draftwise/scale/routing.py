@@ -15,6 +15,9 @@ Rules, in order:
 2. Among the replicas whose load is within ``max_imbalance`` of the least loaded, the one
    holding the longest prefix of the prompt wins; ties go to the lower load.
 3. No hit anywhere: the least loaded (ties: the fewest blocks held, so caches fill evenly).
+4. A request with no full block and no key (a GET such as ``/metrics``, a tiny prompt):
+   the least loaded, equals in turn (rule 3's tie-break sent every such request to the
+   same idle replica, so a scraper of ``/metrics`` through the endpoint saw one replica).
 
 Rule 2's bound keeps a hot prefix from piling every request onto one replica: once it is
 ``max_imbalance`` requests ahead, the prefix is recomputed elsewhere and both hold it.
@@ -96,6 +99,7 @@ class PrefixPolicy:
         self.max_imbalance = max_imbalance
         self._views: dict[ReplicaKey, _View] = {}
         self._sticky: dict[str, ReplicaKey] = {}
+        self._turn = 0
 
     def _view(self, replica: ReplicaKey) -> _View:
         view = self._views.get(replica)
@@ -108,6 +112,13 @@ class PrefixPolicy:
         """Best first: the sticky replica, then prefix within the bound, then by load."""
         if not replicas:
             return []
+        if not key.hashes and key.isolation_key is None:
+            # nothing to place (a GET such as /metrics, a prompt under one block): the
+            # least loaded, equals in turn, so such requests reach every replica
+            self._turn += 1
+            ordered = sorted(replicas, key=str)
+            turn = {r: (i - self._turn) % len(ordered) for i, r in enumerate(ordered)}
+            return sorted(replicas, key=lambda r: (load.get(r, 0), turn[r]))
         by_load = sorted(replicas, key=lambda r: (load.get(r, 0), self._held(r)))
         if key.isolation_key is not None:
             home = self._sticky.get(key.isolation_key)

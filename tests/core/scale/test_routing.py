@@ -46,6 +46,17 @@ def test_a_miss_goes_to_the_least_loaded() -> None:
     assert policy.rank(["a", "b"], {"a": 0, "b": 3}, key([7] * 8))[0] == "a"
 
 
+def test_a_request_with_nothing_to_place_takes_idle_replicas_in_turn() -> None:
+    """A GET (/metrics) or a prompt under one block has no blocks: equally loaded replicas
+    answer in turn, so a scraper through the endpoint sees each (the fewest-held tie-break
+    sent every one to the same replica); the least loaded still comes first."""
+    policy = PrefixPolicy()
+    policy.routed("a", key(SYSTEM))
+    firsts = {policy.rank(["a", "b"], {}, RouteKey())[0] for _ in range(4)}
+    assert firsts == {"a", "b"}
+    assert {policy.rank(["a", "b"], {"a": 2}, key([1, 2]))[0] for _ in range(4)} == {"b"}
+
+
 def test_a_hot_prefix_is_bounded_by_imbalance() -> None:
     policy = PrefixPolicy(max_imbalance=2)
     policy.routed("a", key(SYSTEM))
