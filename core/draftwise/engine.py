@@ -2,7 +2,7 @@
 
 One step, as in ``shared/design.md``, reads top to bottom in :meth:`LLMEngine.step`:
 schedule -> propose -> ONE target forward -> verify -> commit/rollback -> feedback, each
-phase handing the next a typed record (``draftwise.step``). With no speculative config
+phase handing the next a typed record (``draftwise.spec.step``). With no speculative config
 there is no proposer and every row verifies zero drafts, which is plain sampling: the
 same code path, the same tokens.
 """
@@ -33,18 +33,18 @@ from draftwise.prompts import PromptReader, PromptType
 from draftwise.request import ParentRequest, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
-from draftwise.spec_params import SpeculativeParams, check_against
-from draftwise.speculation import Speculation
-from draftwise.step import StepDrafts, StepOutcome
+from draftwise.spec.params import SpeculativeParams, check_against
+from draftwise.spec.speculation import Speculation
+from draftwise.spec.step import StepDrafts, StepOutcome
 from draftwise.step_guard import StepGuard
 from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
-from draftwise.structured.drafts import trim_to_grammar
+from draftwise.spec.grammar_trim import trim_to_grammar
 from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 if TYPE_CHECKING:
-    from draftwise.cost_model import CostModel
+    from draftwise.spec.cost_model import CostModel
     from draftwise.models.arena import PrefaultedArena
 
 logger = logging.getLogger("draftwise.engine")
@@ -152,7 +152,7 @@ class LLMEngine:
         """Validate and queue a request; returns its id. Bad input raises RequestError.
 
         ``speculative`` narrows speculation for this request only (off, fewer drafts, one
-        chain member, fixed depth, token provenance): ``draftwise.spec_params``.
+        chain member, fixed depth, token provenance): ``draftwise.spec.params``.
         ``isolation_key``: requests with the same key may draft from each other's outputs
         (suffix decoding's global index); None (the default) drafts from the request's
         own tokens only.
@@ -388,7 +388,7 @@ class LLMEngine:
         self, rows: list[ScheduledRow], drafts: StepDrafts, logits: torch.Tensor
     ) -> StepOutcome:
         """Verify every sampling row (rows without drafts simply sample) in one call."""
-        from draftwise.verify import verify
+        from draftwise.spec.verify import verify
 
         sampling = [i for i, row in enumerate(rows) if row.samples]
         outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))

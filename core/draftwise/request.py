@@ -12,11 +12,11 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from draftwise.adaptive import AcceptanceEstimate
+    from draftwise.spec.adaptive import AcceptanceEstimate
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
-    from draftwise.spec_params import SpeculativeParams
+    from draftwise.spec.params import SpeculativeParams
     from draftwise.structured.matcher import GrammarMatcher
 
 
@@ -90,7 +90,7 @@ class Request:
     spec: RequestSpecDecodeMetrics | None = None
     #: structured output: the grammar state after the committed tokens; None: no grammar
     grammar: GrammarMatcher | None = None
-    # -- per-request speculation control (draftwise.spec_params, draftwise.adaptive) --
+    # -- per-request speculation control (draftwise.spec.params, draftwise.spec.adaptive) --
     #: what the request asked of speculation (None: the server's settings as they are)
     speculative: SpeculativeParams | None = None
     #: running acceptance for adaptive depth (None: the engine runs fixed depth)

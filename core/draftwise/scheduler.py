@@ -23,7 +23,7 @@ from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from draftwise.adaptive import DepthPolicy
+    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.cache.manager import KVCacheManager
 
 

@@ -11,7 +11,7 @@ around it rather than inside it.
   serialized (two drivers also race on adding requests and reading outputs).
 - **Failure isolation.** A step's rows are re-run one by one; the row that fails alone is
   failed alone and the others go on. That is right because nothing outside a step's own
-  records changes before commit (``draftwise.step``), so a step can be run again for any
+  records changes before commit (``draftwise.spec.step``), so a step can be run again for any
   subset of its rows.
 """
 

@@ -83,7 +83,7 @@ class ResolvedSpeculativeConfig:
     k_schedule: KSchedule = ()
     #: ``"draftwise": {"adaptive": ...}``: acceptance-driven depth (None: fixed depth).
     #: Precedence per row: the request's limit and the batch-size schedule cap k, then
-    #: adaptive picks a depth in 0..cap (``draftwise.adaptive``)
+    #: adaptive picks a depth in 0..cap (``draftwise.spec.adaptive``)
     adaptive: AdaptiveConfig | None = None
     #: ``"draftwise": {"confidence_threshold": t}`` (DeepSpec's ``--confidence-threshold``):
     #: verify only the drafts before the first one the drafter's confidence head scores

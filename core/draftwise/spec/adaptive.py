@@ -12,7 +12,7 @@ With rates p_1..p_k the expected output of a row verifying k drafts is
 which for equal rates is the standard (1 - a^(k+1)) / (1 - a). Each step,
 :func:`choose_depths` picks every row's k in 0..cap to maximise the batch's expected
 tokens per second of step time against the measured cost model
-(:class:`~draftwise.cost_model.CostModel`: the forward's grid plus the rest of the step,
+(:class:`~draftwise.spec.cost_model.CostModel`: the forward's grid plus the rest of the step,
 measured as it runs): a draft token is worth adding while the cumulative acceptance it
 buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A row kept
 at 0 gets a probe of ``probe_depth`` drafts every ``probe_interval`` steps, so a request
@@ -45,7 +45,7 @@ reserved and cut on the engine's rates for its evidence from its first decode st
 
 What the cut drops is still learned from: the token verify emits after a row's last kept
 draft is the target's own pick there, and a one-hot draft is accepted exactly when it
-equals it (:meth:`~draftwise.step.StepDrafts.made_outcome`), so the first dropped draft's
+equals it (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`), so the first dropped draft's
 outcome is known at no forward cost. A request whose short matches do hold learns it
 while the engine's rates for them would cut them for ever.
 
@@ -59,11 +59,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from draftwise.batch_rest import BatchRest
+from draftwise.spec.batch_rest import BatchRest
 
 if TYPE_CHECKING:
     from draftwise.config.adaptive import AdaptiveConfig
-    from draftwise.cost_model import CostModel
+    from draftwise.spec.cost_model import CostModel
 
 #: relative throughput gain below which a deeper draft is not worth its risk
 MIN_GAIN = 1e-3
@@ -107,7 +107,7 @@ class AcceptanceEstimate:
         """One step that let the row draft ``num_asked``: ``num_drafted`` came,
         ``num_accepted`` held, of the first ``num_known`` (default: all of them) whose
         outcome is known (a draft cut before verify is known only one position past the
-        kept ones: :meth:`~draftwise.step.StepDrafts.made_outcome`).
+        kept ones: :meth:`~draftwise.spec.step.StepDrafts.made_outcome`).
 
         Position j's n-th observation weighs ``max(weight, 1 / (n + 1 + prior_strength))``:
         the starting rates count as ``prior_strength`` observations (infinitely many by
@@ -291,7 +291,7 @@ class DepthPolicy:
     #: whether this step's batch weighs each row's rate alike (``choose_depths``'s
     #: ``fair``), set by the scheduler each step through :meth:`set_waiting`
     fair: bool = field(init=False, default=False)
-    #: the batch's back-off when its drafts are never verified (``draftwise.batch_rest``)
+    #: the batch's back-off when its drafts are never verified (``draftwise.spec.batch_rest``)
     rest: BatchRest = field(init=False)
 
     def set_waiting(self, num_waiting: int) -> None:
@@ -324,7 +324,7 @@ class DepthPolicy:
 
         ``num_drafted`` counts the drafts made, before any cut, and ``num_known`` the
         leading ones whose outcome is known (None: all): a draft the cut dropped is still
-        learned from where verify's output tells (:meth:`~draftwise.step.StepDrafts.made_outcome`),
+        learned from where verify's output tells (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`),
         so a request whose short matches hold finds out although they are cut.
         """
         w, strength = self.config.ew_weight, self.config.prior_strength
@@ -380,7 +380,7 @@ class DepthPolicy:
         their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
 
         A probe is cut like any row: what the cut drops is still learned from one position
-        past the kept drafts (:meth:`~draftwise.step.StepDrafts.made_outcome`: verify's next
+        past the kept drafts (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`: verify's next
         token is the target's own pick there), so a request, and the engine's pool for its
         evidence, keep measuring the drafts the cut drops. (Before that, a cut probe
         observed nothing: at 8 rows on one thread, with a draft token at ~9% of the step
@@ -484,7 +484,7 @@ class DepthPolicy:
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included;
-        none while the batch rests (``draftwise.batch_rest``)."""
+        none while the batch rests (``draftwise.spec.batch_rest``)."""
         if self.rest.resting(len(caps)):
             for est in estimates:
                 est.probing, est.last_k = False, 0

@@ -75,7 +75,7 @@ class StepDrafts:
         context, the earlier drafts, a drafter's evidence fixed before it drafted): a
         shorter draft then only changes how many tokens a step emits. A cut decided on a
         dropped draft's own sampled value changes the distribution when its q is not
-        one-hot (``structured.drafts`` keeps such a token instead).
+        one-hot (``spec.grammar_trim`` keeps such a token instead).
         """
         if keep == list(self.num_draft_tokens):
             return self

@@ -33,10 +33,10 @@ from draftwise.errors import DraftwiseError
 from draftwise.logits_process import token_history
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
 from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, ReportsStats, VerifyOutcome
-from draftwise.step import StepDrafts, StepOutcome
+from draftwise.spec.step import StepDrafts, StepOutcome
 
 if TYPE_CHECKING:
-    from draftwise.adaptive import DepthPolicy
+    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.scheduler import ScheduledRow
 

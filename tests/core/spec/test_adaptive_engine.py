@@ -14,8 +14,8 @@ import pytest
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams, SpeculativeParams
-from draftwise.adaptive import DepthPolicy
-from draftwise.cost_model import CostModel
+from draftwise.spec.adaptive import DepthPolicy
+from draftwise.spec.cost_model import CostModel
 from draftwise.errors import RequestError
 
 PROMPTS = [
@@ -353,7 +353,7 @@ def test_the_engine_times_its_decode_steps_for_the_cost_model(tiny: Path) -> Non
 
 def test_a_batch_that_rests_stays_lossless(tiny: Path, plain: list[list[int]]) -> None:
     # 3-token matches only: most lookups find nothing, so the batch rests between the
-    # steps whose matches are verified (draftwise.batch_rest)
+    # steps whose matches are verified (draftwise.spec.batch_rest)
     config = {**ADAPTIVE, "prompt_lookup_min": 3}
     llm = cheap_drafts(LLM(model=str(tiny), dtype="bfloat16", speculative_config=config,
                            max_num_seqs=8))
