@@ -293,6 +293,10 @@ class DepthPolicy:
     fair: bool = field(init=False, default=False)
     #: the batch's back-off when its drafts are never verified (``draftwise.spec.batch_rest``)
     rest: BatchRest = field(init=False)
+    #: each request's running acceptance, by request id: the policy's own state, so that
+    #: ``Request`` stays plain data. Made on the request's first adaptive decode step
+    #: (:meth:`estimate`), kept through preemption, dropped when it ends (:meth:`forget`)
+    estimates: dict[str, AcceptanceEstimate] = field(init=False, default_factory=dict)
 
     def set_waiting(self, num_waiting: int) -> None:
         """This step's objective from the settings and whether requests wait for a
@@ -314,6 +318,19 @@ class DepthPolicy:
         self.rest.reset()
         pop = self.population
         return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
+
+    def estimate(self, req_id: str) -> AcceptanceEstimate:
+        """The request's estimate, started from the population on its first use."""
+        est = self.estimates.get(req_id)
+        if est is None:
+            est = self.estimates[req_id] = self.new_estimate()
+        return est
+
+    def forget(self, req_id: str) -> dict[str, Any] | None:
+        """The request ended: drop its estimate and return what it learned, for the
+        request's final metrics (None: it never used adaptive depth)."""
+        est = self.estimates.pop(req_id, None)
+        return None if est is None else est.as_dict()
 
     def observe(
         self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int,

@@ -180,8 +180,9 @@ class Speculation:
         if self.policy is not None:
             if any(v is not None for v in evidence):
                 # adaptive depth, the drafts and their evidence known: verify what pays
+                estimates = self.policy.estimates
                 drafts = drafts.cut(self.policy.cut(
-                    [r.request.acceptance for r in rows], counts, evidence))
+                    [estimates.get(r.request.req_id) for r in rows], counts, evidence))
             self.policy.rest.step_verified(any(drafts.num_draft_tokens))
         return drafts
 
@@ -355,7 +356,8 @@ class Speculation:
         for i, row in enumerate(rows):
             pid, nd = drafts.owner[i], drafts.num_draft_tokens[i]
             toks = outcome.output_token_ids[i]
-            est = row.request.acceptance
+            est = (self.policy.estimates.get(row.request.req_id) if self.policy is not None
+                   else None)
             if self.policy is not None and est is not None and row.max_draft and toks is not None:
                 ev = drafts.evidence[i] if drafts.evidence else None
                 made, held, known = drafts.made_outcome(i, outcome.num_accepted[i], toks)

@@ -14,9 +14,9 @@ import pytest
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams, SpeculativeParams
+from draftwise.errors import RequestError
 from draftwise.spec.adaptive import DepthPolicy
 from draftwise.spec.cost_model import CostModel
-from draftwise.errors import RequestError
 
 PROMPTS = [
     [5, 9, 13, 2, 7] * 4,
@@ -89,6 +89,23 @@ def test_adaptive_batched_equals_spec_off(adaptive: LLM, plain: list[list[int]])
     outs = adaptive.generate(prompts(), greedy())
     assert [o.outputs[0].token_ids for o in outs] == plain
     assert adaptive.engine.spec.num_tracked_requests == 0
+
+
+def test_the_policy_keeps_each_requests_estimate_until_it_ends(adaptive: LLM) -> None:
+    """``Request`` is plain data: adaptive depth keeps each request's running acceptance
+    itself, by request id, through the request's life; when the request ends (finished
+    or aborted) the estimate goes, and the final output reports what it learned."""
+    policy = adaptive.engine.spec.policy
+    outs = adaptive.generate(prompts()[:2], greedy(8))
+    assert policy.estimates == {}
+    for out in outs:
+        learned = out.metrics["speculative_decoding"]["adaptive"]
+        assert len(learned["acceptance_rate_per_pos"]) == policy.max_k
+    engine = adaptive.engine
+    req_id = engine.add_request(prompts()[0], greedy(64))
+    while req_id not in policy.estimates:  # its first decode step makes it
+        engine.step()
+    assert engine.abort_request(req_id) and policy.estimates == {}
 
 
 def test_objective_switches_with_the_queue_and_stays_lossless(
