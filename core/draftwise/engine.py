@@ -23,8 +23,8 @@ from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
-from draftwise.logits_process import bad_words_token_ids, token_history
-from draftwise.logprobs import LogprobsMode, position_logprobs
+from draftwise.logits_process import bad_words_token_ids
+from draftwise.logprobs import LogprobsMode
 from draftwise.metrics import RequestSpecDecodeMetrics
 from draftwise.outputs import parent_output, request_metrics, request_output
 from draftwise.parallel import child_params
@@ -36,12 +36,12 @@ from draftwise.spec.grammar_trim import trim_to_grammar
 from draftwise.spec.params import SpeculativeParams, check_against
 from draftwise.spec.speculation import Speculation
 from draftwise.spec.step import StepDrafts, StepForward, StepOutcome
+from draftwise.spec.verify_step import verify_rows
 from draftwise.speculator import prefix_sums
 from draftwise.step_clock import StepClock, StepTimings
 from draftwise.step_guard import StepGuard
 from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
-from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 if TYPE_CHECKING:
@@ -373,56 +373,16 @@ class LLMEngine:
     def _verify(
         self, rows: list[ScheduledRow], drafts: StepDrafts, forward: StepForward
     ) -> StepOutcome:
-        """Record the prompt logprobs rows asked for, then verify every sampling row (rows
-        without drafts simply sample) in one call."""
-        from draftwise.spec.verify import verify
-
+        """Record the prompt logprobs rows asked for, then verify every sampling row
+        (``spec/verify_step.py``)."""
         prompt_logits, logits = prompt_lp.split_logits(
             forward.logits, [len(r) for r in forward.prompt_rows],
             [drafts.num_draft_tokens[i] + 1 if row.samples else 0 for i, row in enumerate(rows)])
         for row, s, pr, lg in zip(rows, forward.starts, forward.prompt_rows, prompt_logits):
             prompt_lp.record(row.request, s, pr, lg, self._decode_token)
-        sampling = [i for i, row in enumerate(rows) if row.samples]
-        outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))
-        if not sampling:
-            return outcome
-        reqs = [rows[i].request for i in sampling]
-        draft_rows = drafts.rows()
-        histories = [
-            token_history(r, draft_rows[i]) if r.params.needs_history else None
-            for i, r in zip(sampling, reqs)
-        ]
-        bitmask = None
-        if any(r.grammar is not None for r in reqs):  # structured output: masks per position
-            bitmask = step_bitmask(
-                self.grammars.executor, [r.grammar for r in reqs],
-                [draft_rows[i].tolist() for i in sampling], self.grammars.vocab_size,
-            )
-        # rows that do not sample never draft, so the flat drafts are the sampling rows'
-        result = verify(
-            logits,
-            drafts.token_ids,
-            [drafts.num_draft_tokens[i] for i in sampling],
-            [r.params for r in reqs],
-            [r.generator for r in reqs],
-            draft_probs=drafts.draft_probs,
-            method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
-            histories=histories if any(h is not None for h in histories) else None,
-            token_bitmask=bitmask,
-        )
-        start = 0
-        for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
-            outcome.output_token_ids[i] = toks
-            outcome.num_accepted[i] = n_acc
-            params = rows[i].request.params
-            if params.logprobs is not None:  # positions start .. start+len(toks)-1 emitted
-                span = slice(start, start + len(toks))
-                outcome.logprobs[i] = position_logprobs(
-                    logits[span], result.logits[span], toks, params, self.logprobs_mode,
-                    self._decode_token,
-                )
-            start += drafts.num_draft_tokens[i] + 1
-        return outcome
+        method = self.spec_config.rejection_sample_method if self.spec_config else "standard"
+        return verify_rows(rows, drafts, logits, self.grammars, method, self.logprobs_mode,
+                           self._decode_token)
 
     def _commit(
         self, rows: list[ScheduledRow], drafts: StepDrafts, outcome: StepOutcome,

@@ -8,11 +8,12 @@ keeps or rejects each draft and the policy that decides how many to make. The en
 - proposing: ``speculation`` (the drafter chain, draft-KV frontiers, hidden-state
   buffers), ``grammar_trim`` (drafts cut at a grammar's first refused token) and
   ``draft_stage`` (bootstrap's detect / load / build of the drafters);
-- verifying: ``verify`` (lossless greedy, standard and block verification);
+- verifying: ``verify`` (lossless greedy, standard and block verification) and
+  ``verify_step`` (the step's verify phase around it);
 - per request: ``params`` (``SpeculativeParams``, public as ``draftwise.SpeculativeParams``);
 - adaptive depth: ``adaptive`` (the depth policy and each request's acceptance),
-  ``cost_model`` (what a step costs on this machine) and ``batch_rest`` (when a batch
-  stops paying for the decision);
+  ``depth_rule`` (the batch rule it calls), ``cost_model`` (what a step costs on this
+  machine) and ``batch_rest`` (when a batch stops paying for the decision);
 - a helper plugins share: ``drafting`` (draft-token and q picking), which plugins reach
   through ``draftwise.kit``, never by this path.
 

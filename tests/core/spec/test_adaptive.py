@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.spec.adaptive import AcceptanceEstimate, DepthPolicy, choose_depths
+from draftwise.spec.adaptive import AcceptanceEstimate, DepthPolicy
+from draftwise.spec.depth_rule import choose_depths
 from draftwise.config.adaptive import AdaptiveConfig
 from draftwise.spec.cost_model import CostModel
 

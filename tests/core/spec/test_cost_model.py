@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-from draftwise.spec.adaptive import DepthPolicy, choose_depths
+from draftwise.spec.adaptive import DepthPolicy
+from draftwise.spec.depth_rule import choose_depths
 from draftwise.config.adaptive import AdaptiveConfig
 from draftwise.spec.cost_model import (
     MAX_STEP_CHANGE,
