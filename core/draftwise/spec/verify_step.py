@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from draftwise.logits_process import token_history
 from draftwise.logprobs import LogprobsMode, position_logprobs
+# the rule's module, not its function: ``rule.verify`` is looked up per call, so a test
+# (or a device path) that replaces ``draftwise.spec.verify.verify`` is the one that runs
+from draftwise.spec import verify as rule
 from draftwise.spec.step import StepDrafts, StepOutcome
-from draftwise.spec.verify import VerifyMethod, verify
 from draftwise.structured.masks import step_bitmask
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ def verify_rows(
     drafts: StepDrafts,
     logits: torch.Tensor,  # [sum over sampling rows of (drafts + 1), vocab] float32
     grammars: GrammarCompiler,
-    method: VerifyMethod | str,
+    method: rule.VerifyMethod | str,
     logprobs_mode: LogprobsMode,
     decode: Callable[[int], str | None],
 ) -> StepOutcome:
@@ -53,7 +55,7 @@ def verify_rows(
             [draft_rows[i].tolist() for i in sampling], grammars.vocab_size,
         )
     # rows that do not sample never draft, so the flat drafts are the sampling rows'
-    result = verify(
+    result = rule.verify(
         logits,
         drafts.token_ids,
         [drafts.num_draft_tokens[i] for i in sampling],
