@@ -18,7 +18,7 @@ import statistics
 import time
 
 from draftwise import LLM
-from draftwise.cost_model import CONTEXT
+from draftwise.spec.cost_model import CONTEXT
 from draftwise.models import kernels
 
 GRID = [(1, t) for t in range(1, 6)] + [(8, 1), (8, 2)]

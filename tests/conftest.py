@@ -88,7 +88,7 @@ def wrong_accept_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     still passes under it proves nothing."""
     import numpy as np
 
-    import draftwise.verify as verify_mod
+    import draftwise.spec.verify as verify_mod
 
     monkeypatch.setattr(
         verify_mod, "_standard_accept_prob",

@@ -30,14 +30,14 @@ if TYPE_CHECKING:
     from draftwise.engine_args import EngineArgs
     from draftwise.llm import LLM
     from draftwise.sampling import SamplingParams
-    from draftwise.spec_params import SpeculativeParams
+    from draftwise.spec.params import SpeculativeParams
 
 _LAZY = {
     "LLM": "draftwise.llm",
     "LLMEngine": "draftwise.engine",
     "EngineArgs": "draftwise.engine_args",
     "SamplingParams": "draftwise.sampling",
-    "SpeculativeParams": "draftwise.spec_params",
+    "SpeculativeParams": "draftwise.spec.params",
 }
 
 

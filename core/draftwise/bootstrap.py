@@ -27,14 +27,14 @@ from draftwise.runner import ModelRunner, kv_bytes_per_token
 from draftwise.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from draftwise.adaptive import DepthPolicy
+    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
-    from draftwise.draft_stage import DetectedDraft
+    from draftwise.spec.draft_stage import DetectedDraft
     from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
     from draftwise.plugins.registry import SpeculatorRegistry
-    from draftwise.speculation import Speculation
+    from draftwise.spec.speculation import Speculation
     from draftwise.speculator import KVLayout, TargetHeader
 
 _DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -214,8 +214,8 @@ def build_depth_policy(
     k: int,
 ) -> DepthPolicy:
     """Adaptive depth over a cost model timed on this machine (or read from its cache)."""
-    from draftwise.adaptive import DepthPolicy
-    from draftwise.cost_model import measure_costs
+    from draftwise.spec.adaptive import DepthPolicy
+    from draftwise.spec.cost_model import measure_costs
     from draftwise.disk_cache import code_identity, model_identity
 
     settings = spec_config.adaptive
@@ -272,7 +272,7 @@ def _build_engine_parts(
     args: EngineArgs, progress: Any, reserved: PrefaultedArena | None
 ) -> EngineParts:
     from draftwise.config import parse_speculative_config
-    from draftwise.draft_stage import (
+    from draftwise.spec.draft_stage import (
         build_speculation,
         detect_drafts,
         draft_kv_layouts,
@@ -284,7 +284,7 @@ def _build_engine_parts(
     from draftwise.models.backend import check_device
     from draftwise.models.loader import load_model
     from draftwise.plugins.manager import load_speculators
-    from draftwise.speculation import max_draft_len
+    from draftwise.spec.speculation import max_draft_len
 
     check_device(args.device)  # first: a device that cannot run refuses before anything
     spec_config = parse_speculative_config(args.speculative_config)

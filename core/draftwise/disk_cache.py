@@ -1,7 +1,7 @@
 """Where draftwise keeps files between runs, and what names them.
 
 Its own module because two caches at opposite ends of the code share it: the cost grid
-(``cost_model.py``, measured with the engine) and the packed-weights file
+(``spec/cost_model.py``, measured with the engine) and the packed-weights file
 (``models/packed_cache.py``, written while the weights load). Each names its files by a
 hash over :func:`model_identity` and :func:`code_identity`; neither should import the
 other to find out how.

@@ -13,7 +13,7 @@ Three parts, each usable on its own:
    and are scored against the continuation. No target forward is needed per k, and for a
    greedy run the result is the acceptance online speculation measures.
 3. :func:`report`: acceptance per position, predicted speedup per k from the measured cost
-   model (:mod:`draftwise.cost_model`), measured speedup per k when asked (the same engine,
+   model (:mod:`draftwise.spec.cost_model`), measured speedup per k when asked (the same engine,
    per-request depth), and a recommended config.
 
 Only proposers without their own KV or hidden-state inputs can be walked offline (they
@@ -34,13 +34,13 @@ import numpy as np
 from draftwise.errors import DraftwiseError
 from draftwise.metrics import SpecDecodingStats
 from draftwise.sampling import SamplingParams
-from draftwise.spec_params import SpeculativeParams
+from draftwise.spec.params import SpeculativeParams
 from draftwise.speculator import DraftInput, DraftRow, VerifyOutcome
 
 if TYPE_CHECKING:
-    from draftwise.cost_model import CostModel
+    from draftwise.spec.cost_model import CostModel
     from draftwise.engine import LLMEngine
-    from draftwise.speculation import Speculation
+    from draftwise.spec.speculation import Speculation
 
 
 class DoctorError(DraftwiseError, ValueError):
@@ -78,7 +78,7 @@ class Walk:
 
 def pairing_checks(engine: LLMEngine) -> list[Finding]:
     """What each chain member's checkpoint says against the target (no weights read)."""
-    from draftwise.draft_stage import detect_drafts
+    from draftwise.spec.draft_stage import detect_drafts
     from draftwise.formats.default_model import resolve_model_path
     from draftwise.plugins.manager import load_speculators
 

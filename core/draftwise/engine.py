@@ -2,7 +2,7 @@
 
 One step, as in ``shared/design.md``, reads top to bottom in :meth:`LLMEngine.step`:
 schedule -> propose -> ONE target forward -> verify -> commit/rollback -> feedback, each
-phase handing the next a typed record (``draftwise.step``). With no speculative config
+phase handing the next a typed record (``draftwise.spec.step``). With no speculative config
 there is no proposer and every row verifies zero drafts, which is plain sampling: the
 same code path, the same tokens.
 """
@@ -23,42 +23,41 @@ from draftwise.admission import check_params
 from draftwise.engine_args import EngineArgs
 from draftwise.errors import EngineConfigError, RequestError
 from draftwise.formats.tokenizer import IncrementalDetokenizer
-from draftwise.logits_process import bad_words_token_ids, token_history
-from draftwise.logprobs import LogprobsMode, position_logprobs
+from draftwise.logits_process import bad_words_token_ids
+from draftwise.logprobs import LogprobsMode
 from draftwise.metrics import RequestSpecDecodeMetrics
-from draftwise.models.batch import ForwardBatch
 from draftwise.outputs import parent_output, request_metrics, request_output
 from draftwise.parallel import child_params
 from draftwise.prompts import PromptReader, PromptType
 from draftwise.request import ParentRequest, Request, RequestOutput, RequestStatus
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import ScheduledRow
-from draftwise.spec_params import SpeculativeParams, check_against
-from draftwise.speculation import Speculation
-from draftwise.step import StepDrafts, StepOutcome
+from draftwise.spec.grammar_trim import trim_to_grammar
+from draftwise.spec.params import SpeculativeParams, check_against
+from draftwise.spec.speculation import Speculation
+from draftwise.spec.step import StepDrafts, StepForward, StepOutcome
+from draftwise.spec.verify_step import verify_rows
+from draftwise.speculator import prefix_sums
+from draftwise.step_clock import StepClock, StepTimings
 from draftwise.step_guard import StepGuard
 from draftwise.stopping import append_tokens
 from draftwise.structured.compiler import GrammarCompiler
-from draftwise.structured.drafts import trim_to_grammar
-from draftwise.structured.masks import step_bitmask
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 if TYPE_CHECKING:
-    from draftwise.cost_model import CostModel
     from draftwise.models.arena import PrefaultedArena
+    from draftwise.spec.cost_model import CostModel
 
 logger = logging.getLogger("draftwise.engine")
 
 
 @dataclass(slots=True)
-class StepTimings:
-    """Where one step's time went (seconds), for profiling and bench reports."""
+class Committed:
+    """What commit hands feedback: the requests that moved, and the outputs of the rows
+    that failed on their own."""
 
-    schedule: float = 0.0
-    propose: float = 0.0
-    forward: float = 0.0
-    verify: float = 0.0
-    commit: float = 0.0
+    progressed: list[Request] = field(default_factory=list)
+    failed: list[RequestOutput] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -119,9 +118,6 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}
         self._seed_gen = torch.Generator().manual_seed(args.seed)
         self._last_log = time.monotonic()
-        #: this step's target forward on adaptive depth's clock, its rows and its tokens
-        #: (None: not timed)
-        self._forward_cost: tuple[float, int, int] | None = None
         # Everything built so far (weights' modules, the tokenizer's vocab, plugins) lives
         # as long as the engine: keep it out of the cyclic collector's full passes, which
         # otherwise walk it every few hundred steps (~5% of a decode step's time here).
@@ -152,7 +148,7 @@ class LLMEngine:
         """Validate and queue a request; returns its id. Bad input raises RequestError.
 
         ``speculative`` narrows speculation for this request only (off, fewer drafts, one
-        chain member, fixed depth, token provenance): ``draftwise.spec_params``.
+        chain member, fixed depth, token provenance): ``draftwise.spec.params``.
         ``isolation_key``: requests with the same key may draft from each other's outputs
         (suffix decoding's global index); None (the default) drafts from the request's
         own tokens only.
@@ -288,87 +284,73 @@ class LLMEngine:
 
     @property
     def _depth_cost(self) -> CostModel | None:
-        """Adaptive depth's cost model, which times the step's parts (None: fixed depth)."""
+        """Adaptive depth's cost model, which prices the step (None: fixed depth)."""
         policy = self.spec.policy if self.spec is not None else None
         return policy.cost if policy is not None else None
 
     def _step(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
-        cost = self._depth_cost
-        c0 = cost.clock() if cost is not None else 0.0
-        self._forward_cost = None
-        sched = self.scheduler.schedule()
-        for victim in sched.preempted:
-            self.stats.num_preemptions += 1
-            self._release_state(victim.req_id)
-        if not sched.rows:
+        """schedule, then propose -> forward -> verify -> commit -> feedback for the
+        scheduled rows (:meth:`_run_rows`), inside the step guard."""
+        clock = StepClock.for_cost(self.stats.timings, self._depth_cost)
+        rows = self._schedule()
+        if not rows:
             return []
-        outputs = self._guard.run(sched.rows, t0, self._run_rows)
-        if cost is not None and self._forward_cost is not None and all(
-            row.num_new_tokens == 1 for row in sched.rows
-        ):  # a decode step: its forward and the rest, for adaptive depth's prices
-            # (the rows that ran: after a failure the guard re-runs a subset)
-            forward, rows, tokens = self._forward_cost
-            drafting = self.spec.last_draft_seconds if self.spec is not None else 0.0
-            cost.observe_step(rows, tokens, forward, cost.clock() - c0 - forward - drafting)
+        outputs = self._guard.run(rows, clock, self._run_rows)
         self.stats.num_steps += 1
         self._maybe_log_stats()
         return outputs
 
-    def _run_rows(self, rows: list[ScheduledRow], t0: float) -> list[RequestOutput]:
-        """propose -> forward -> verify -> commit -> feedback for scheduled rows.
+    def _run_rows(self, rows: list[ScheduledRow], clock: StepClock) -> list[RequestOutput]:
+        """propose -> forward -> verify -> commit -> feedback for scheduled rows, each
+        phase handing the next a typed record (``draftwise.spec.step``).
 
         Nothing outside this step's own records changes before :meth:`_commit` (K/V past a
         row's computed tokens is rewritten, proposals keep no state the core cannot take
         back), so a step that raises earlier can be run again for any subset of ``rows``.
         """
-        tm = self.stats.timings
-        t_sched = time.perf_counter()
-        tm.schedule += t_sched - t0
-        t0 = t_sched
+        clock.lap("schedule")
+        drafts = self._propose(rows)
+        clock.lap("propose")
+        forward = self._forward(rows, drafts)
+        clock.lap("forward")
+        outcome = self._verify(rows, drafts, forward)
+        clock.lap("verify")
+        committed = self._commit(rows, drafts, outcome, forward)
+        outputs = self._feedback(rows, drafts, outcome, committed)
+        clock.done(rows, forward.num_tokens, drafts.draft_seconds)
+        return outputs
+
+    # -- the step's phases, in order ----------------------------------------------------
+
+    def _schedule(self) -> list[ScheduledRow]:
+        """This step's rows; a request preempted for them drops its runner and draft state."""
+        sched = self.scheduler.schedule()
+        for victim in sched.preempted:
+            self.stats.num_preemptions += 1
+            self._release_state(victim.req_id)
+        return sched.rows
+
+    def _propose(self, rows: list[ScheduledRow]) -> StepDrafts:
+        """Every row's drafts, cut where a grammar refuses a token.
+
+        A step where no row may draft (adaptive depth chose k = 0 everywhere, prefill,
+        requests with speculation off) is the plain step: no proposer runs, no feedback.
+        """
+        if self.spec is None:
+            return StepDrafts.none(len(rows))
         tables = [self.kv.block_table(row.request.req_id) for row in rows]
-        # a step where no row may draft (adaptive depth chose k = 0 everywhere, prefill,
-        # requests with speculation off) is the plain step: no proposer runs, no feedback
-        drafting = self.spec is not None and any(row.max_draft for row in rows)
-        drafts = (self.spec.propose(rows, tables) if self.spec is not None
-                  else StepDrafts.none(len(rows)))  # propose returns at once when none may
-        if drafting:  # structured output: drafts past a refused token are dead
+        drafts = self.spec.propose(rows, tables)  # returns at once when no row may draft
+        if any(row.max_draft for row in rows):
+            # structured output: drafts past a token the grammar refuses are dead
             drafts = trim_to_grammar([row.request.grammar for row in rows], drafts)
-        t1 = time.perf_counter()
+        return drafts
+
+    def _forward(self, rows: list[ScheduledRow], drafts: StepDrafts) -> StepForward:
+        """ONE target forward: each row's new tokens then its drafts; logits where it
+        samples, after those of its prompt positions whose ``prompt_logprobs`` it records."""
         starts = [row.request.num_computed_tokens for row in rows]
         prompt_rows = [prompt_lp.logit_rows(row.request, s, row.num_new_tokens)
                        for row, s in zip(rows, starts)]
-        batch = self._batch(rows, drafts, tables, starts, prompt_rows)
-        cost = self._depth_cost
-        f0 = cost.clock() if cost is not None else 0.0
-        output = self.runner.forward(batch)
-        if cost is not None:  # the forward on adaptive depth's clock, its rows and tokens
-            self._forward_cost = (cost.clock() - f0, len(rows), int(batch.input_ids.shape[0]))
-        t2 = time.perf_counter()
-        prompt_logits, logits = prompt_lp.split_logits(
-            output.logits, [len(r) for r in prompt_rows],
-            [drafts.num_draft_tokens[i] + 1 if row.samples else 0 for i, row in enumerate(rows)])
-        for row, s, pr, lg in zip(rows, starts, prompt_rows, prompt_logits):
-            prompt_lp.record(row.request, s, pr, lg, self._decode_token)
-        outcome = self._verify(rows, drafts, logits)
-        t3 = time.perf_counter()
-        outputs = self._commit(rows, drafts, outcome, output.hidden_states, starts, drafting)
-        tm.propose += t1 - t0
-        tm.forward += t2 - t1
-        tm.verify += t3 - t2
-        tm.commit += time.perf_counter() - t3
-        return outputs
-
-    def _batch(
-        self,
-        rows: list[ScheduledRow],
-        drafts: StepDrafts,
-        tables: list[list[int]],
-        starts: list[int],
-        prompt_rows: list[list[int]],
-    ) -> ForwardBatch:
-        """ONE target forward: each row's new tokens then its drafts; logits where it
-        samples, after those of its prompt positions whose ``prompt_logprobs`` it records."""
         token_ids: list[list[int]] = []
         logits_rows: list[list[int]] = []
         draft_rows = drafts.rows()
@@ -380,93 +362,58 @@ class LLMEngine:
             token_ids.append(ids)
             n = row.num_new_tokens
             logits_rows.append(prompt_rows[i] + (list(range(n - 1, n + nd)) if row.samples else []))
+        tables = [self.kv.block_table(row.request.req_id) for row in rows]
         hidden_layers = self.spec.hidden_layers if self.spec is not None else ()
         req_ids = [row.request.req_id for row in rows]
-        return self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)
+        batch = self.runner.build(token_ids, starts, tables, logits_rows, hidden_layers, req_ids)
+        output = self.runner.forward(batch)
+        return StepForward(starts, prompt_rows, output.logits, output.hidden_states,
+                           prefix_sums([len(ids) for ids in token_ids]))
 
     def _verify(
-        self, rows: list[ScheduledRow], drafts: StepDrafts, logits: torch.Tensor
+        self, rows: list[ScheduledRow], drafts: StepDrafts, forward: StepForward
     ) -> StepOutcome:
-        """Verify every sampling row (rows without drafts simply sample) in one call."""
-        from draftwise.verify import verify
-
-        sampling = [i for i, row in enumerate(rows) if row.samples]
-        outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))
-        if not sampling:
-            return outcome
-        reqs = [rows[i].request for i in sampling]
-        draft_rows = drafts.rows()
-        histories = [
-            token_history(r, draft_rows[i]) if r.params.needs_history else None
-            for i, r in zip(sampling, reqs)
-        ]
-        bitmask = None
-        if any(r.grammar is not None for r in reqs):  # structured output: masks per position
-            bitmask = step_bitmask(
-                self.grammars.executor, [r.grammar for r in reqs],
-                [draft_rows[i].tolist() for i in sampling], self.grammars.vocab_size,
-            )
-        # rows that do not sample never draft, so the flat drafts are the sampling rows'
-        result = verify(
-            logits,
-            drafts.token_ids,
-            [drafts.num_draft_tokens[i] for i in sampling],
-            [r.params for r in reqs],
-            [r.generator for r in reqs],
-            draft_probs=drafts.draft_probs,
-            method=self.spec_config.rejection_sample_method if self.spec_config else "standard",
-            histories=histories if any(h is not None for h in histories) else None,
-            token_bitmask=bitmask,
-        )
-        start = 0
-        for i, toks, n_acc in zip(sampling, result.output_token_ids, result.num_accepted):
-            outcome.output_token_ids[i] = toks
-            outcome.num_accepted[i] = n_acc
-            params = rows[i].request.params
-            if params.logprobs is not None:  # positions start .. start+len(toks)-1 emitted
-                span = slice(start, start + len(toks))
-                outcome.logprobs[i] = position_logprobs(
-                    logits[span], result.logits[span], toks, params, self.logprobs_mode,
-                    self._decode_token,
-                )
-            start += drafts.num_draft_tokens[i] + 1
-        return outcome
-
-    def _decode_token(self, tok: int) -> str | None:
-        """One token's text for a logprobs entry (None without a tokenizer)."""
-        if self.tokenizer is None:
-            return None
-        return self.tokenizer.decode([tok], skip_special_tokens=False)
+        """Record the prompt logprobs rows asked for, then verify every sampling row
+        (``spec/verify_step.py``)."""
+        prompt_logits, logits = prompt_lp.split_logits(
+            forward.logits, [len(r) for r in forward.prompt_rows],
+            [drafts.num_draft_tokens[i] + 1 if row.samples else 0 for i, row in enumerate(rows)])
+        for row, s, pr, lg in zip(rows, forward.starts, forward.prompt_rows, prompt_logits):
+            prompt_lp.record(row.request, s, pr, lg, self._decode_token)
+        method = self.spec_config.rejection_sample_method if self.spec_config else "standard"
+        return verify_rows(rows, drafts, logits, self.grammars, method, self.logprobs_mode,
+                           self._decode_token)
 
     def _commit(
-        self,
-        rows: list[ScheduledRow],
-        drafts: StepDrafts,
-        outcome: StepOutcome,
-        hidden_states: dict[int, torch.Tensor],
-        starts: list[int],
-        drafting: bool = True,
-    ) -> list[RequestOutput]:
-        """Commit row by row (:meth:`_commit_row`), then feed back (when a row could draft:
-        ``drafting``), then build outputs."""
-        offsets = [0]
-        for i, row in enumerate(rows):
-            offsets.append(offsets[-1] + row.num_new_tokens + drafts.num_draft_tokens[i])
+        self, rows: list[ScheduledRow], drafts: StepDrafts, outcome: StepOutcome,
+        forward: StepForward,
+    ) -> Committed:
+        """Row by row: emit its verified tokens (:meth:`_emit`), then commit its cache
+        state (:meth:`_commit_cache`). A row's failure here is its own."""
         now = time.monotonic()
-        progressed: list[Request] = []
-        failed: list[RequestOutput] = []
+        committed = Committed()
         for i, row in enumerate(rows):
             if row.request.status.finished:  # a sibling sample failed earlier in this loop
                 outcome.output_token_ids[i] = None
                 continue
             try:  # detokenizing, stop strings, a row's draft state: its failure is its own
-                self._commit_row(i, row, drafts, outcome, hidden_states, starts[i], offsets[i], now)
+                self._emit(i, row, drafts, outcome, now)
+                self._commit_cache(i, row, drafts, outcome, forward, now)
             except Exception as exc:  # noqa: BLE001 - this row fails alone
-                failed.append(self._fail(row.request, exc))
+                committed.failed.append(self._fail(row.request, exc))
                 continue
             if outcome.output_token_ids[i] is not None:
-                progressed.append(row.request)
-        if self.spec is not None and drafting:
+                committed.progressed.append(row.request)
+        return committed
+
+    def _feedback(
+        self, rows: list[ScheduledRow], drafts: StepDrafts, outcome: StepOutcome,
+        committed: Committed,
+    ) -> list[RequestOutput]:
+        """The proposers and adaptive depth learn from the verdict (when a row could
+        draft), then one output per request the user sent."""
+        progressed, failed = committed.progressed, committed.failed
+        if self.spec is not None and any(row.max_draft for row in rows):
             try:
                 self.spec.feedback(rows, drafts, outcome)
             except Exception as exc:  # noqa: BLE001 - tokens are committed: no retry is right
@@ -475,9 +422,70 @@ class LLMEngine:
                            if n}
                 hit = {req.req_id for req in progressed
                        if req.req_id in drafted and not req.status.finished}
-                failed += [self._fail(req, exc) for req in progressed if req.req_id in hit]
+                failed = failed + [self._fail(req, exc) for req in progressed
+                                   if req.req_id in hit]
                 progressed = [req for req in progressed if req.req_id not in hit]
         return self._outputs(progressed) + failed
+
+    # -- commit, per row: tokens out, then cache state ----------------------------------
+
+    def _emit(
+        self, i: int, row: ScheduledRow, drafts: StepDrafts, outcome: StepOutcome, now: float
+    ) -> None:
+        """Row ``i``'s verified tokens become output: appended up to a stop, the grammar
+        moved through them, their provenance and logprobs kept. A stop inside the block
+        cuts ``outcome``'s row there, so nothing past it counts anywhere."""
+        req, toks = row.request, outcome.output_token_ids[i]
+        if toks is None:  # a prefill chunk that does not reach the end yet
+            return
+        if req.first_token_time is None:
+            req.first_token_time = now
+        kept = append_tokens(req, toks)
+        if req.parent is not None and req.parent.pending:
+            self._release_pending(req.parent)
+        self.stats.num_generated_tokens += kept
+        if req.grammar is not None:  # the grammar moves through committed tokens only
+            consume_committed(req.grammar, req.new_token_ids, req.params,
+                              req.num_output_tokens - len(req.new_token_ids))
+        if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
+            outcome.output_token_ids[i] = toks[:kept]
+            outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
+        if req.provenance is not None:
+            req.provenance += self._provenance(i, drafts, outcome)[:kept]
+        lps = outcome.logprobs[i] if outcome.logprobs else None
+        if lps is not None:
+            kept_lps = lps[:kept]
+            req.logprobs = (req.logprobs or []) + kept_lps
+            req.cumulative_logprob = (req.cumulative_logprob or 0.0) + sum(
+                lp[t].logprob for lp, t in zip(kept_lps, toks))
+
+    def _commit_cache(
+        self, i: int, row: ScheduledRow, drafts: StepDrafts, outcome: StepOutcome,
+        forward: StepForward, now: float,
+    ) -> None:
+        """Row ``i``'s cache state: finished, it returns its blocks (its full verified ones
+        stay in the prefix cache); else the drafters' frontiers move, the K/V of its
+        rejected drafts is rolled back (``cache/rollback.py``) and the scheduler commits."""
+        from draftwise.cache.rollback import rollback
+
+        req, start = row.request, forward.starts[i]
+        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
+        computed = start + row.num_new_tokens + n_acc
+        if req.status.finished:  # tokens past a stop are dropped with all the blocks
+            req.finished_time = now
+            # its full blocks of verified K/V stay reusable (the draft owners' frontier is
+            # the one before this step: smaller, so safe to mark ready for drafts)
+            verified = min(computed, len(req.all_token_ids))
+            unsampled = outcome.output_token_ids[i] is None
+            self.scheduler.finish(req, req.status, None if unsampled else verified,
+                                  self._drafts_ready(req.req_id, verified))
+            self._release_state(req.req_id)
+            return
+        if self.spec is not None:
+            self.spec.commit_row(req.req_id, i, drafts, start, computed,
+                                 forward.hidden_states, forward.offsets[i])
+        rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
+        self.scheduler.commit(req, computed, self._drafts_ready(req.req_id, computed))
 
     def _outputs(self, progressed: list[Request]) -> list[RequestOutput]:
         """One output per request the user sent, however many of its samples moved."""
@@ -493,58 +501,11 @@ class LLMEngine:
                 out.append(self._make_output(req, moved[id(req.parent)]))
         return out
 
-    def _commit_row(
-        self,
-        i: int,
-        row: ScheduledRow,
-        drafts: StepDrafts,
-        outcome: StepOutcome,
-        hidden_states: dict[int, torch.Tensor],  # layer -> [T, hidden], the whole step's
-        start: int,
-        offset: int,  # row i's first token in the step's flat batch
-        now: float,
-    ) -> None:
-        """One row: append its verified tokens, move its draft state, keep the K/V of its
-        accepted drafts and roll back the rest (``cache/rollback.py``), or finish it."""
-        from draftwise.cache.rollback import rollback
-
-        req, toks = row.request, outcome.output_token_ids[i]
-        if toks is not None:  # None: a prefill chunk that does not reach the end yet
-            if req.first_token_time is None:
-                req.first_token_time = now
-            kept = append_tokens(req, toks)
-            if req.parent is not None and req.parent.pending:
-                self._release_pending(req.parent)
-            self.stats.num_generated_tokens += kept
-            if req.grammar is not None:  # the grammar moves through committed tokens only
-                consume_committed(req.grammar, req.new_token_ids, req.params,
-                                  req.num_output_tokens - len(req.new_token_ids))
-            if kept < len(toks):  # a stop inside the block: nothing past it counts anywhere
-                outcome.output_token_ids[i] = toks[:kept]
-                outcome.num_accepted[i] = min(outcome.num_accepted[i], kept)
-            if req.provenance is not None:
-                req.provenance += self._provenance(i, drafts, outcome)[:kept]
-            lps = outcome.logprobs[i] if outcome.logprobs else None
-            if lps is not None:
-                kept_lps = lps[:kept]
-                req.logprobs = (req.logprobs or []) + kept_lps
-                req.cumulative_logprob = (req.cumulative_logprob or 0.0) + sum(
-                    lp[t].logprob for lp, t in zip(kept_lps, toks))
-        n_acc, nd = outcome.num_accepted[i], drafts.num_draft_tokens[i]
-        computed = start + row.num_new_tokens + n_acc
-        if req.status.finished:  # tokens past a stop are dropped with all the blocks
-            req.finished_time = now
-            # its full blocks of verified K/V stay reusable (the draft owners' frontier is
-            # the one before this step: smaller, so safe to mark ready for drafts)
-            verified = min(computed, len(req.all_token_ids))
-            self.scheduler.finish(req, req.status, None if toks is None else verified,
-                                  self._drafts_ready(req.req_id, verified))
-            self._release_state(req.req_id)
-            return
-        if self.spec is not None:
-            self.spec.commit_row(req.req_id, i, drafts, start, computed, hidden_states, offset)
-        rollback(self.kv, [req.req_id], [computed], [nd], [n_acc], self.runner.states)
-        self.scheduler.commit(req, computed, self._drafts_ready(req.req_id, computed))
+    def _decode_token(self, tok: int) -> str | None:
+        """One token's text for a logprobs entry (None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def _drafts_ready(self, req_id: str, computed: int) -> int:
         """Leading tokens every own-KV drafter has written (their blocks are ready for

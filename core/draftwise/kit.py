@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         RefusedValueError,
         SpeculativeConfig,
     )
-    from draftwise.drafting import pick_draft_tokens
+    from draftwise.spec.drafting import pick_draft_tokens
     from draftwise.formats import nvfp4
     from draftwise.formats.errors import ModelFormatError
     from draftwise.formats.gguf import GGUFCheckpoint
@@ -145,7 +145,7 @@ _HOME: dict[str, str] = {
     "SpeculativeConfig": "draftwise.config",
     "MTP_MODEL_TYPES": "draftwise.config",
     # drafting and sampling helpers
-    "pick_draft_tokens": "draftwise.drafting",
+    "pick_draft_tokens": "draftwise.spec.drafting",
     "argmax_rows": "draftwise.sampling",
     "categorical": "draftwise.sampling",
     "draw_uniforms": "draftwise.sampling",

@@ -15,7 +15,7 @@ from draftwise.engine import LLMEngine, PromptType
 from draftwise.engine_args import EngineArgs
 from draftwise.request import RequestOutput
 from draftwise.sampling import SamplingParams
-from draftwise.spec_params import SpeculativeParams
+from draftwise.spec.params import SpeculativeParams
 
 Message = dict[str, Any]
 

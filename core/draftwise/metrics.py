@@ -235,6 +235,10 @@ class RequestSpecDecodeMetrics:
     detailed: bool = False
     per_step_accepted: list[int] = field(default_factory=list)
     per_step_drafted: list[int] = field(default_factory=list)
+    #: what adaptive depth learned of the request (``AcceptanceEstimate.as_dict``), set
+    #: when it ends, so only the final output carries it (rounding its rates on every
+    #: step's output cost ~1% of a one-thread decode step); None: fixed depth, or running
+    adaptive: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.acceptance_histogram = self.acceptance_histogram or [0] * (self.num_spec_tokens + 1)

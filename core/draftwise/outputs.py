@@ -95,10 +95,8 @@ def request_metrics(req: Request) -> dict[str, Any]:
         out["speculative_decoding"] = sd = req.spec.as_dict()
         if req.speculative is not None:
             sd["request_settings"] = req.speculative.model_dump(exclude_defaults=True)
-        if req.acceptance is not None and req.status.finished:
-            # on the final output only (where the server puts the metrics): rounding its
-            # rates on every step's output cost ~1% of a one-thread decode step
-            sd["adaptive"] = req.acceptance.as_dict()
+        if req.spec.adaptive is not None:  # set when the request ended (its final output)
+            sd["adaptive"] = req.spec.adaptive
     if req.provenance is not None:
         out["token_provenance"] = list(req.provenance)
     return out

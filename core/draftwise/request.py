@@ -12,11 +12,10 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from draftwise.adaptive import AcceptanceEstimate
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
     from draftwise.sampling import SamplingParams
-    from draftwise.spec_params import SpeculativeParams
+    from draftwise.spec.params import SpeculativeParams
     from draftwise.structured.matcher import GrammarMatcher
 
 
@@ -90,11 +89,11 @@ class Request:
     spec: RequestSpecDecodeMetrics | None = None
     #: structured output: the grammar state after the committed tokens; None: no grammar
     grammar: GrammarMatcher | None = None
-    # -- per-request speculation control (draftwise.spec_params, draftwise.adaptive) --
-    #: what the request asked of speculation (None: the server's settings as they are)
+    # -- per-request speculation control (draftwise.spec.params) ------------------------
+    #: what the request asked of speculation (None: the server's settings as they are);
+    #: adaptive depth's running estimate of the request is the policy's
+    #: (``DepthPolicy.estimates``), not a field here: a request is plain data
     speculative: SpeculativeParams | None = None
-    #: running acceptance for adaptive depth (None: the engine runs fixed depth)
-    acceptance: AcceptanceEstimate | None = None
     #: per output token: "accepted:<method>", "recovered", "bonus" or "plain" (None:
     #: not asked for)
     provenance: list[str] | None = None

@@ -2,7 +2,7 @@
 
 ``SamplingParams`` mirrors vLLM's fields. Everything that turns target logits into a
 distribution lives here (:func:`process_logits`, :func:`probs_from_logits`), so
-verification (``draftwise.verify``) and probabilistic drafters use exactly the same
+verification (``draftwise.spec.verify``) and probabilistic drafters use exactly the same
 temperature / min-p / top-k / top-p processing as plain sampling.
 
 Randomness: a request with a seed owns a ``torch.Generator``; each row draws its

@@ -23,7 +23,7 @@ from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from draftwise.adaptive import DepthPolicy
+    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.cache.manager import KVCacheManager
 
 
@@ -120,6 +120,10 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req.req_id)
         self.requests.pop(req.req_id, None)
+        if self.depth_policy is not None:  # its estimate ends with it (every end is here)
+            learned = self.depth_policy.forget(req.req_id)
+            if learned is not None and req.spec is not None:
+                req.spec.adaptive = learned
 
     def abort(self, req_id: str) -> Request | None:
         """Abort at any point: queued, mid-prefill or decoding. Blocks are returned."""
@@ -158,14 +162,9 @@ class Scheduler:
             return depths
         adaptive = [r for r in reqs if r.speculative is None
                     or (r.speculative.drafts and r.speculative.adaptive is not False)]
-        for r in adaptive:
-            if r.acceptance is None:
-                r.acceptance = policy.new_estimate()
+        estimates = [policy.estimate(r.req_id) for r in adaptive]
         policy.set_waiting(len(self.waiting))
-        chosen = policy.choose(
-            [r.acceptance for r in adaptive if r.acceptance is not None],
-            [depths[r.req_id] for r in adaptive],
-        )
+        chosen = policy.choose(estimates, [depths[r.req_id] for r in adaptive])
         depths.update((r.req_id, n) for r, n in zip(adaptive, chosen))
         return depths
 

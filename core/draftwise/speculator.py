@@ -351,7 +351,7 @@ class DraftRow:
     generator: torch.Generator | None = None
     #: the committed history its logits are processed with (penalties, bias, masks), when
     #: ``params`` asks for any; pass ``history.after(drafts_so_far)`` to
-    #: ``draftwise.drafting.pick_draft_tokens`` so drafts follow the target's processing
+    #: ``draftwise.spec.drafting.pick_draft_tokens`` so drafts follow the target's processing
     history: TokenHistory | None = None
     #: ``own_kv_cache``: leading positions whose entries in your KV are right; a
     #: ``needs_target_hidden`` reader without KV: the first position of ``hidden``'s rows

@@ -11,7 +11,7 @@ around it rather than inside it.
   serialized (two drivers also race on adding requests and reading outputs).
 - **Failure isolation.** A step's rows are re-run one by one; the row that fails alone is
   failed alone and the others go on. That is right because nothing outside a step's own
-  records changes before commit (``draftwise.step``), so a step can be run again for any
+  records changes before commit (``draftwise.spec.step``), so a step can be run again for any
   subset of its rows.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -29,12 +28,12 @@ from draftwise.errors import EngineBusyError
 if TYPE_CHECKING:
     from draftwise.request import Request, RequestOutput
     from draftwise.scheduler import ScheduledRow, Scheduler
+    from draftwise.step_clock import StepClock
 
 logger = logging.getLogger("draftwise.engine")
 
-#: runs propose -> forward -> verify -> commit -> feedback for rows; the float is the
-#: step's start (``time.perf_counter()``), for the schedule phase's timing
-RunRows = Callable[[list["ScheduledRow"], float], list["RequestOutput"]]
+#: runs propose -> forward -> verify -> commit -> feedback for rows, timed on the clock
+RunRows = Callable[[list["ScheduledRow"], "StepClock"], list["RequestOutput"]]
 
 
 class StepGuard:
@@ -65,15 +64,17 @@ class StepGuard:
         finally:
             self._lock.release()
 
-    def run(self, rows: list[ScheduledRow], t0: float, run_rows: RunRows) -> list[RequestOutput]:
-        """``run_rows(rows, t0)``; if it raises, each row is re-run alone (:meth:`isolate`)."""
+    def run(
+        self, rows: list[ScheduledRow], clock: StepClock, run_rows: RunRows
+    ) -> list[RequestOutput]:
+        """``run_rows(rows, clock)``; if it raises, each row is re-run alone (:meth:`isolate`)."""
         try:
-            return run_rows(rows, t0)
+            return run_rows(rows, clock)
         except Exception as exc:  # noqa: BLE001 - attributed to a row, or to all of them
-            return self.isolate(rows, exc, run_rows)
+            return self.isolate(rows, exc, clock, run_rows)
 
     def isolate(
-        self, rows: list[ScheduledRow], exc: Exception, run_rows: RunRows
+        self, rows: list[ScheduledRow], exc: Exception, clock: StepClock, run_rows: RunRows
     ) -> list[RequestOutput]:
         """After a failed step: run each row alone; fail only the rows that fail alone.
 
@@ -98,7 +99,7 @@ class StepGuard:
             if retry is None:  # no blocks for it alone now: back to the queue, recomputed later
                 continue
             try:
-                outputs.extend(run_rows([retry], time.perf_counter()))
+                outputs.extend(run_rows([retry], clock.again()))
             except Exception as row_exc:  # noqa: BLE001 - this row fails alone
                 outputs.append(self._fail(req, row_exc))
         return outputs

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-import draftwise.verify
+import draftwise.spec.verify
 from draftwise import LLM, SamplingParams
 from draftwise.request import RequestStatus
 
@@ -52,7 +52,7 @@ class Boom(RuntimeError):
 @pytest.fixture
 def faulty_verify(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """verify() raises whenever the culprit is among its rows; yields the call count."""
-    real = draftwise.verify.verify
+    real = draftwise.spec.verify.verify
     calls = [0]
 
     def verify(logits, flat, num_draft, params, generators, **kw):  # type: ignore[no-untyped-def]
@@ -61,7 +61,7 @@ def faulty_verify(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
             raise Boom("injected fault in one request's sampling")
         return real(logits, flat, num_draft, params, generators, **kw)
 
-    monkeypatch.setattr(draftwise.verify, "verify", verify)
+    monkeypatch.setattr(draftwise.spec.verify, "verify", verify)
     yield calls
 
 

@@ -6,7 +6,7 @@ draft checkpoint that decides it) and exits 0, or prints the refusal on stderr a
 (alias used, method derived from model ...) go to stderr.
 
 A drafter that reads a checkpoint gets the draft stage's own detection
-(:func:`draftwise.draft_stage.detect_member`: the path exists, the format and
+(:func:`draftwise.spec.draft_stage.detect_member`: the path exists, the format and
 architecture from the draft's files, headers only) and, with ``--model``, the loader's
 check against the target's header (vocabulary, hidden size: ``ChecksTarget``). Without
 ``--model`` nothing is compared with a target, since ``generate`` may be given any.
@@ -77,7 +77,7 @@ def check_drafts(
 ) -> ResolvedSpeculativeConfig:
     """Each built member's draft detected (and, with ``model``, checked against the target's
     header) by the draft stage's own code; the config completed from the checkpoints."""
-    from draftwise.draft_stage import detect_member
+    from draftwise.spec.draft_stage import detect_member
     from draftwise.models.inspect import inspect_model, target_header
 
     target_path = None

@@ -36,7 +36,7 @@ def doctor(
     from draftwise import doctor as dr
     from draftwise.bench import load_workload, prompt_ids
     from draftwise.cli.common import build_engine, fail
-    from draftwise.cost_model import measure_costs
+    from draftwise.spec.cost_model import measure_costs
 
     try:
         engine = build_engine(model, speculative_config, dtype, max_num_seqs=1,

@@ -126,7 +126,7 @@ def generate(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-token-ids") from exc
 
-    from draftwise.spec_params import SpeculativeParams
+    from draftwise.spec.params import SpeculativeParams
 
     # --json reports where each token came from (accepted draft / recovered / bonus / plain)
     spec_params = SpeculativeParams(return_provenance=True) if as_json else None

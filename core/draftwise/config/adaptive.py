@@ -3,7 +3,7 @@
 Opt-in: ``true`` takes every default, an object sets some of them, ``false`` (or no key)
 is fixed depth. Each key is checked by name like the rest of the config: an unknown key
 is refused with a did-you-mean, a bad value names the key and the bound. What the
-settings do is :mod:`draftwise.adaptive`'s business; this module only checks them.
+settings do is :mod:`draftwise.spec.adaptive`'s business; this module only checks them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class AdaptiveConfig(BaseModel):
     #: and the rows left pay for its verify tokens). One row: the same choice either way
     objective: Literal["auto", "throughput", "fair"] = "auto"
     #: rest a batch whose lookups verified no draft for probe_interval steps in a row:
-    #: nobody drafts for a while, backed off like a probe (``draftwise.batch_rest``)
+    #: nobody drafts for a while, backed off like a probe (``draftwise.spec.batch_rest``)
     batch_rest: bool = True
     #: keep the measured cost model in a file cache (per model, dtype, threads, k grid)
     cost_cache: bool = True

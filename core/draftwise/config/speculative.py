@@ -84,7 +84,7 @@ class ResolvedSpeculativeConfig:
     #: ``"draftwise": {"adaptive": ...}``: acceptance-driven depth, the default (None:
     #: fixed depth, ``"adaptive": false`` or a drafter's own confidence stop).
     #: Precedence per row: the request's limit and the batch-size schedule cap k, then
-    #: adaptive picks a depth in 0..cap (``draftwise.adaptive``)
+    #: adaptive picks a depth in 0..cap (``draftwise.spec.adaptive``)
     adaptive: AdaptiveConfig | None = None
     #: ``"draftwise": {"confidence_threshold": t}`` (DeepSpec's ``--confidence-threshold``):
     #: verify only the drafts before the first one the drafter's confidence head scores

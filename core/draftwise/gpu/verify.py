@@ -1,6 +1,6 @@
 """The verify step on device: greedy acceptance and rejection sampling in one Triton kernel.
 
-The rule is :mod:`draftwise.verify`'s ``standard`` method, unchanged (its module doc has
+The rule is :mod:`draftwise.spec.verify`'s ``standard`` method, unchanged (its module doc has
 the vocabulary): a greedy request accepts drafts while each equals the target's argmax
 and emits the argmax at the stop; a random request accepts draft ``x`` at position ``j``
 with probability min(1, p(x)/q(x)) (q one-hot when the proposer gave no
@@ -8,7 +8,7 @@ with probability min(1, p(x)/q(x)) (q one-hot when the proposer gave no
 normalize(max(p - q, 0)) or, after accepting everything, the bonus token from p.
 
 What stays on the host, and why: the inputs are checked and the logits processed by the
-CPU verify's own code (:func:`draftwise.verify._prepare`, the token bitmask, and
+CPU verify's own code (:func:`draftwise.spec.verify._prepare`, the token bitmask, and
 :meth:`SamplingMetadata.probs` for p), so the two paths cannot drift on what p is; the
 uniforms are drawn on the host from each request's own ``torch.Generator``
 (:func:`draftwise.sampling.draw_uniforms`, the same draws in the same order as the CPU
@@ -34,7 +34,7 @@ from draftwise.gpu.device import check_kernel_device, is_interpreted
 from draftwise.logits_process import TokenHistory
 from draftwise.sampling import SamplingMetadata, SamplingParams, draw_uniforms
 from draftwise.structured.masks import apply_token_bitmask
-from draftwise.verify import (
+from draftwise.spec.verify import (
     PLACEHOLDER_TOKEN_ID,
     VerifyInputError,
     VerifyMethod,
@@ -67,7 +67,7 @@ def verify_on_device(
     histories: Sequence[TokenHistory | None] | None = None,  # [B]
     token_bitmask: np.ndarray | None = None,  # [sum(num_draft_tokens) + B, ceil(V / 32)]
 ) -> VerifyResult:
-    """:func:`draftwise.verify.verify`'s contract, computed by the Triton kernel."""
+    """:func:`draftwise.spec.verify.verify`'s contract, computed by the Triton kernel."""
     from draftwise.gpu.triton_verify import next_power_of_2, verify_kernel
 
     b = _prepare(target_logits, draft_token_ids, num_draft_tokens, sampling, generators,
@@ -75,7 +75,7 @@ def verify_on_device(
     if b.method is not VerifyMethod.STANDARD:
         raise DeviceVerifyError(
             f"method {b.method.value!r} has no device kernel; use method 'standard' on the "
-            "device, or the CPU verify (draftwise.verify.verify), which runs both")
+            "device, or the CPU verify (draftwise.spec.verify.verify), which runs both")
     logits = apply_token_bitmask(b.logits, token_bitmask).contiguous()  # [T, V]
     device = logits.device
     check_kernel_device(verify_kernel, logits)

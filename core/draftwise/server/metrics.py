@@ -218,7 +218,7 @@ def cost_model_gauges(registry: CollectorRegistry, cost: Any, model_name: str) -
 
 
 def batch_rest_gauges(registry: CollectorRegistry, rest: Any, model_name: str) -> None:
-    """How often adaptive depth's batch rested (``draftwise.batch_rest``), read at scrape
+    """How often adaptive depth's batch rested (``draftwise.spec.batch_rest``), read at scrape
     time: rests taken, and steps rested (no row drafted)."""
     for name, doc, attr in (
         ("spec_decode_batch_rests", "Times the batch rested: its drafts were not verified "

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from draftwise.spec_params import SpeculativeParams
+from draftwise.spec.params import SpeculativeParams
 
 
 class _Strict(BaseModel):
@@ -60,7 +60,7 @@ class _SamplingFields(_Strict):
     #: draftwise extra: return per-request spec-decode metrics (default: the server flag);
     #: "provenance" also returns each output token's provenance (streamed per chunk)
     return_spec_metrics: bool | Literal["provenance"] | None = None
-    # -- draftwise extra: per-request speculation (draftwise.spec_params) -----------------
+    # -- draftwise extra: per-request speculation (draftwise.spec.params) -----------------
     #: e.g. {"enabled": false}, {"num_speculative_tokens": 2}, {"method": "ngram"}: narrows
     #: the server's speculative config for this request only; unknown keys are a 400
     speculative: SpeculativeParams | None = None

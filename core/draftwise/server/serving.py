@@ -24,7 +24,7 @@ from draftwise.errors import RequestError
 from draftwise.formats.errors import ChatTemplateError
 from draftwise.request import CompletionOutput, RequestOutput
 from draftwise.sampling import SamplingParams
-from draftwise.spec_params import SpeculativeParams, check_against
+from draftwise.spec.params import SpeculativeParams, check_against
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error
 from draftwise.server.grammar_worker import GrammarWorker

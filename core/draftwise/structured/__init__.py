@@ -4,7 +4,8 @@
 turns it into a matcher over the model's vocabulary (llguidance, cached), ``matcher.py``
 keeps a request's grammar state at its committed tokens, and ``masks.py`` computes a
 step's masks at every verified position (through the drafts, rolled back) and applies
-them to the target's logits in ``verify.py``, so speculation keeps the output lossless.
+them to the target's logits in ``spec/verify.py``, so speculation keeps the output
+lossless. Cutting a draft at a refused token is speculation's (``spec/grammar_trim.py``).
 """
 
 from draftwise.structured.params import StructuredOutputsParams

@@ -1,6 +1,6 @@
 """A step's grammar masks: one bitmask row per verified position, and applying them.
 
-Layout: the same as ``verify.py``'s logits. Row ``r`` of the step owns ``num_draft[r] + 1``
+Layout: the same as ``spec/verify.py``'s logits. Row ``r`` of the step owns ``num_draft[r] + 1``
 consecutive rows; its row ``j`` is the mask after the request's committed tokens plus
 ``drafts[:j]``. llguidance computes all of a request's rows in one call
 (``fill_next_token_bitmask_par_with_draft_tokens``): it walks the matcher through the

@@ -9,8 +9,8 @@ import torch
 
 from draftwise.gpu.verify import DeviceVerifyError, verify_on_device
 from draftwise.sampling import SamplingParams, make_generator
-from draftwise.verify import verify
-from tests.core.test_verify import (
+from draftwise.spec.verify import verify
+from tests.core.spec.test_verify import (
     GREEDY,
     LENGTH,
     chain_tables,
@@ -61,7 +61,7 @@ def test_greedy_tables(device):
     (True, (SamplingParams(temperature=0.7, top_k=4), 0.7, 4)),
 ])
 def test_output_distribution_is_the_target(device, probabilistic, setting):
-    """tests/core/test_verify.py's chi-square test (which fails for each wrong rule in its
+    """tests/core/spec/test_verify.py's chi-square test (which fails for each wrong rule in its
     WRONG_RULES table) with the device kernel as the verify."""
     target, draft = chain_tables()
     params, temperature, top_k = setting

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from draftwise.batch_rest import BatchRest
-from draftwise.cost_model import CostModel
+from draftwise.spec.batch_rest import BatchRest
+from draftwise.spec.cost_model import CostModel
 from draftwise.metrics import SpecDecodingStats
 from draftwise.server.metrics import ServerMetrics
 

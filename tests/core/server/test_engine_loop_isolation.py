@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-import draftwise.verify
+import draftwise.spec.verify
 from draftwise import LLMEngine, SamplingParams
 from draftwise.engine_args import EngineArgs
 from draftwise.server.engine_loop import EngineLoop, RequestFailed
@@ -39,14 +39,14 @@ def test_the_culprit_gets_an_error_and_the_victim_its_tokens(
             if out.finished:
                 want = out.outputs[0].token_ids
 
-    real = draftwise.verify.verify
+    real = draftwise.spec.verify.verify
 
     def verify(logits, flat, num_draft, params, generators, **kw):  # type: ignore[no-untyped-def]
         if any(p.max_tokens == CULPRIT_MAX_TOKENS for p in params):
             raise RuntimeError("injected fault")
         return real(logits, flat, num_draft, params, generators, **kw)
 
-    monkeypatch.setattr(draftwise.verify, "verify", verify)
+    monkeypatch.setattr(draftwise.spec.verify, "verify", verify)
 
     async def consume(loop: EngineLoop, rid: str, params: SamplingParams) -> list[int]:
         stream = await loop.submit(rid, lambda _e: ({"prompt_token_ids": PROMPT}, params))

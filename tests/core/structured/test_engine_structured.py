@@ -124,7 +124,7 @@ def test_sampled_draft_model_refused_tokens_are_verified(target: Path, draft: Pa
     refused tokens: they reach verify (masks past them unwritten, rejected for certain)
     and the law of the outputs stays speculation off's. (Here q puts almost nothing on
     the allowed letters, so the old cut was nearly harmless; its bias is shown exactly in
-    ``test_drafts.py``. The old cut never let a draft of this model reach verify.)"""
+    ``tests/core/spec/test_grammar_trim.py``. The old cut never let a draft of this model reach verify.)"""
     n = 1500
     off = sampled(LLM(model=str(target), dtype="bfloat16", max_num_seqs=256), n)
     llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=256, speculative_config={

@@ -15,7 +15,7 @@ from draftwise.structured.masks import (
     apply_token_bitmask,
     bitmask_width,
 )
-from draftwise.verify import VerifyInputError, rejection_sample_reference, verify
+from draftwise.spec.verify import VerifyInputError, rejection_sample_reference, verify
 
 VOCAB = 40
 

@@ -218,7 +218,7 @@ def test_prefix_cache_hits_drop_the_block_whose_head_entry_reads_the_next_token(
 def test_probabilistic_drafting_hands_verify_the_heads_q(hybrid_dir, monkeypatch) -> None:
     """draft_sample_method "probabilistic": the head samples and returns its q (the same
     pick_draft_tokens the draft_model chi-square test checks), greedy rows stay argmax."""
-    import draftwise.verify as verify_mod
+    import draftwise.spec.verify as verify_mod
 
     seen: list[object] = []
     real = verify_mod.verify

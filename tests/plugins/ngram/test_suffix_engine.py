@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftwise import LLM, SamplingParams
-from draftwise.spec_params import SpeculativeParams
+from draftwise.spec.params import SpeculativeParams
 
 pytestmark = pytest.mark.default_model
 

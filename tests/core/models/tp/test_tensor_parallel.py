@@ -27,7 +27,7 @@ from draftwise.engine_args import EngineArgs
 from draftwise.models.tp.errors import TensorParallelConfigError
 from draftwise.request import RequestOutput
 from draftwise.sampling import SamplingParams
-from draftwise.spec_params import SpeculativeParams
+from draftwise.spec.params import SpeculativeParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}

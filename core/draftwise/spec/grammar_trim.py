@@ -1,7 +1,8 @@
 """Cut each row's draft at the first token its grammar refuses, before the forward.
 
 A draft token the grammar forbids can never be accepted (its p is 0 once the mask is
-applied, ``masks.py``), and every token after it in the same draft is then never reached.
+applied, ``structured/masks.py``), and every token after it in the same draft is then
+never reached.
 Feeding them to the target is pure cost: on CPU each extra position of a decode step is
 a few milliseconds. So after propose, each grammar row keeps only its longest prefix the
 grammar accepts (``LLMatcher.validate_tokens``: no state change, tens of microseconds).
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from draftwise.step import StepDrafts
+from draftwise.spec.step import StepDrafts
 from draftwise.structured.matcher import GrammarMatcher
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise import verify as verify_mod
+from draftwise.spec import verify as verify_mod
 from draftwise.sampling import SamplingMetadata, SamplingParams, make_generator, sample
-from draftwise.verify import (
+from draftwise.spec.verify import (
     MAX_SPEC_LEN,
     PLACEHOLDER_TOKEN_ID,
     VerifyInputError,

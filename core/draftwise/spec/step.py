@@ -1,7 +1,9 @@
-"""The typed records one engine step passes from propose to commit.
+"""The typed records one engine step passes from propose to feedback.
 
 ``LLMEngine.step`` reads schedule -> propose -> forward -> verify -> commit -> feedback;
-each phase hands the next one of these, never a side dictionary keyed by request id.
+each phase hands the next one of these (propose a :class:`StepDrafts`, forward a
+:class:`StepForward`, verify a :class:`StepOutcome`), never a side dictionary keyed by
+request id nor a field of the engine.
 Rows are the step's scheduled rows, in order; row ``i`` of every list below is row ``i``
 of the schedule. Nothing here is committed anywhere: a step that fails before commit can
 be run again for any subset of its rows.
@@ -48,6 +50,9 @@ class StepDrafts:
     #: row's q is not one-hot); empty: nothing was cut. Verify's token after the row's
     #: last kept draft says whether it would have held (:meth:`made_outcome`)
     first_dropped: list[int | None] = field(default_factory=list)
+    #: seconds the drafters ran, on adaptive depth's clock (0: not timed, or nothing was
+    #: drafted): the step's price leaves it out of the rest (``draftwise.step_clock``)
+    draft_seconds: float = 0.0
 
     @classmethod
     def none(cls, num_rows: int) -> StepDrafts:
@@ -75,7 +80,7 @@ class StepDrafts:
         context, the earlier drafts, a drafter's evidence fixed before it drafted): a
         shorter draft then only changes how many tokens a step emits. A cut decided on a
         dropped draft's own sampled value changes the distribution when its q is not
-        one-hot (``structured.drafts`` keeps such a token instead).
+        one-hot (``spec.grammar_trim`` keeps such a token instead).
         """
         if keep == list(self.num_draft_tokens):
             return self
@@ -111,6 +116,7 @@ class StepDrafts:
             evidence=list(self.evidence),
             num_made=list(self.num_made or self.num_draft_tokens),
             first_dropped=first,
+            draft_seconds=self.draft_seconds,
         )
 
     def made_outcome(
@@ -142,6 +148,31 @@ def _one_hot(probs: torch.Tensor | None, pos: int) -> bool:
 
 
 @dataclass(slots=True)
+class StepForward:
+    """The target forward's result, and where each row sits in it: what verify reads
+    (the logits) and what commit reads (the rows' positions, the hidden-state taps)."""
+
+    #: ``[num_rows]`` each row's first fed position (its computed tokens before the step)
+    starts: list[int]
+    #: ``[num_rows]`` the row's prompt positions whose logits ``prompt_logprobs`` records
+    #: (they come first among the row's logits rows)
+    prompt_rows: list[list[int]]
+    #: ``[num_logits_rows, vocab]`` float32: per row its prompt rows, then, where it
+    #: samples, one row per draft plus one
+    logits: torch.Tensor
+    #: layer -> ``[num_tokens, hidden]``, the taps the drafters read (empty: none asked)
+    hidden_states: dict[int, torch.Tensor]
+    #: ``[num_rows + 1]`` where each row's tokens start in the flat batch (new tokens then
+    #: drafts); the last entry is the tokens fed
+    offsets: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the forward fed (every row's new tokens and drafts)."""
+        return self.offsets[-1]
+
+
+@dataclass(slots=True)
 class StepOutcome:
     """What verification decided, per row: the one input of commit and feedback."""
 
@@ -154,4 +185,4 @@ class StepOutcome:
     logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
 
 
-__all__ = ["StepDrafts", "StepOutcome"]
+__all__ = ["StepDrafts", "StepForward", "StepOutcome"]

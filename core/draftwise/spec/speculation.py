@@ -33,10 +33,10 @@ from draftwise.errors import DraftwiseError
 from draftwise.logits_process import token_history
 from draftwise.metrics import SpecDecodingLogging, SpecDecodingStats
 from draftwise.speculator import DraftInput, DraftRow, Drafts, Proposer, ReportsStats, VerifyOutcome
-from draftwise.step import StepDrafts, StepOutcome
+from draftwise.spec.step import StepDrafts, StepOutcome
 
 if TYPE_CHECKING:
-    from draftwise.adaptive import DepthPolicy
+    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.scheduler import ScheduledRow
 
@@ -104,8 +104,6 @@ class Speculation:
         #: adaptive depth (``"draftwise": {"adaptive": ...}``), set by bootstrap once the
         #: cost model is measured; None: fixed depth
         self.policy: DepthPolicy | None = None
-        #: the last step's drafting time on the policy's clock (0: it drafted nothing)
-        self.last_draft_seconds = 0.0
 
     @property
     def proposers(self) -> list[Proposer]:
@@ -126,7 +124,6 @@ class Speculation:
             for row in rows:  # every step, drafting or not: a frontier starts on admission
                 self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
-        self.last_draft_seconds = 0.0
         if not pending:
             return StepDrafts.none(n)
         # what the drafters process: the drafts they made (adaptive depth prices a draft
@@ -165,9 +162,10 @@ class Speculation:
                 if out.draft_probs is not None:
                     probs[i] = out.draft_probs[cu[j] : cu[j + 1]]
             pending = sorted(still)
-        if self.policy is not None:
-            self.last_draft_seconds = clock() - t0
-            self.policy.cost.observe_draft(self.last_draft_seconds, num_made + num_backlog)
+        seconds = 0.0
+        if self.policy is not None:  # the drafters' time, passed on with the drafts
+            seconds = clock() - t0
+            self.policy.cost.observe_draft(seconds, num_made + num_backlog)
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         if len(flat) == 1:  # (one drafting row, the usual case at concurrency 1: no copy)
@@ -175,13 +173,14 @@ class Speculation:
         else:
             token_ids = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, np.int64)
         drafts = StepDrafts(token_ids, counts, owner, self._draft_probs(pieces, probs),
-                            kv_valid, evidence)
+                            kv_valid, evidence, draft_seconds=seconds)
         evidence = evidence_to_cut_on(evidence, probs)
         if self.policy is not None:
             if any(v is not None for v in evidence):
                 # adaptive depth, the drafts and their evidence known: verify what pays
+                estimates = self.policy.estimates
                 drafts = drafts.cut(self.policy.cut(
-                    [r.request.acceptance for r in rows], counts, evidence))
+                    [estimates.get(r.request.req_id) for r in rows], counts, evidence))
             self.policy.rest.step_verified(any(drafts.num_draft_tokens))
         return drafts
 
@@ -355,7 +354,8 @@ class Speculation:
         for i, row in enumerate(rows):
             pid, nd = drafts.owner[i], drafts.num_draft_tokens[i]
             toks = outcome.output_token_ids[i]
-            est = row.request.acceptance
+            est = (self.policy.estimates.get(row.request.req_id) if self.policy is not None
+                   else None)
             if self.policy is not None and est is not None and row.max_draft and toks is not None:
                 ev = drafts.evidence[i] if drafts.evidence else None
                 made, held, known = drafts.made_outcome(i, outcome.num_accepted[i], toks)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.step import StepDrafts
+from draftwise.spec.step import StepDrafts
 
 
 def drafts() -> StepDrafts:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import save_tiny
 
-from draftwise.adaptive import DepthPolicy, choose_depths
+from draftwise.spec.adaptive import DepthPolicy
+from draftwise.spec.depth_rule import choose_depths
 from draftwise.config.adaptive import AdaptiveConfig
-from draftwise.cost_model import (
+from draftwise.spec.cost_model import (
     MAX_STEP_CHANGE,
     MIN_STEPS,
     STEP_WEIGHT,
@@ -179,7 +180,7 @@ def test_one_thread_is_timed_on_its_own_cpu_clock(tmp_path: Path, monkeypatch) -
     import time
 
     from draftwise import LLM
-    from draftwise.cost_model import measure_costs
+    from draftwise.spec.cost_model import measure_costs
 
     path = save_tiny("llama", tmp_path / "m", seed=1)
     llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2)
@@ -199,7 +200,7 @@ def test_drafting_is_timed_on_the_grids_clock(tmp_path: Path, monkeypatch) -> No
     import time
 
     from draftwise import LLM, SamplingParams
-    from draftwise.cost_model import measure_costs
+    from draftwise.spec.cost_model import measure_costs
 
     path = save_tiny("llama", tmp_path / "m", seed=1)
     llm = LLM(model=str(path), dtype="bfloat16", max_num_seqs=2)
@@ -225,7 +226,7 @@ def test_drafting_is_priced_per_draft_made(tmp_path: Path, monkeypatch) -> None:
     runs only the forwards it drafted with, and over the drafts asked its cost read ~3x
     low at k = 8."""
     from draftwise import LLM, SamplingParams
-    from draftwise.cost_model import CostModel
+    from draftwise.spec.cost_model import CostModel
 
     path = save_tiny("llama", tmp_path / "m", seed=1)
     sc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,

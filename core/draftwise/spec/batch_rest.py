@@ -1,6 +1,6 @@
 """A batch whose drafts never get verified stops paying for the decision: it rests.
 
-Adaptive depth decides every step, for every row, whether drafts pay (:mod:`draftwise.adaptive`):
+Adaptive depth decides every step, for every row, whether drafts pay (:mod:`draftwise.spec.adaptive`):
 it reserves a depth, the drafter looks the drafts up, the cut keeps what the evidence
 earns, and verify's outcome is learned from. That bookkeeping is Python, ~0.2 ms a step
 at one row and ~0.65 ms at eight on the 2-core VM (the default model's step: 5.6 and
@@ -9,7 +9,7 @@ tokens a row cost 1.9x one) no evidence the rows meet pays, every step cuts ever
 and the bookkeeping is the whole difference from speculation off: 0.94-0.97x its
 throughput.
 
-So, like a parked row's probes (:meth:`~draftwise.adaptive.DepthPolicy.probe_interval`),
+So, like a parked row's probes (:meth:`~draftwise.spec.adaptive.DepthPolicy.probe_interval`),
 the batch backs off as a whole: after ``probe_interval`` steps in a row at the same batch
 size that asked for drafts and verified none, it rests ``probe_interval`` steps (no row
 drafts, nothing is looked up or observed), and each rest that ends in another such run

@@ -26,7 +26,7 @@ from draftwise.errors import RequestError
 
 class ServerSpeculation(Protocol):
     """What :func:`check_against` reads of the server's speculation
-    (``draftwise.speculation.Speculation`` is one): its k, its chain's members (each
+    (``draftwise.spec.speculation.Speculation`` is one): its k, its chain's members (each
     with a ``method``), and its adaptive-depth policy, if any."""
 
     k: int

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.adaptive import AcceptanceEstimate, DepthPolicy, choose_depths
+from draftwise.spec.adaptive import AcceptanceEstimate, DepthPolicy
+from draftwise.spec.depth_rule import choose_depths
 from draftwise.config.adaptive import AdaptiveConfig
-from draftwise.cost_model import CostModel
+from draftwise.spec.cost_model import CostModel
 
 
 def linear(base: float, per_token: float):
@@ -434,7 +435,7 @@ def test_an_own_kv_drafter_is_charged_only_the_catch_up_before_its_ridealong_dra
     not catch-up. A row back from k = 0 (or its prompt) is catch-up beyond those two."""
     from types import SimpleNamespace
 
-    from draftwise.speculation import catch_up_tokens
+    from draftwise.spec.speculation import catch_up_tokens
 
     def row(num_tokens: int, kv: int) -> SimpleNamespace:
         return SimpleNamespace(token_ids=list(range(num_tokens)), num_kv_computed=kv)
@@ -457,7 +458,7 @@ def test_a_probe_is_cut_like_any_row_and_still_learns() -> None:
     (the engine has seen no evidence yet), its draft is cut on its evidence like any row's,
     and what verify's output says about the dropped draft moves the request's and the
     pool's rates for that evidence (the probe is not wasted, and costs no forward)."""
-    from draftwise.step import StepDrafts
+    from draftwise.spec.step import StepDrafts
 
     pol = dear_drafts(prior=0.6, probe_depth=1)
     est = pol.new_estimate()
@@ -513,7 +514,7 @@ def test_a_sampled_draft_is_never_cut_on_its_evidence() -> None:
     draw, and a cut decided on the draw is not lossless."""
     import torch
 
-    from draftwise.speculation import evidence_to_cut_on
+    from draftwise.spec.speculation import evidence_to_cut_on
 
     q = torch.full((2, 4), 0.25)
     assert evidence_to_cut_on([3, 1, None], [None, q, None]) == [3, None, None]

@@ -16,7 +16,7 @@ from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams
 from draftwise.plugins import PluginRegistrationError
-from draftwise.speculation import ProposerOutputError
+from draftwise.spec.speculation import ProposerOutputError
 
 PLUGIN = '''
 from __future__ import annotations

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.step import StepDrafts
-from draftwise.structured.drafts import trim_to_grammar
+from draftwise.spec.step import StepDrafts
+from draftwise.spec.grammar_trim import trim_to_grammar
 
 
 class PrefixMatcher:
@@ -66,7 +66,7 @@ def _first_tokens(method: str, trials: int = 3000) -> np.ndarray:
     token 2 (so p = (.5, .5, 0)), the draft is trimmed, verify emits position 0's token."""
     from draftwise.sampling import SamplingParams
     from draftwise.structured.masks import bitmask_width
-    from draftwise.verify import verify
+    from draftwise.spec.verify import verify
 
     q_row = torch.tensor([0.8, 0.0, 0.2])
     xs = torch.multinomial(q_row, trials, replacement=True,

@@ -26,7 +26,7 @@ from draftwise.config import MissingKeyError, RefusedValueError, ResolvedSpecula
 from draftwise.formats.default_model import check_checkpoint_path
 from draftwise.models.batch import KVCache
 from draftwise.plugins.errors import PluginRegistrationError, ProposerNotBuiltError
-from draftwise.speculation import Drafter, Speculation
+from draftwise.spec.speculation import Drafter, Speculation
 from draftwise.speculator import (
     ChecksTarget,
     DraftCheckpoint,

@@ -10,9 +10,9 @@ With rates p_1..p_k the expected output of a row verifying k drafts is
     E(k) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_k
 
 which for equal rates is the standard (1 - a^(k+1)) / (1 - a). Each step,
-:func:`choose_depths` picks every row's k in 0..cap to maximise the batch's expected
-tokens per second of step time against the measured cost model
-(:class:`~draftwise.cost_model.CostModel`: the forward's grid plus the rest of the step,
+:func:`~draftwise.spec.depth_rule.choose_depths` picks every row's k in 0..cap to maximise
+the batch's expected tokens per second of step time against the measured cost model
+(:class:`~draftwise.spec.cost_model.CostModel`: the forward's grid plus the rest of the step,
 measured as it runs): a draft token is worth adding while the cumulative acceptance it
 buys outweighs the step time it adds, and k = 0 (off) is one of the choices. A row kept
 at 0 gets a probe of ``probe_depth`` drafts every ``probe_interval`` steps, so a request
@@ -45,7 +45,7 @@ reserved and cut on the engine's rates for its evidence from its first decode st
 
 What the cut drops is still learned from: the token verify emits after a row's last kept
 draft is the target's own pick there, and a one-hot draft is accepted exactly when it
-equals it (:meth:`~draftwise.step.StepDrafts.made_outcome`), so the first dropped draft's
+equals it (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`), so the first dropped draft's
 outcome is known at no forward cost. A request whose short matches do hold learns it
 while the engine's rates for them would cut them for ever.
 
@@ -59,17 +59,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from draftwise.batch_rest import BatchRest
+from draftwise.spec.batch_rest import BatchRest
+from draftwise.spec.depth_rule import LOG_MIN_GAIN, MIN_GAIN, choose_depths
 
 if TYPE_CHECKING:
     from draftwise.config.adaptive import AdaptiveConfig
-    from draftwise.cost_model import CostModel
-
-#: relative throughput gain below which a deeper draft is not worth its risk
-MIN_GAIN = 1e-3
-#: the same threshold for the fair objective, which is a sum of logs
-LOG_MIN_GAIN = math.log1p(MIN_GAIN)
-
+    from draftwise.spec.cost_model import CostModel
 
 @dataclass(slots=True)
 class AcceptanceEstimate:
@@ -107,7 +102,7 @@ class AcceptanceEstimate:
         """One step that let the row draft ``num_asked``: ``num_drafted`` came,
         ``num_accepted`` held, of the first ``num_known`` (default: all of them) whose
         outcome is known (a draft cut before verify is known only one position past the
-        kept ones: :meth:`~draftwise.step.StepDrafts.made_outcome`).
+        kept ones: :meth:`~draftwise.spec.step.StepDrafts.made_outcome`).
 
         Position j's n-th observation weighs ``max(weight, 1 / (n + 1 + prior_strength))``:
         the starting rates count as ``prior_strength`` observations (infinitely many by
@@ -157,101 +152,6 @@ class AcceptanceEstimate:
         return out
 
 
-def choose_depths(
-    rates: Sequence[Sequence[float]],
-    draft_rates: Sequence[Sequence[float]],
-    caps: Sequence[int],
-    step_seconds: Callable[[float], float],
-    draft_seconds_per_token: float = 0.0,
-    floors: Sequence[int] | None = None,
-    fair: bool = False,
-) -> list[int]:
-    """Each row's k in ``floors[i]..caps[i]`` maximising the batch's expected rate.
-
-    :param rates: per row, conditional acceptance per position (at least ``caps[i]``).
-    :param draft_rates: per row and position, the chance a draft comes back there.
-    :param step_seconds: forward seconds of this batch given its total (expected) tokens.
-    :param draft_seconds_per_token: proposing cost per draft token.
-    :param floors: per row, drafts it keeps whatever the rule says (rows another rule
-        decided: their tokens still weigh on the step time); None: 0 for every row.
-    :param fair: the objective. False: the batch's expected tokens per second (what a
-        server with requests waiting for a slot wants: a row that finishes sooner lets
-        one in). True: the sum over rows of the log of each row's expected tokens per
-        second (proportional fairness: what a batch with nobody waiting wants, where a
-        row's draft tokens slow every batch-mate and finishing it early frees a slot no
-        one takes; a draft is verified only if it buys its own row more, in ratio, than
-        it costs all the rows together). With one row the two are the same choice.
-
-    Adding draft j of row i buys its cumulative acceptance ``c_ij`` (non-increasing in
-    j) for one token of forward, so the best allocation of any n draft tokens takes the n
-    largest ``c_ij`` (fair: the n largest gains in the log of the row's expected tokens,
-    ``log(E_ij / E_i,j-1)``, also non-increasing in j); the best n is found by walking
-    them in order. Scaling both the gain and the tokens of position j by the chance
-    ``d_ij`` that a draft is made there keeps the order and prices in the drafts the
-    drafter does not make.
-    """
-    # (this runs twice a step: plain loops and comparisons, not min/max calls, keep it a
-    # few microseconds)
-    num_rows = len(caps)
-    floor = list(floors) if floors is not None else [0] * num_rows
-    if not any(caps):
-        return [0] * num_rows
-    fair = fair and num_rows > 1
-    # (order key, row, draft rate, gain): the key is the gain, except that a fair gain is
-    # capped at the row's previous one so that a row's positions stay in order
-    cands: list[tuple[float, int, float, float]] = []
-    gain = tokens = float(num_rows)
-    drafted = log_gain = 0.0  # (fair) sum over rows of log E_i
-    for i, cap in enumerate(caps):
-        cum, row_rates, row_drafts, kept = 1.0, rates[i], draft_rates[i], floor[i]
-        expected, last = 1.0, float("inf")  # (fair) the row's E so far, its last log gain
-        for j in range(cap):
-            p, d = row_rates[j], row_drafts[j]
-            cum *= 1.0 if p > 1.0 else (p if p > 0.0 else 0.0)
-            d = 1.0 if d > 1.0 else (d if d > 0.0 else 0.0)
-            if j < kept:  # kept whatever: part of the step, not a choice
-                expected += d * cum
-                gain, tokens, drafted = gain + d * cum, tokens + d, drafted + d
-            elif fair:
-                step = math.log1p(d * cum / expected)
-                expected += d * cum
-                last = step if step < last else last
-                cands.append((last, i, d, step))
-            else:
-                cands.append((cum, i, d, cum))
-        if fair:
-            log_gain += math.log(expected)
-    if num_rows > 1:  # one row's are in order already: cumulative acceptance never grows
-        cands.sort(key=_by_gain)  # stable: a row's positions stay in order
-    best_n = 0
-    seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-    seconds = seconds if seconds > 1e-12 else 1e-12
-    if fair:
-        best = log_gain - num_rows * math.log(seconds)
-        for n, (_key, _i, d, g) in enumerate(cands, 1):
-            log_gain += g
-            tokens += d
-            drafted += d
-            seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-            value = log_gain - num_rows * math.log(seconds if seconds > 1e-12 else 1e-12)
-            if value > best + LOG_MIN_GAIN:
-                best, best_n = value, n
-    else:
-        best = gain / seconds
-        for n, (cum, _i, d, _g) in enumerate(cands, 1):
-            gain += d * cum
-            tokens += d
-            drafted += d
-            seconds = step_seconds(tokens) + draft_seconds_per_token * drafted
-            tput = gain / (seconds if seconds > 1e-12 else 1e-12)
-            if tput > best * (1.0 + MIN_GAIN):
-                best, best_n = tput, n
-    ks = [min(f, c) for f, c in zip(floor, caps)]
-    for cand in cands[:best_n]:
-        ks[cand[1]] += 1
-    return ks
-
-
 def _lifted(rates: list[float], seen: list[int], pool_seen: list[int]) -> list[float]:
     """``rates`` with each position that neither count reached reading at least the
     position before it (:meth:`DepthPolicy.rates` says why)."""
@@ -260,11 +160,6 @@ def _lifted(rates: list[float], seen: list[int], pool_seen: list[int]) -> list[f
         if out[j] < out[j - 1] and not seen[j] and not pool_seen[j]:
             out[j] = out[j - 1]
     return out
-
-
-def _by_gain(cand: tuple[float, int, float, float]) -> float:
-    """Sort key of :func:`choose_depths`'s candidates: largest cumulative acceptance first."""
-    return -cand[0]
 
 
 @dataclass(slots=True)
@@ -291,8 +186,12 @@ class DepthPolicy:
     #: whether this step's batch weighs each row's rate alike (``choose_depths``'s
     #: ``fair``), set by the scheduler each step through :meth:`set_waiting`
     fair: bool = field(init=False, default=False)
-    #: the batch's back-off when its drafts are never verified (``draftwise.batch_rest``)
+    #: the batch's back-off when its drafts are never verified (``draftwise.spec.batch_rest``)
     rest: BatchRest = field(init=False)
+    #: each request's running acceptance, by request id: the policy's own state, so that
+    #: ``Request`` stays plain data. Made on the request's first adaptive decode step
+    #: (:meth:`estimate`), kept through preemption, dropped when it ends (:meth:`forget`)
+    estimates: dict[str, AcceptanceEstimate] = field(init=False, default_factory=dict)
 
     def set_waiting(self, num_waiting: int) -> None:
         """This step's objective from the settings and whether requests wait for a
@@ -315,6 +214,19 @@ class DepthPolicy:
         pop = self.population
         return AcceptanceEstimate(list(pop.rates), list(pop.draft_rates))
 
+    def estimate(self, req_id: str) -> AcceptanceEstimate:
+        """The request's estimate, started from the population on its first use."""
+        est = self.estimates.get(req_id)
+        if est is None:
+            est = self.estimates[req_id] = self.new_estimate()
+        return est
+
+    def forget(self, req_id: str) -> dict[str, Any] | None:
+        """The request ended: drop its estimate and return what it learned, for the
+        request's final metrics (None: it never used adaptive depth)."""
+        est = self.estimates.pop(req_id, None)
+        return None if est is None else est.as_dict()
+
     def observe(
         self, est: AcceptanceEstimate, num_asked: int, num_drafted: int, num_accepted: int,
         evidence: int | None = None, num_known: int | None = None,
@@ -324,7 +236,7 @@ class DepthPolicy:
 
         ``num_drafted`` counts the drafts made, before any cut, and ``num_known`` the
         leading ones whose outcome is known (None: all): a draft the cut dropped is still
-        learned from where verify's output tells (:meth:`~draftwise.step.StepDrafts.made_outcome`),
+        learned from where verify's output tells (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`),
         so a request whose short matches hold finds out although they are cut.
         """
         w, strength = self.config.ew_weight, self.config.prior_strength
@@ -380,7 +292,7 @@ class DepthPolicy:
         their proposing cost is not charged. Cutting is lossless: fewer drafts verified.
 
         A probe is cut like any row: what the cut drops is still learned from one position
-        past the kept drafts (:meth:`~draftwise.step.StepDrafts.made_outcome`: verify's next
+        past the kept drafts (:meth:`~draftwise.spec.step.StepDrafts.made_outcome`: verify's next
         token is the target's own pick there), so a request, and the engine's pool for its
         evidence, keep measuring the drafts the cut drops. (Before that, a cut probe
         observed nothing: at 8 rows on one thread, with a draft token at ~9% of the step
@@ -484,7 +396,7 @@ class DepthPolicy:
 
     def choose(self, estimates: Sequence[AcceptanceEstimate], caps: Sequence[int]) -> list[int]:
         """This step's depth per decode row (``caps``: each row's most), probes included;
-        none while the batch rests (``draftwise.batch_rest``)."""
+        none while the batch rests (``draftwise.spec.batch_rest``)."""
         if self.rest.resting(len(caps)):
             for est in estimates:
                 est.probing, est.last_k = False, 0
@@ -606,4 +518,4 @@ class DepthPolicy:
         }
 
 
-__all__ = ["AcceptanceEstimate", "DepthPolicy", "choose_depths"]
+__all__ = ["AcceptanceEstimate", "DepthPolicy"]

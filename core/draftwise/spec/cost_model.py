@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from draftwise.cache.manager import KVCacheManager
     from draftwise.runner import ModelRunner
 
-logger = logging.getLogger("draftwise.cost_model")
+logger = logging.getLogger("draftwise.spec.cost_model")
 
 #: weight of the newest step in the drafters' cost per token
 DRAFT_COST_WEIGHT = 0.1

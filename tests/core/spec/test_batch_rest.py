@@ -1,8 +1,8 @@
-"""The batch's back-off when its drafts are never verified (``draftwise.batch_rest``)."""
+"""The batch's back-off when its drafts are never verified (``draftwise.spec.batch_rest``)."""
 
 from __future__ import annotations
 
-from draftwise.batch_rest import BatchRest
+from draftwise.spec.batch_rest import BatchRest
 
 
 def idle(rest: BatchRest, rows: int, steps: int) -> None:
