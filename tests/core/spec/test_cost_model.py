@@ -262,7 +262,7 @@ def test_rows_beyond_the_start_up_ones_are_read_off_time_against_tokens() -> Non
     """Timed: 1 and 2 rows. 4 rows x 1 token is n = 4, timed as 1 row x 4 tokens (and
     2 x 2: their mean); 4 x 3 = 12 lies past the largest n timed (2 x 3 = 6), so it goes
     on at the last segment's slope."""
-    from draftwise.cost_model import estimate_rows
+    from draftwise.spec.cost_model import estimate_rows
 
     tokens = [1, 2, 3]
     timed = [[10.0, 12.0, 14.0], [11.0, 15.0, 21.0]]
@@ -276,7 +276,7 @@ def test_only_the_start_up_rows_are_timed(tmp_path: Path, monkeypatch) -> None:
     """A server of 8 sequences times batches of 1 and 2 rows at start (not 4 and 8); the
     grid still has every batch size, for the engine's own steps to anchor."""
     from draftwise import LLM
-    import draftwise.cost_model as cm
+    import draftwise.spec.cost_model as cm
 
     monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[list[int]] = []
