@@ -311,6 +311,8 @@ class DepthPolicy:
             else:
                 rates.append(self.rates(e) if e is not None else list(self.population.rates))
         floors = [0 if ok else n for ok, n in zip(decided, counts)]
+        if len(counts) == 1 and counts[0] and self.cost.untimed_by_steps(1, 2):
+            floors[0] = max(floors[0], 1)  # a lone row's never-timed price: time it once
         return choose_depths(rates, [self._ones] * len(counts), list(counts),
                              self.step_seconds(len(counts)), floors=floors, fair=self.fair)
 
@@ -420,7 +422,12 @@ class DepthPolicy:
             got = paying.get(depth)
             if got is None:
                 got = paying[depth] = self.probe_could_pay(ks, rates, draft_rates, seconds,
-                                                           depth)
+                                                           depth) or (
+                    # a lone row whose probe the engine never timed: the refusal rests on
+                    # the start-up grid alone, which a busy machine (and its file cache)
+                    # can price far too high (the default model's cached 2-token forward
+                    # at 2.3x a 1-token one: nothing ever drafted); one probe times it
+                    len(ks) == 1 and self.cost.untimed_by_steps(1, 1 + depth))
             return got
 
         for i, (est, cap) in enumerate(zip(estimates, caps)):

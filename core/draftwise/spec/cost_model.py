@@ -104,10 +104,13 @@ class RunningTime:
     value: float = 0.0
     count: int = 0
     first: list[float] = field(default_factory=list)
+    #: the lowest reading (other load only adds time)
+    low: float = float("inf")
 
     def add(self, seconds: float) -> None:
         """One more reading."""
         self.count += 1
+        self.low = min(self.low, seconds)
         if self.count <= MIN_STEPS:
             self.first.append(seconds)
             ordered = sorted(self.first)
@@ -173,22 +176,46 @@ class CostModel:
         per_row = num_tokens // num_rows
         if per_row not in self.tokens_per_row:
             return
-        point = self.steps[self.rows.index(num_rows)][self.tokens_per_row.index(per_row)]
+        i, j = self.rows.index(num_rows), self.tokens_per_row.index(per_row)
+        point = self.steps[i][j]
         point.add(forward)
-        if point.count == MIN_STEPS or point.count % RECALIBRATE_EVERY == 0:
-            # an anchor now, or one that had time to move: recalibrate
+        lowers = self.timed and point.count < MIN_STEPS and forward < self.seconds[i][j]
+        if point.count == MIN_STEPS or point.count % RECALIBRATE_EVERY == 0 or lowers:
+            # an anchor now, one that had time to move, or a first reading under the
+            # price (a grid timed under load): recalibrate
             self.seconds = self.calibrated()
             self.version += 1
 
+    @property
+    def timed(self) -> bool:
+        """Whether the grid was timed on this machine (now or from the file cache), so
+        that other processes' load may have inflated it; a given grid is taken as is."""
+        return self.source in ("measured", "cache")
+
+    def untimed_by_steps(self, num_rows: int, tokens_per_row: int) -> bool:
+        """A timed grid point the engine's own steps never ran: its price is the start-up
+        timing alone (adaptive depth lets a lone row run it once: ``DepthPolicy``)."""
+        if not self.timed or num_rows not in self.rows or tokens_per_row not in self.tokens_per_row:
+            return False
+        i, j = self.rows.index(num_rows), self.tokens_per_row.index(tokens_per_row)
+        return self.steps[i][j].count == 0
+
     def calibrated(self) -> list[list[float]]:
         """The grid the rule reads: per point its engine steps' running time once there
-        were ``MIN_STEPS`` of them (anchors); between a row's anchors, linear in tokens;
+        were ``MIN_STEPS`` of them, or their lowest reading while it is under the start-up
+        timing (anchors); between a row's anchors, linear in tokens;
         beyond them, the nearest anchor scaled by the start-up grid's ratio; a row with
         no anchor, its start-up timing scaled by the anchors' median ratio to theirs."""
         ts, out, ratios = self.tokens_per_row, [], []
         for i, measured in enumerate(self.measured):
-            got = [point.value for point in self.steps[i]]
-            anchors = [j for j, point in enumerate(self.steps[i]) if point.count >= MIN_STEPS]
+            # an anchor: MIN_STEPS readings (their running time), or fewer whose lowest is
+            # under the start-up timing (load only adds time, so a grid timed on a busy
+            # machine, and cached, is pulled down by the first step that ran faster; else a
+            # depth priced out at start-up is never run, so never re-timed)
+            got = [point.value if point.count >= MIN_STEPS else point.low
+                   for point in self.steps[i]]
+            anchors = [j for j, point in enumerate(self.steps[i]) if point.count >= MIN_STEPS
+                       or (self.timed and point.count and point.low < measured[j])]
             ratios += [got[j] / measured[j] for j in anchors if measured[j] > 0]
             row = list(measured)
             for j in range(len(ts)) if anchors else ():

@@ -612,3 +612,19 @@ def test_a_price_that_refuses_every_probe_is_re_measured_past_the_longest_interv
     assert ks == [0, 0, 0, 0, 0, 1] and est.probing
     pol.cost.observe_draft(0.01, 1)  # the probe's draft: the price moves
     assert pol.cost.draft_seconds_per_token < 2.0
+
+
+def test_a_lone_row_times_a_price_the_engine_never_ran_once() -> None:
+    """A timed grid priced a draft out for a lone row (2 tokens at 3x one): no probe could
+    pay, so the depth was never run and its price never re-timed (the default model's
+    cached grid did this, and nothing drafted). The first probe runs anyway, and its
+    drafts are not cut; once the point has a reading, the check decides again."""
+    cost = CostModel([1], [1, 2, 3, 4, 5], [[1.0, 3.0, 3.2, 3.4, 3.6]], source="cache")
+    pol = DepthPolicy(AdaptiveConfig(), 4, cost)
+    est = pol.new_estimate()
+    assert pol.choose([est], [4]) == [1] and est.probing
+    assert pol.cut([est], [1], [1]) == [1]
+    cost.observe_step(1, 2, 2.9, 0.0)  # it really is dear: the refusal stands from now on
+    est2 = pol.new_estimate()
+    assert pol.choose([est2], [4]) == [0]
+    assert pol.cut([est2], [1], [1]) == [0]

@@ -295,3 +295,19 @@ def test_only_the_start_up_rows_are_timed(tmp_path: Path, monkeypatch) -> None:
     assert cost.summary()["timed_rows"] == [1, 2]
     again = LLM(model=str(path), dtype="bfloat16", speculative_config=sc, max_num_seqs=8)
     assert again.engine.spec.policy.cost.timed_rows == (1, 2) and seen == [[1, 2]]
+
+
+def test_a_timed_grid_is_pulled_down_by_the_first_faster_step() -> None:
+    """Load only adds time: a grid timed on a busy machine (and kept in the file cache)
+    priced 2 tokens at 2.3x one; the engine's first 2-token step ran 1.2x, and that one
+    reading is the price at once (a given grid waits for MIN_STEPS, above)."""
+    cm = CostModel([1], [1, 2, 3], [[1.0, 2.3, 2.6]], source="cache")
+    assert cm.untimed_by_steps(1, 2)
+    cm.observe_step(1, 2, 1.2, 0.0)
+    assert cm.seconds[0][1] == pytest.approx(1.2) and cm.version == 1
+    assert not cm.untimed_by_steps(1, 2)
+    cm.observe_step(1, 2, 1.9, 0.0)  # a slower reading does not raise it before MIN_STEPS
+    assert cm.seconds[0][1] == pytest.approx(1.2)
+    given = CostModel([1], [1, 2], [[1.0, 2.3]])
+    given.observe_step(1, 2, 1.2, 0.0)
+    assert given.seconds[0][1] == 2.3 and not given.untimed_by_steps(1, 2)
