@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from draftwise import LLM, SamplingParams
+from spec_sampling import fixed_depth
 
 
 def generate(target: Path, config: dict[str, Any] | None, prompts: Sequence[list[int]],
@@ -174,6 +175,7 @@ def assert_stop_inside_accepted_block(target: Path, config: dict[str, Any], prom
     more after it truncates there: tokens, text, finish and stop reasons, usage, metrics
     and the streamed deltas equal speculation off's, and every block comes back. ``extra``
     (sampling fields) is active throughout."""
+    config = fixed_depth(config)  # the stop is placed inside a k-deep block of the free run
     cuts = _record_commits(monkeypatch)
     free, _ = generate(target, config, [prompt], greedy(**extra))
     ref = free[0].outputs[0].token_ids
@@ -211,6 +213,10 @@ def assert_seeded_samples(target: Path, config: dict[str, Any], prompt: list[int
                           **extra: Any) -> None:
     """Seeded ``n = 3`` under speculation: reproducible, independent, sample ``i`` is the
     single request with ``seed + i``; greedy ``n = 3`` equals speculation off."""
+    # at fixed depth: a seeded row's draws follow its depth, and adaptive depth (the
+    # default) picks depths from this machine's measured step times and the batch, so
+    # under it a seeded sample is not reproducible (docs/sampling.md, [n])
+    config = fixed_depth(config)
     sampled = SamplingParams(n=3, seed=123, temperature=temperature, top_k=3, max_tokens=10,
                              ignore_eos=True, **extra)
     first, llm = generate(target, config, [prompt], sampled)

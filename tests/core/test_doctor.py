@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from tiny_checkpoints import save_tiny
+from spec_sampling import fixed_depth
 
 from draftwise import LLM, SamplingParams
 from draftwise import doctor as dr
@@ -24,8 +25,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_offline_acceptance_equals_online(tiny: Path, k: int) -> None:
+    # fixed depth online: the offline walk drafts k every step, as vLLM does
     online = LLM(model=str(tiny), dtype="bfloat16", max_num_seqs=1,
-                 speculative_config={**NGRAM, "num_speculative_tokens": k})
+                 speculative_config=fixed_depth({**NGRAM, "num_speculative_tokens": k}))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = [online.generate({"prompt_token_ids": p}, params)[0] for p in PROMPTS]
     measured = online.engine.spec.metrics

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from draftwise import LLM, SamplingParams
 from draftwise.cli import cli
+from spec_sampling import fixed_depth
 
 pytestmark = pytest.mark.default_model
 
@@ -64,7 +65,10 @@ def test_k_schedule_by_batch_size_stays_identical(
 ) -> None:
     """num_speculative_tokens_per_batch_size: 1 draft slot per row while 3+ requests run,
     4 once the batch drains to 2; same tokens as speculation off."""
-    config = {**ngram(4), "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 1]]}
+    # fixed depth: the per-position counts below check the schedule's k, which adaptive
+    # depth (the default) would lower further where drafts do not pay
+    config = fixed_depth(
+        {**ngram(4), "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 1]]})
     lengths = [12] * 6 + [MAX_TOKENS] * 2  # six finish early: the last two run as a pair
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
     llm = LLM(speculative_config=config, max_num_seqs=8)

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from draftwise.config.adaptive import AdaptiveConfig
 from draftwise.plugins.manager import DECLARED_ONLY
 
 PLUGIN_SOURCE = '''
@@ -168,6 +169,8 @@ def test_sixth_method_passes_check_config(lookahead: Path) -> None:
         "draft_sample_method": "greedy",
         "rejection_sample_method": "standard",
         "lookahead_window": 4,
+        # a third party's method gets the default depth rule too
+        "draftwise": {"adaptive": AdaptiveConfig().model_dump(mode="json")},
     }
     assert "method 'jacobi' is an alias of 'lookahead'" in result.stderr
 

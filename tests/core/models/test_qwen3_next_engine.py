@@ -69,7 +69,9 @@ def test_mtp_speculation_is_token_identical(hybrid: Path, want: list[list[int]],
     llm = LLM(
         model=str(hybrid),
         dtype="bfloat16",
-        speculative_config={"method": "mtp", "num_speculative_tokens": k},
+        # fixed depth: the witness below counts the head's forwards at k-deep drafts
+        speculative_config={"method": "mtp", "num_speculative_tokens": k,
+                            "draftwise": {"adaptive": False}},
     )
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy())
     assert [o.outputs[0].token_ids for o in outs] == want

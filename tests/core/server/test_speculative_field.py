@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from server_fakes import serving
+from spec_sampling import fixed_depth
 from tiny_checkpoints import TINY, save_tiny, write_wordlevel_tokenizer
 
 from draftwise import LLM, SamplingParams
@@ -93,13 +94,22 @@ def test_plain_metrics_without_provenance(url: str) -> None:
     [
         ({"num_speculative_tokens": 4}, "speculative.num_speculative_tokens"),
         ({"method": "mtp"}, "speculative.method"),
-        ({"adaptive": True}, "speculative.adaptive"),
     ],
 )
 def test_over_the_server_is_a_400(url: str, speculative: dict, param: str) -> None:
     reply = post(url, body(PROMPTS[0], speculative=speculative))
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
+
+
+def test_adaptive_on_a_fixed_depth_server_is_a_400(tiny: Path) -> None:
+    """Adaptive depth is the default, so only a server pinned at fixed depth lacks it."""
+    engine = LLMEngine(EngineArgs(model=str(tiny), dtype="bfloat16",
+                                  speculative_config=fixed_depth(NGRAM), max_num_seqs=2))
+    with serving(engine) as base:
+        reply = post(base, body(PROMPTS[0], speculative={"adaptive": True}))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "speculative.adaptive"
 
 
 def test_unknown_key_is_a_400_naming_it(url: str) -> None:

@@ -15,6 +15,8 @@ SECRET = "/home/alice/private-mount"
 class PathSpecConfig:
     """A resolved config's JSON with absolute drafter paths, top level and in a chain."""
 
+    depth = "adaptive"  # what ``/version`` reports as ``speculative_depth``
+
     def to_json(self) -> dict[str, Any]:
         return {
             "method": "draft_model", "model": f"{SECRET}/SmolLM2-135M.Q8_0.gguf",
@@ -38,6 +40,7 @@ def test_version_names_drafters_by_base_name_without_a_key(serve_fake) -> None:
     chain = spec["draftwise"]["drafter_chain"]
     assert chain[0]["model"] == "dflash-draft" and "model" not in chain[1]
     assert spec["num_speculative_tokens"] == 3  # the rest as it was
+    assert resp.json()["speculative_depth"] == "adaptive"
 
 
 def test_public_spec_config_keeps_bare_names_and_other_values() -> None:

@@ -114,8 +114,10 @@ def test_k_from_the_checkpoint_frontiers_and_hidden_states(
     plain = LLM(model=str(tiny), dtype="bfloat16").generate({"prompt_token_ids": prompt},
                                                              greedy(10))[0]
     with caplog.at_level("INFO", logger="draftwise.bootstrap"):
-        llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config={"method": "kvprobe"},
-                  num_kv_blocks=64)
+        # fixed depth: every propose below is checked, and adaptive depth's cost model
+        # (the default) times batches a 64-block pool cannot hold (refused at start-up)
+        llm = LLM(model=str(tiny), dtype="bfloat16", num_kv_blocks=64,
+                  speculative_config={"method": "kvprobe", "draftwise": {"adaptive": False}})
     # one budget for the target's KV and the draft's, stated at startup
     assert any(
         "KV cache: 64 blocks x 16 tokens = 0.8 MiB (target 0.8 MiB, drafts 0.1 MiB in 1 cache(s))"

@@ -128,7 +128,10 @@ def test_greedy_identical_with_right_and_wrong_drafts(
         tok = (ref[i] + 1) % 512 if i % 5 in (1, 3) else ref[i]
         table[tuple(ref[:i])] = [(tok, 1.0)]
     script = write_script(tmp_path / "script.json", table)
-    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=spec_config(script, k))
+    # fixed depth: the wrong drafts sit at known positions of k-deep drafts, and adaptive
+    # depth (the default) parks this single request after its first rejections
+    llm = LLM(model=str(tiny), dtype="bfloat16",
+              speculative_config=spec_config(script, k, draftwise={"adaptive": False}))
     on = llm.generate({"prompt_token_ids": PROMPT}, params)[0]
     assert on.outputs[0].token_ids == ref
     sd = on.metrics["speculative_decoding"]

@@ -127,7 +127,10 @@ def write_dflash_gguf(src: Path, out: Path, qtype: Q, types: dict[str, Q] | None
 
 
 def spec(drafter: Path, k: int = 7, **extra: Any) -> dict[str, Any]:
-    return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k, **extra}
+    """At fixed depth: twins are compared draft for draft, k deep at every step, and
+    adaptive depth (the default) would draft each by its own timing and acceptance."""
+    return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k,
+            "draftwise": {"adaptive": False}, **extra}
 
 
 def drafts_of(target: Path, drafter: Path, prompts: list[list[int]], n: int = 16):

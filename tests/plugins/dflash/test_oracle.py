@@ -75,8 +75,10 @@ def hf_pair(target_dir: Path, drafter_dir: Path) -> tuple[Any, Any]:
 
 
 def run_engine(target_dir: Path, drafter_dir: Path, k: int, n: int = 12):
+    """Drafts recorded at fixed depth: each step's k-deep block is compared with z-lab's."""
     llm = LLM(model=str(target_dir), dtype="float32", speculative_config={
-        "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": k})
+        "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": k,
+        "draftwise": {"adaptive": False}})
     seen = record_drafts(llm)
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)

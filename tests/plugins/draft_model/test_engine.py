@@ -39,7 +39,10 @@ def want(target_dir: Path) -> list[list[int]]:
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_greedy_identical_to_spec_off(target_dir, draft_dir, want, k: int) -> None:
-    got, llm = generate(target_dir, spec(draft_dir, k), [PROMPTS[0]])
+    # fixed depth: the counts below need k-deep drafts every step; adaptive depth (the
+    # default) parks this lone request after its first rejection
+    got, llm = generate(target_dir, spec(draft_dir, k, draftwise={"adaptive": False}),
+                        [PROMPTS[0]])
     assert got[0] == want[0]
     m = llm.engine.spec.metrics
     assert m.num_draft_tokens > 0 and 0 < m.num_accepted_tokens
@@ -121,8 +124,10 @@ def test_draft_max_model_len_skips_rows_past_it(target_dir, draft_dir, want) -> 
 
 
 def test_no_leaked_blocks_after_finish_abort_and_preemption(target_dir, draft_dir, want) -> None:
-    """A tight pool preempts rows with drafts in flight; an abort lands mid-decode."""
-    llm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3),
+    """A tight pool preempts rows with drafts in flight; an abort lands mid-decode (at fixed
+    depth: adaptive depth's cost model times batches a 24-block pool cannot hold)."""
+    llm = LLM(model=str(target_dir), dtype="bfloat16",
+              speculative_config=spec(draft_dir, 3, draftwise={"adaptive": False}),
               block_size=4, num_kv_blocks=24, max_model_len=64, max_num_seqs=4,
               max_num_batched_tokens=32)
     engine = llm.engine
@@ -151,7 +156,8 @@ def test_prefix_cache_hits_give_the_same_drafts(
     """A request whose prefix is cached drafts exactly what it drafts on a cold cache,
     whether the request that left it there drafted (its draft KV is written) or ran
     with speculation off (the blocks are the target's only: the draft catches up from
-    the tokens over them)."""
+    the tokens over them). At fixed depth: adaptive depth prices each engine's drafts by
+    its own timing."""
     from draftwise import SpeculativeParams
 
     seen: list[list[list[int]]] = []
@@ -165,10 +171,11 @@ def test_prefix_cache_hits_give_the_same_drafts(
     monkeypatch.setattr(DraftModelProposer, "propose", record)
     shared = list(range(30, 62))  # two full blocks of 16
     a, b = shared + [5, 6, 7], shared + [8, 9]
-    cold = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    fixed = spec(draft_dir, 3, draftwise={"adaptive": False})
+    cold = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=fixed)
     cold_out = cold.generate({"prompt_token_ids": b}, greedy(12))[0]
     cold_drafts = list(seen)
-    warm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=spec(draft_dir, 3))
+    warm = LLM(model=str(target_dir), dtype="bfloat16", speculative_config=fixed)
     seen.clear()
     ask = None if first_drafts else SpeculativeParams(enabled=False)
     warm.generate({"prompt_token_ids": a}, greedy(12), speculative=ask)
@@ -270,7 +277,9 @@ def test_evidence_is_the_band_of_the_first_drafts_confidence(target_dir, draft_d
 
     monkeypatch.setattr(proposer_module, "draft_confidence", record_confidence)
     monkeypatch.setattr(DraftModelProposer, "propose", record_propose)
-    got, llm = generate(target_dir, spec(draft_dir, 3), PROMPTS, max_num_seqs=4)
+    # fixed depth: every step's depth-0 confidences are recorded, no probe or parked row
+    got, llm = generate(target_dir, spec(draft_dir, 3, draftwise={"adaptive": False}), PROMPTS,
+                        max_num_seqs=4)
     assert got == want
     seen = set()
     for confs, (counts, evidence) in zip(firsts, outs):

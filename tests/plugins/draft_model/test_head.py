@@ -112,7 +112,9 @@ def test_greedy_identical_and_drafts_stay_in_the_kept_ids(
 
     monkeypatch.setattr(DraftModelProposer, "propose", spy)
     want, _ = run(target_dir, None, PROMPTS, max_num_seqs=3)
-    got, llm = run(target_dir, spec(draft_dir, k, lm_head_tokens=256), PROMPTS, max_num_seqs=3)
+    # fixed depth: which ids get drafted is checked, so every row drafts every step
+    got, llm = run(target_dir, spec(draft_dir, k, lm_head_tokens=256,
+                                    draftwise={"adaptive": False}), PROMPTS, max_num_seqs=3)
     assert got == want
     context = {t for row in PROMPTS + want for t in row}  # what the cut head also scores
     assert drafted and set(drafted) <= set(range(256)) | context

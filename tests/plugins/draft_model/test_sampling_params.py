@@ -18,6 +18,7 @@ from spec_features import (
     assert_seeded_samples,
     assert_stop_inside_accepted_block,
 )
+from spec_sampling import fixed_depth
 from stats import CHI2_9999, chi2_two_sample, pool_rare
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], [(i * 37) % 500 + 3 for i in range(23)]]
@@ -65,7 +66,9 @@ def test_drafts_follow_the_requests_processing(
     import draftwise_draft_model.proposer as proposer_mod
 
     extra = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "logit_bias": {17: 4.0}}
-    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 4}
+    # fixed depth: two acceptance rates are compared, each over k-deep drafts every step
+    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 4,
+              "draftwise": {"adaptive": False}}
     off, _ = tokens(target_dir, None, extra)
     on, llm = tokens(target_dir, config, extra)
     assert on == off
@@ -107,6 +110,9 @@ N = 2500
 
 
 def sample_pairs(target: Path, config: dict | None, seed: int) -> Counter:
+    """Counts of (token 2, token 3), at fixed depth: the step verifying two drafts makes both."""
+    if config is not None:
+        config = fixed_depth(config)
     llm = LLM(model=str(target), dtype="bfloat16", speculative_config=config, max_num_seqs=256)
     params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=4, seed=seed * 100_000 + i,
                              ignore_eos=True, presence_penalty=1.0, frequency_penalty=0.5,

@@ -114,8 +114,10 @@ def _drafts(target: Path, drafter: Path, native: bool, mask: list[int] | None = 
 
 
 def _run(target: Path, drafter: Path, native: bool) -> tuple[list, list[list[int]], LLM]:
+    # fixed depth: the reduced and the masked full drafter are compared step for step
     llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=3, speculative_config={
-        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7})
+        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7,
+        "draftwise": {"adaptive": False}})
     prop = llm.engine.spec.proposers[0]
     if native:
         assert prop.native is not None or not kernels.available("markov_pass")

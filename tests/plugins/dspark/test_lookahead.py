@@ -20,7 +20,7 @@ from draftwise import LLM, SamplingParams
 from draftwise_dspark.lookahead import HitRate
 
 from .conftest import save_dspark
-from .test_engine import PROMPTS, spec
+from .test_engine import PROMPTS, fixed
 
 
 def passes(target_dir: Path, drafter: Path, look_ahead: bool, sampled: bool, seqs: int
@@ -28,7 +28,7 @@ def passes(target_dir: Path, drafter: Path, look_ahead: bool, sampled: bool, seq
     """Every Markov pass's (tokens, previous tokens, q), the outputs and the counters."""
     extra = {"draft_sample_method": "probabilistic"} if sampled else {}
     llm = LLM(model=str(target_dir), dtype="bfloat16", max_num_seqs=seqs,
-              speculative_config=spec(drafter, **extra))
+              speculative_config=fixed(drafter, **extra))
     prop = llm.engine.spec.proposers[0]
     prop.native = None  # the torch pass's windows (test_native covers the C pass's)
     prop.look_ahead = look_ahead

@@ -371,11 +371,11 @@ def engine_passes(target_dir, drafter, use_native: bool, sampled: bool
     native pass or the torch pass (the proposer's switch), and the outputs."""
     from draftwise import LLM, SamplingParams
 
-    from .test_engine import PROMPTS, spec
+    from .test_engine import PROMPTS, fixed
 
     extra = {"draft_sample_method": "probabilistic"} if sampled else {}
     llm = LLM(model=str(target_dir), dtype="bfloat16", max_num_seqs=4,
-              speculative_config=spec(drafter, **extra))
+              speculative_config=fixed(drafter, **extra))
     prop = llm.engine.spec.proposers[0]
     assert prop.native is not None, "a rank-32 bf16 drafter runs the native pass"
     if not use_native:

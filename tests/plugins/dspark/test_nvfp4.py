@@ -29,7 +29,7 @@ from draftwise_dspark.loader import DSparkLoader
 from nvfp4_checkpoints import export_nvfp4
 
 from .conftest import save_dspark
-from .test_engine import PROMPTS, assert_clean, generate, spec
+from .test_engine import PROMPTS, assert_clean, fixed, generate, spec
 
 pytest.importorskip("compressed_tensors")
 
@@ -49,7 +49,8 @@ def want(target_dir: Path) -> list[list[int]]:
 def logits_of(target_dir: Path, drafter: Path, monkeypatch: pytest.MonkeyPatch
               ) -> tuple[list[list[int]], list[torch.Tensor], LLM]:
     """Greedy outputs and every Markov step's corrected logits (the certified pick and the
-    native pass off, so each step's full logits reach the torch pick)."""
+    native pass off, so each step's full logits reach the torch pick), at fixed depth so
+    that the twins' steps pair up."""
     import draftwise_dspark.proposer as mod
 
     seen: list[torch.Tensor] = []
@@ -62,7 +63,7 @@ def logits_of(target_dir: Path, drafter: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(mod, "pick_draft_tokens", record)
     monkeypatch.setattr(mod.DSparkProposer, "_try_certify", lambda self: False)
     monkeypatch.setattr(mod, "native_pass", lambda *a: None)
-    got, llm = generate(target_dir, spec(drafter), PROMPTS, max_num_seqs=4)
+    got, llm = generate(target_dir, fixed(drafter), PROMPTS, max_num_seqs=4)
     monkeypatch.undo()
     return got, seen, llm
 

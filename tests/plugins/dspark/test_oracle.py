@@ -20,6 +20,7 @@ import pytest
 import torch
 from draftwise import LLM, SamplingParams
 from safetensors.torch import load_file
+from spec_sampling import fixed_depth
 
 from .conftest import MASK, save_dspark
 
@@ -137,8 +138,9 @@ class Reference:
 def run_engine(target_dir: Path, drafter_dir: Path, k: int = 7, n: int = 12,
                widths: list[int] | None = None, **extra: Any
                ) -> list[tuple[list[int], list[int]]]:
-    llm = LLM(model=str(target_dir), dtype="float32", speculative_config={
-        "method": "dspark", "model": str(drafter_dir), "num_speculative_tokens": k, **extra})
+    """Every step's drafts at fixed depth: all B slots are checked against the equations."""
+    llm = LLM(model=str(target_dir), dtype="float32", speculative_config=fixed_depth({
+        "method": "dspark", "model": str(drafter_dir), "num_speculative_tokens": k, **extra}))
     seen = record_drafts(llm, widths)
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)
@@ -221,7 +223,8 @@ def reference_loop(ref: Reference, prompt: list[int], n: int) -> tuple[list[int]
 
 
 def test_acceptance_lengths_equal_the_reference_loop(target_dir, trained_dir) -> None:
-    """Per full-block step, tokens produced (accepted + 1) equal the reference loop's."""
+    """Per full-block step, tokens produced (accepted + 1) equal the reference loop's (at
+    fixed depth, as the reference loop drafts)."""
     from .conftest import TRAIN_PROMPTS
 
     ref = Reference(target_dir, trained_dir)
@@ -229,7 +232,8 @@ def test_acceptance_lengths_equal_the_reference_loop(target_dir, trained_dir) ->
     for prompt in TRAIN_PROMPTS[:2]:
         want, ref_lengths = reference_loop(ref, prompt, n)
         llm = LLM(model=str(target_dir), dtype="float32", speculative_config={
-            "method": "dspark", "model": str(trained_dir), "num_speculative_tokens": 7})
+            "method": "dspark", "model": str(trained_dir), "num_speculative_tokens": 7,
+            "draftwise": {"adaptive": False}})
         proposer = llm.engine.spec.proposers[0]
         steps: list[tuple[int, int]] = []
         real = proposer.on_verified

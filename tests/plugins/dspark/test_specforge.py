@@ -24,6 +24,7 @@ import torch
 from draftwise import LLM
 from draftwise.formats.errors import ModelFormatError
 from safetensors.torch import load_file, save_file
+from spec_sampling import fixed_depth
 from stats import chi2_two_sample, pool_rare
 
 from ..conftest import greedy, run_staggered
@@ -67,7 +68,10 @@ class SpecForgeReference(Reference):
 
 
 def spec(drafter: Path, **extra: Any) -> dict[str, Any]:
-    return {"method": "dspark", "model": str(drafter), "num_speculative_tokens": 7, **extra}
+    """At fixed depth: drafts are checked against the equations and DeepSpec's at all B
+    slots of every step, which adaptive depth (the default) would make shallower."""
+    return fixed_depth({"method": "dspark", "model": str(drafter), "num_speculative_tokens": 7,
+                        **extra})
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])

@@ -22,14 +22,16 @@ from typing import Any
 import pytest
 from draftwise import LLM, SamplingParams
 from draftwise.formats.errors import ModelFormatError
+from spec_sampling import fixed_depth
 
 from .conftest import TRAIN_PROMPTS, save_dspark, to_speculators
 from .test_oracle import record_drafts
 
 PROMPTS = [*TRAIN_PROMPTS[:2], list(range(60, 90))]
 def drafts_of(target: Path, drafter: Path, **extra: Any) -> tuple[list, list, LLM]:
-    llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=3, speculative_config={
-        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7, **extra})
+    """Drafts at fixed depth, so that two layouts' runs compare step for step."""
+    llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=3, speculative_config=fixed_depth({
+        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7, **extra}))
     seen = record_drafts(llm)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))

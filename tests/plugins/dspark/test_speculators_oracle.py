@@ -93,9 +93,11 @@ def oracle_heads(drafter: Path, kind: str, draft_vocab: int, hidden: int) -> tup
 
 
 def engine(target: Path, drafter: Path, probabilistic: bool) -> tuple[LLM, list[dict]]:
+    # fixed depth: every block's heads are checked, k deep, against speculators'
     llm = LLM(model=str(target), dtype="bfloat16", max_num_seqs=2, speculative_config={
         "method": "dspark", "model": str(drafter), "num_speculative_tokens": 7,
-        "draft_sample_method": "probabilistic" if probabilistic else "greedy"})
+        "draft_sample_method": "probabilistic" if probabilistic else "greedy",
+        "draftwise": {"adaptive": False}})
     blocks = capture(llm)
     sp = (SamplingParams(temperature=1.0, max_tokens=12, seed=3, ignore_eos=True)
           if probabilistic else SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))

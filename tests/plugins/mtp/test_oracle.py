@@ -95,8 +95,10 @@ def test_head_logits_match_the_oracle(next_dir, monkeypatch, dtype: str) -> None
         return logits, out
 
     monkeypatch.setattr(MtpProposer, "_forward", spy)
+    # fixed depth: the head runs at every step, each call checked against the oracle
     llm = LLM(model=str(next_dir), dtype=dtype,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+              speculative_config={"method": "mtp", "num_speculative_tokens": 1,
+                                  "draftwise": {"adaptive": False}})
     head = llm.engine.spec.proposers[0].head
     assert head.native == (dtype == "bfloat16")  # bf16: the native kernels (this lane's)
     llm.generate({"prompt_token_ids": PROMPT},

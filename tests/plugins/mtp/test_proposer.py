@@ -56,7 +56,9 @@ def run(
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_speculation_on_is_token_identical_to_off(hybrid_dir, k: int) -> None:
     plain, _ = run(hybrid_dir, PROMPT, 24)
-    spec, llm = run(hybrid_dir, PROMPT, 24, {"method": "mtp", "num_speculative_tokens": k})
+    # fixed depth: the witness counts the head's forwards at k-deep drafts
+    spec, llm = run(hybrid_dir, PROMPT, 24, {"method": "mtp", "num_speculative_tokens": k,
+                                             "draftwise": {"adaptive": False}})
     assert spec == plain
     w = llm.engine.spec.proposers[0].witness
     assert w.rows > 0 and w.draft_forwards > 0
@@ -68,7 +70,8 @@ def test_speculation_on_is_token_identical_to_off(hybrid_dir, k: int) -> None:
 def test_control_that_pads_its_row_is_seen_by_the_witnesses(hybrid_dir, monkeypatch) -> None:
     """A drafter that runs one forward and pads its row is lossless, and the witnesses say so."""
     plain, _ = run(hybrid_dir, PROMPT, 16)
-    spec = {"method": "mtp", "num_speculative_tokens": 4}
+    # fixed depth: both witnesses count forwards at k-deep drafts
+    spec = {"method": "mtp", "num_speculative_tokens": 4, "draftwise": {"adaptive": False}}
     real_out, real = run(hybrid_dir, PROMPT, 16, spec)
 
     def pad(self, rows, tok, feedback, drafts, probs, w) -> None:
@@ -166,7 +169,9 @@ def test_model_key_names_the_head_and_k_defaults_to_its_depth(nextn, k: int | No
     """{"method": "mtp", "model": dir}: the head comes from dir; without k, k = its depth."""
     plain_dir, nextn_dir = nextn
     assert detect(str(nextn_dir)) == "safetensors:deepseek_nextn"
-    spec = {"method": "mtp", "model": str(nextn_dir)}
+    # fixed depth: "the head must really draft" below, which adaptive depth (the default)
+    # need not do in 16 tokens when this machine prices the head's drafts out
+    spec = {"method": "mtp", "model": str(nextn_dir), "draftwise": {"adaptive": False}}
     if k is not None:
         spec["num_speculative_tokens"] = k
     plain, _ = run(plain_dir, NEXTN_PROMPT, 16)
