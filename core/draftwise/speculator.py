@@ -138,6 +138,11 @@ class Capabilities:
     #: the drafter scores each draft's chance of acceptance (DSpark's confidence head), so
     #: ``"draftwise": {"confidence_threshold": t}`` may cut its drafts; refused otherwise
     confidence_head: bool = False
+    #: the proposer keeps state over every row's tokens, not only its drafts' (suffix
+    #: decoding's global index of outputs): rows adaptive depth keeps at k = 0 are handed
+    #: too, each step, with ``max_draft`` 0 (return no drafts for them); without it such
+    #: rows are not shown, and an index fed in ``propose`` misses their outputs
+    sees_every_row: bool = False
 
 
 @dataclass(frozen=True, slots=True)

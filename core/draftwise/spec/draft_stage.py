@@ -204,7 +204,8 @@ def build_speculation(
         hidden = hidden_taps(d, draft, proposer, int(target.config.num_hidden_layers))
         limit = draft_context_limit(d.member, draft, max_model_len)
         method = d.registration.speculator.method
-        drafters.append(Drafter(method, proposer, kv is not None, tuple(hidden), limit))
+        drafters.append(Drafter(method, proposer, kv is not None, tuple(hidden), limit,
+                                sees_every_row=caps.sees_every_row))
     return Speculation(config, drafters, target.config.vocab_size)
 
 

@@ -61,6 +61,8 @@ class Drafter:
     #: vLLM's draft ``max_model_len``: rows are drafted only while their drafts stay
     #: below it (None: no limit besides the engine's own)
     max_model_len: int | None = None
+    #: ``Capabilities.sees_every_row``: handed the rows kept at k = 0 too (max_draft 0)
+    sees_every_row: bool = False
 
 
 @dataclass(slots=True)
@@ -95,6 +97,8 @@ class Speculation:
         self._hidden_users = [i for i, d in enumerate(drafters) if d.hidden_layers]
         #: hidden-state readers without own KV: their frontier is what they were handed
         self._handed_only = [i for i in self._hidden_users if not drafters[i].own_kv]
+        #: members shown the rows kept at k = 0 too (``Capabilities.sees_every_row``)
+        self._watchers = [i for i, d in enumerate(drafters) if d.sees_every_row]
         self._states: dict[str, _RequestState] = {}
         #: cumulative since start; per-step stats are merged in by observe_step
         self.metrics = SpecDecodingStats(num_spec_tokens=self.k)
@@ -124,6 +128,8 @@ class Speculation:
             for row in rows:  # every step, drafting or not: a frontier starts on admission
                 self._state(row)
         pending = [i for i, r in enumerate(rows) if r.max_draft > 0]
+        if self._watchers:
+            self._show_parked(rows, tables)
         if not pending:
             return StepDrafts.none(n)
         # what the drafters process: the drafts they made (adaptive depth prices a draft
@@ -183,6 +189,20 @@ class Speculation:
                     [estimates.get(r.request.req_id) for r in rows], counts, evidence))
             self.policy.rest.step_verified(any(drafts.num_draft_tokens))
         return drafts
+
+    def _show_parked(self, rows: list[ScheduledRow], tables: list[list[int]]) -> None:
+        """Hand the sampling rows that draft nothing this step (kept at k = 0) to the members
+        that index every row's tokens, with ``max_draft`` 0: they record, and draft none."""
+        parked = [i for i, r in enumerate(rows) if r.max_draft == 0 and r.samples]
+        for pid in self._watchers:
+            drafter = self.drafters[pid]
+            shown = [i for i in parked if _may_use(drafter, rows[i])]
+            if not shown:
+                continue
+            batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in shown])
+            for row in batch.rows:
+                row.max_draft = 0
+            self._check(drafter, batch, drafter.proposer.propose(batch))
 
     def _state(self, row: ScheduledRow) -> _RequestState:
         """The request's state, made on its first row since admission (or preemption)."""

@@ -21,7 +21,9 @@ DESCRIPTION = (
     "request's own tokens and in earlier requests' outputs (per isolation key), as long as "
     "its estimated probability stays >= min_token_prob; no model."
 )
-CAPABILITIES = Capabilities(needs_checkpoint=False, draft_probs=False)
+#: sees_every_row: the global index records every request's output, also while adaptive
+#: depth keeps the request at k = 0 (else where drafts are priced out it stays empty)
+CAPABILITIES = Capabilities(needs_checkpoint=False, draft_probs=False, sees_every_row=True)
 #: nothing beyond what the core refuses from the capabilities
 REFUSALS: tuple[Refusal, ...] = ()
 

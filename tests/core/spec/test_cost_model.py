@@ -260,16 +260,18 @@ def test_drafting_is_priced_per_draft_made(tmp_path: Path, monkeypatch) -> None:
 
 def test_rows_beyond_the_start_up_ones_are_read_off_time_against_tokens() -> None:
     """Timed: 1 and 2 rows. 4 rows x 1 token is n = 4, timed as 1 row x 4 tokens (and
-    2 x 2: their mean); 4 x 3 = 12 lies past the largest n timed (2 x 3 = 6), so it goes
-    on at the last segment's slope."""
+    2 x 2: their mean); 4 x 2 = 8 and 4 x 3 = 12 lie past the largest n timed (2 x 3 =
+    6), so they go on at the least-squares slope of the points past n = 1."""
     from draftwise.spec.cost_model import estimate_rows
 
     tokens = [1, 2, 3]
     timed = [[10.0, 12.0, 14.0], [11.0, 15.0, 21.0]]
     grid = estimate_rows([1, 2], tokens, timed, [1, 2, 4])
     assert grid[:2] == timed
-    # n: 1 -> 10, 2 -> mean(12, 11) = 11.5, 3 -> 14, 4 -> 15, 6 -> 21 (slope 3 per token)
-    assert grid[2] == [15.0, 21.0 + 3.0 * 2, 21.0 + 3.0 * 6]
+    # n: 1 -> 10, 2 -> mean(12, 11) = 11.5, 3 -> 14, 4 -> 15, 6 -> 21; past n = 1 the
+    # fitted slope is 20.375 / 8.75 per token
+    slope = 20.375 / 8.75
+    assert grid[2] == pytest.approx([15.0, 21.0 + slope * 2, 21.0 + slope * 6])
 
 
 def test_only_the_start_up_rows_are_timed(tmp_path: Path, monkeypatch) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from stats import CHI2_9999, chi2_two_sample
+from spec_sampling import fixed_depth
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams
@@ -168,8 +169,10 @@ def sample_pairs(tiny: Path, config: dict[str, Any] | None, n: int, seed: int) -
     """Joint counts of the first two generated tokens over ``n`` seeded requests.
 
     Three tokens are generated so that the step producing the second one has room for
-    a draft (the scheduler drafts no further than ``max_tokens``).
+    a draft (the scheduler drafts no further than ``max_tokens``). At fixed depth: the
+    accept rule is under test at every request's draft (``spec_sampling.fixed_depth``).
     """
+    config = fixed_depth(config) if config is not None else None
     llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256,
               enable_prefix_caching=True)
     params = [
