@@ -84,7 +84,8 @@ def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
 ) -> None:
     monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
     report, _ = bench_adaptive_ngram(tiny, tmp_path, 2, "--compare-off", "--repeat", "2")
-    assert report["draftwise_fixed_k"]["speculative_config"].get("draftwise") is None
+    # the twin pins vLLM's fixed depth (adaptive depth is the default without the key)
+    assert report["draftwise_fixed_k"]["speculative_config"]["draftwise"] == {"adaptive": False}
     assert report["identical_to_spec_off"] == report["identical_fixed_k_to_spec_off"] == 2
     assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
     assert "throughput_spec_on_vs_off" not in report["ratios"]  # one at a time: the same figure
@@ -103,7 +104,7 @@ def test_bench_compare_k_runs_every_fixed_depth_side_by_side(
     report, output = bench_adaptive_ngram(tiny, tmp_path, 3, "--compare-k", "2,1")
     for k in (1, 2):
         cfg = report[f"draftwise_k{k}"]["speculative_config"]
-        assert cfg["num_speculative_tokens"] == k and "draftwise" not in cfg
+        assert cfg["num_speculative_tokens"] == k and cfg["draftwise"] == {"adaptive": False}
         assert f"draftwise_k{k}_vs_off" in report["ratios"]
     assert report["identical_to_spec_off"] == 2
     assert report["identical_to_spec_off_by_k"] == {"draftwise_k1": 2, "draftwise_k2": 2}
@@ -169,7 +170,9 @@ def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
     out = tmp_path / "r.json"
     result = CliRunner().invoke(cli, [
         "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "4",
-        "--speculative-config", '{"method":"ngram","num_speculative_tokens":2}',
+        # fixed depth: two engines (on, off); the default would add its fixed-k twin
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":2,"draftwise":{"adaptive":false}}',
         "--compare-off", "--repeat", "2", "--concurrency", str(concurrency),
         "--out", str(out),
     ])
