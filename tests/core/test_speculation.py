@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import torch
+from draftwise import LLM, SamplingParams
+from spec_sampling import fixed_depth
 from stats import CHI2_9999, chi2_two_sample
 from tiny_checkpoints import save_tiny
-
-from draftwise import LLM, SamplingParams
 
 PLUGIN = '''
 from __future__ import annotations
@@ -168,8 +168,11 @@ def sample_pairs(tiny: Path, config: dict[str, Any] | None, n: int, seed: int) -
     """Joint counts of the first two generated tokens over ``n`` seeded requests.
 
     Three tokens are generated so that the step producing the second one has room for
-    a draft (the scheduler drafts no further than ``max_tokens``).
+    a draft (the scheduler drafts no further than ``max_tokens``). At fixed depth: every
+    request must be drafted for, which adaptive depth (the default) need not do.
     """
+    if config is not None:
+        config = fixed_depth(config)
     llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=config, max_num_seqs=256,
               enable_prefix_caching=True)
     params = [
