@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from stats import CHI2_9999, chi2_two_sample
 from spec_sampling import fixed_depth
+from stats import CHI2_9999, chi2_two_sample
 from tiny_checkpoints import save_tiny
 
 from draftwise import LLM, SamplingParams

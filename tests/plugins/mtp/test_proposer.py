@@ -233,7 +233,9 @@ def test_probabilistic_drafting_hands_verify_the_heads_q(hybrid_dir, monkeypatch
         return real(*args, **kwargs)
 
     monkeypatch.setattr(verify_mod, "verify", spy)
-    spec = {"method": "mtp", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"}
+    # fixed depth: every step hands verify the head's q, which a parked row would not
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic",
+            "draftwise": {"adaptive": False}}
     llm = LLM(model=str(hybrid_dir), dtype="bfloat16", speculative_config=spec)
     params = [SamplingParams(temperature=0.8, max_tokens=8, seed=i, ignore_eos=True)
               for i in range(3)] + [greedy(8)]
