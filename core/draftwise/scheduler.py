@@ -160,8 +160,12 @@ class Scheduler:
         policy = self.depth_policy
         if policy is None:
             return depths
-        adaptive = [r for r in reqs if r.speculative is None
-                    or (r.speculative.drafts and r.speculative.adaptive is not False)]
+        # a seeded sampled request stays at fixed depth: its draws follow its drafts, and
+        # adaptive depth's choices follow this machine's timing, so the same seed would not
+        # give the same text twice (the distribution is right either way)
+        adaptive = [r for r in reqs if not _seeded(r) and (
+            r.speculative is None
+            or (r.speculative.drafts and r.speculative.adaptive is not False))]
         estimates = [policy.estimate(r.req_id) for r in adaptive]
         policy.set_waiting(len(self.waiting))
         chosen = policy.choose(estimates, [depths[r.req_id] for r in adaptive])
@@ -301,3 +305,8 @@ class Scheduler:
         req.num_computed_tokens = num_computed_tokens
         self.kv.cache_blocks(req.req_id, req.all_token_ids, num_computed_tokens)
         self.kv.mark_drafts_ready(req.req_id, min(num_drafts_ready, num_computed_tokens))
+
+
+def _seeded(req: Request) -> bool:
+    """A sampled request with a seed: it is promised the same tokens on every run."""
+    return req.params.seed is not None and req.params.temperature > 0

@@ -414,3 +414,29 @@ def test_a_batch_that_rests_stays_lossless(tiny: Path, plain: list[list[int]]) -
     rest = llm.engine.spec.policy.rest.summary()
     assert rest["rests"] > 0 and rest["rested_steps"] > 0
     assert llm.engine.spec.metrics.num_drafts > 0  # and the steps between them drafted
+
+
+def test_a_seeded_sampled_request_stays_at_fixed_depth(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seeded sampled row's draws follow its depth, and adaptive depth follows the
+    machine's timing: it is kept out of the policy (fixed depth), so the same seed gives
+    the same text on every run; an unseeded sampled row beside it stays adaptive."""
+    rows_seen: list[int] = []
+    choose = DepthPolicy.choose
+
+    def spy(self: DepthPolicy, estimates: list, caps: list[int]) -> list[int]:
+        rows_seen.append(len(caps))
+        return choose(self, estimates, caps)
+
+    monkeypatch.setattr(DepthPolicy, "choose", spy)
+    llm = cheap_drafts(LLM(model=str(tiny), dtype="bfloat16", speculative_config=NGRAM,
+                           max_num_seqs=8))
+    seeded = SamplingParams(temperature=1.0, top_k=3, max_tokens=12, seed=7, ignore_eos=True)
+    first = llm.generate({"prompt_token_ids": PROMPTS[0]}, seeded)[0].outputs[0].token_ids
+    assert rows_seen == [] or set(rows_seen) == {0}
+    again = llm.generate({"prompt_token_ids": PROMPTS[0]}, seeded)[0].outputs[0].token_ids
+    assert first == again
+    free = seeded.model_copy(update={"seed": None})
+    llm.generate([{"prompt_token_ids": PROMPTS[0]}] * 2, [seeded, free])
+    assert max(rows_seen) == 1  # the unseeded one only
