@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from draftwise.train.dflash_net import DFlashNet
 from draftwise.train.shards import Sequence
@@ -57,7 +58,7 @@ def estimate_acceptance(
     sequences: list[Sequence],
     taps_of: object,  # Callable[[Sequence], Tensor [T, taps*H]]
     embed: torch.Tensor,  # [V, H] the target's embedding
-    head: torch.Tensor,  # [V, H] the target's LM head
+    head: torch.Tensor,  # [V, H] the target's LM head (its dtype is the GEMMs')
     max_anchors: int = 256,
 ) -> Acceptance:
     """Rules 1-4 over ``sequences`` (at most ``max_anchors`` anchors in all)."""
@@ -74,10 +75,12 @@ def estimate_acceptance(
         blocks = torch.full((anchors.shape[0], b), net.shape.mask_token_id, dtype=torch.int64)
         blocks[:, 0] = ids[anchors]
         hidden = net(taps_of(seq), embed[blocks], anchors)  # type: ignore[operator]
-        drafts = (hidden[:, 1:] @ head.T).argmax(-1)  # [N, B-1]
+        h = hidden.shape[-1]
+        rows = hidden[:, 1:].reshape(-1, h).to(head.dtype)
+        drafts = F.linear(rows, head).argmax(-1).view(-1, b - 1)
         start = seq.response_start
         final = torch.from_numpy(np.asarray(seq.states["final"][start:], dtype=np.float32))
-        greedy = (final @ head.T).argmax(-1)  # g_p for p >= start
+        greedy = F.linear(final.to(head.dtype), head).argmax(-1)  # g_p for p >= start
         at = anchors[:, None] + torch.arange(b - 1)  # positions p = a + k - 1
         g = greedy[at - start]
         match = drafts == g

@@ -36,9 +36,9 @@ def tiny_data(tiny_target: str, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def plan(target: str, data: Path, out: Path, **kw: object) -> DFlashPlan:
     """A small, fast plan (overrides by keyword)."""
-    base: dict = dict(data=data, out=out, model=target, layers=1, block_size=4, steps=60,
-                      batch=2, anchors=8, warmup=5, lr=3e-3, held_out_share=0.2, seed=0,
-                      threads=1)
+    base: dict = {"data": data, "out": out, "model": target, "layers": 1, "block_size": 4,
+                  "steps": 60, "batch": 2, "anchors": 8, "warmup": 5, "lr": 3e-3,
+                  "held_out_share": 0.2, "seed": 0, "threads": 1}
     return DFlashPlan(**{**base, **kw})
 
 

@@ -59,12 +59,12 @@ def test_saved_weights_round_trip(tiny_target: str, tmp_path: Path) -> None:
 
 def test_engine_drafts_equal_the_training_forward(tiny_target: str, trained: Path) -> None:
     """Every drafted row of every engine step, recomputed by the training forward."""
+    import json
+
     from draftwise import LLM, SamplingParams
     from draftwise.models.loader import load_model
     from draftwise.train.dflash_layout import CONFIG
     from draftwise.train.record import TapRecorder
-
-    import json
     shape_cfg = json.loads((trained / CONFIG).read_text())
     k = shape_cfg["dflash_config"]["block_size"] - 1
     llm = LLM(model=tiny_target, dtype="float32", speculative_config={
