@@ -13,7 +13,8 @@ The loop, step by step (the objective is ``dflash_objective.py``, the net
    generator seeded by ``(seed, step)``, runs every block of a sequence in one forward,
    and steps AdamW on the position-weighted CE (gradient clipped; linear warmup, then a
    constant rate, so that the rate of a step never depends on the run's budget);
-3. every ``checkpoint_minutes`` (and at the end, a budget, or Ctrl-C) the drafter is
+3. every ``checkpoint_minutes`` (and at the end, a budget, or Ctrl-C between steps; a
+   Ctrl-C inside a step drops that step and keeps the last checkpoint) the drafter is
    written in z-lab's layout and ``train_state.pt`` beside it: weights, AdamW's state,
    the cursor, the step (which seeds the anchors: the whole random state), the losses.
    Running the same command again resumes from it, and the loss curve and weights are
@@ -178,6 +179,7 @@ class Run:
         self.losses: list[float] = []
         self.history: list[dict[str, Any]] = []
         self.seconds = 0.0  # training seconds, every run
+        self.mid_step = False
         self.last = target.facts.num_layers - 1
 
     # -- checkpoint (rule 3) -------------------------------------------------------------
@@ -256,7 +258,9 @@ class Run:
         return picks
 
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step; returns the step's loss and its supervised positions."""
+        """One optimizer step; returns the step's loss and its supervised positions.
+        ``mid_step`` is True while the cursor, weights or step may disagree."""
+        self.mid_step = True
         plan, shape, t = self.plan, self.shape, self.target
         gen = torch.Generator().manual_seed(
             int(np.random.SeedSequence([plan.seed, self.step]).generate_state(1)[0]))
@@ -288,6 +292,7 @@ class Run:
         self.step += 1
         value = loss / total_w
         self.losses.append(value)
+        self.mid_step = False
         return value, labelled
 
     def evaluate(self) -> Acceptance:
@@ -357,7 +362,11 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
                 run.save()
     except KeyboardInterrupt:
         stopped = "interrupted"
-    if run.history[-1]["step"] != run.step:
+        if run.mid_step:  # a half-done step is dropped: back to the last checkpoint
+            run = Run(plan, target, data, shape)
+            run.resume()
+            say(f"dflash: interrupted inside a step; keeping the checkpoint at step {run.step}")
+    if not run.history or run.history[-1]["step"] != run.step:
         run.evaluate()
     run.save()
     last = run.history[-1]

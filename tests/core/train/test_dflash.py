@@ -64,6 +64,30 @@ def test_an_interrupted_run_resumes_to_the_same_curve_and_weights(
     assert (sa["epoch"], sa["position"]) == (sb["epoch"], sb["position"])
 
 
+def test_ctrl_c_inside_a_step_keeps_the_checkpoint_and_resumes_exactly(
+        tiny_target: str, tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import draftwise.train.dflash as loop
+
+    whole = train_dflash(plan(tiny_target, tiny_data, tmp_path / "whole", steps=8))
+    calls = {"n": 0}
+    ce = loop.weighted_ce_sum
+
+    def interrupted(*args):  # the loss of step 6's 2nd sequence (batch 2): after a backward
+        calls["n"] += 1
+        if calls["n"] == 2 * 5 + 2:
+            raise KeyboardInterrupt
+        return ce(*args)
+
+    monkeypatch.setattr(loop, "weighted_ce_sum", interrupted)
+    out = tmp_path / "cut"
+    cut = train_dflash(plan(tiny_target, tiny_data, out, steps=8, checkpoint_minutes=1e-9))
+    assert cut.stopped == "interrupted" and cut.step == 5
+    monkeypatch.setattr(loop, "weighted_ce_sum", ce)
+    rest = train_dflash(plan(tiny_target, tiny_data, out, steps=8))
+    assert rest.losses == whole.losses
+
+
 def test_resuming_with_other_settings_is_refused(tiny_target: str, tiny_data: Path,
                                                  tmp_path: Path) -> None:
     train_dflash(plan(tiny_target, tiny_data, tmp_path / "r", steps=2))
