@@ -1,9 +1,9 @@
 """``draftwise train``: drafters from the target's own generations.
 
-``train data`` is built: the target answers a prompt mix (built in, or ``--prompts``) and
-its hidden states at the drafter's taps are recorded into resumable shards
-(``draftwise.train``). Training a drafter on them (``train dflash|dspark|mtp``) is not
-built yet.
+``train data``: the target answers a prompt mix (built in, or ``--prompts``) and its
+hidden states at the drafter's taps are recorded into resumable shards. ``train dflash``:
+a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
+(``draftwise.train``). ``train dspark|mtp`` are not built yet.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from draftwise.cli.common import RegularFile
 
 @click.group("train")
 def train() -> None:
-    """Make drafter training data from the target's own generations."""
+    """Make drafter training data from the target's own generations, and train drafters."""
 
 
 def _taps(value: str | None) -> tuple[int, ...] | None:
@@ -100,3 +100,67 @@ def data(model: str | None, out: str, prompts: str | None, tokens: int | None,
         click.echo(f"data: {p.tokens:,} tokens from {p.prompts_done} prompts in {report.out} "
                    f"(taps {list(report.taps)}, {p.bytes / 2**20:.1f} MiB; stopped by "
                    f"{report.stopped})")
+
+
+@train.command("dflash")
+@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The drafter folder (an existing run there is resumed).")
+@click.option("--model", default=None, help="The target the data was recorded on "
+              "(default: the embedded model).")
+@click.option("--layers", default=1, show_default=True, type=int, help="Draft decoder layers.")
+@click.option("--block-size", default=8, show_default=True, type=int,
+              help="Anchor + drafted slots (num_speculative_tokens = block size - 1).")
+@click.option("--steps", default=None, type=click.IntRange(1),
+              help="Stop at this step (every run into --out together).")
+@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
+              help="Stop after this long (this run).")
+@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
+@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
+              help="Sequences per step.")
+@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
+              help="Blocks per sequence per step.")
+@click.option("--gamma", default=None, type=click.FloatRange(0, min_open=True),
+              help="Position weight exp(-(k-1)/gamma) (default: 7 for B=16, 4 for B=8, else B/2).")
+@click.option("--mask-token-id", default=None, type=int,
+              help="The mask slots' token (default: the target's last id).")
+@click.option("--checkpoint-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--eval-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
+def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
+           steps: int | None, minutes: float | None, lr: float, warmup: int, batch: int,
+           anchors: int, gamma: float | None, mask_token_id: int | None,
+           checkpoint_minutes: float, eval_minutes: float, seed: int,
+           num_threads: int | None, as_json: bool) -> None:
+    """Train a DFlash drafter on a data folder (resumable: run it again to go on)."""
+    from pathlib import Path
+
+    from draftwise.cli.common import fail
+    from draftwise.train.dflash import DFlashPlan, train_dflash
+
+    plan = DFlashPlan(data=Path(data), out=Path(out), model=model, layers=layers,
+                      block_size=block_size, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
+                      batch=batch, anchors=anchors, gamma=gamma, mask_token_id=mask_token_id,
+                      checkpoint_minutes=checkpoint_minutes, eval_minutes=eval_minutes,
+                      seed=seed, threads=num_threads)
+    try:
+        report = train_dflash(plan, lambda line: click.echo(line, err=True))
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    summary = {"out": str(report.out), "steps": report.step, "stopped": report.stopped,
+               "loss": report.losses[-1] if report.losses else None,
+               "acceptance": report.acceptance, "seconds": round(report.seconds, 1)}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"dflash: drafter in {report.out} after {report.step} steps (stopped by "
+                   f"{report.stopped}); held-out mean acceptance length "
+                   f"{report.acceptance['mean_acceptance_length']:.3f}; use it with "
+                   f"--speculative-config '{{\"method\": \"dflash\", \"model\": "
+                   f"\"{report.out}\", \"num_speculative_tokens\": {block_size - 1}}}'")
