@@ -84,14 +84,9 @@ def test_bench_adaptive_runs_fixed_depth_and_off_side_by_side(
 ) -> None:
     monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
     report, _ = bench_adaptive_ngram(tiny, tmp_path, 2, "--compare-off", "--repeat", "2")
-<<<<<<< HEAD
     # the fixed twin says so: without the key a config is adaptive (the default)
     assert report["draftwise_fixed_k"]["speculative_config"].get("draftwise") == {
         "adaptive": False}
-=======
-    # the twin pins vLLM's fixed depth (adaptive depth is the default without the key)
-    assert report["draftwise_fixed_k"]["speculative_config"]["draftwise"] == {"adaptive": False}
->>>>>>> pin
     assert report["identical_to_spec_off"] == report["identical_fixed_k_to_spec_off"] == 2
     assert {"spec_on_vs_off", "fixed_k_vs_off", "adaptive_vs_fixed_k"} <= set(report["ratios"])
     assert "throughput_spec_on_vs_off" not in report["ratios"]  # one at a time: the same figure
@@ -176,11 +171,7 @@ def test_bench_interleaves_prompt_by_prompt_at_concurrency_one(
     out = tmp_path / "r.json"
     result = CliRunner().invoke(cli, [
         "bench", "--workload", str(workload), "--model", str(tiny), "--max-tokens", "4",
-<<<<<<< HEAD
         # fixed depth: two engines (an adaptive config, the default, adds its fixed twin)
-=======
-        # fixed depth: two engines (on, off); the default would add its fixed-k twin
->>>>>>> pin
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":2,"draftwise":{"adaptive":false}}',
         "--compare-off", "--repeat", "2", "--concurrency", str(concurrency),
