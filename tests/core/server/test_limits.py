@@ -185,7 +185,10 @@ def test_idle_sockets_at_the_cap_give_way_to_an_honest_client(serve_fake):
     requests arrive: each honest request is served, at once, not after a timeout."""
     cap = ServerLimits(max_connections=8, header_timeout=30, first_byte_timeout=30)
     with serve_fake(FakeEngine(), limits=cap) as url:
-        idle = [connect(url) for _ in range(8)]
+        idle = []
+        for _ in range(8):  # apart in time: connections accepted together are set up by
+            idle.append(connect(url))  # asyncio tasks in any order, so "oldest" would be
+            time.sleep(0.02)  # a coin toss between sockets opened in the same microsecond
         time.sleep(0.2)
         t0 = time.monotonic()
         with httpx.Client(timeout=SLACK + 5) as client:  # one kept-alive connection
