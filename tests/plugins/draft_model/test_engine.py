@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spec_sampling import fixed_depth
 
 from draftwise import LLM
 from draftwise.config import RefusedValueError
