@@ -132,12 +132,17 @@ class Speculation:
             self._show_parked(rows, tables)
         if not pending:
             return StepDrafts.none(n)
-        # what the drafters process: the drafts they made (adaptive depth prices a draft
-        # per expected draft made; a draft model stopped early by its confidence runs
-        # only the forwards it made drafts with, so dividing by the drafts asked read its
-        # cost ~3x low at k = 8), plus the backlog an own-KV drafter feeds first
-        # (positions it skipped while the row was at k = 0, or a prompt), so the cost
-        # per token is not a catch-up pass over one probe token
+        # what a draft costs: the step's proposing time over the drafts made (adaptive
+        # depth prices a draft per expected draft made; a draft model stopped early by
+        # its confidence runs only the forwards it made drafts with, so dividing by the
+        # drafts asked read its cost ~3x low at k = 8). The backlog an own-KV drafter
+        # feeds first (positions skipped while the row was at k = 0, or a prompt) is one
+        # batched forward whatever its length, not a draft each: counted as one draft's
+        # worth, and a step whose backlog outnumbers its drafts (a prompt's catch-up)
+        # is not a price at all. (Spreading the catch-up over its tokens priced the
+        # 0.5B draft of the 1.5B at 6.5 ms a draft where its drafts took 15: each new
+        # request's first probe fed a 30-token prompt and pulled the running price
+        # down, and adaptive depth drafted open prose at 0.90x speculation off.)
         clock = self.policy.cost.clock if self.policy is not None else time.perf_counter
         t0, num_made, num_backlog = clock(), 0, 0
         for pid, drafter in enumerate(self.drafters):
@@ -171,7 +176,8 @@ class Speculation:
         seconds = 0.0
         if self.policy is not None:  # the drafters' time, passed on with the drafts
             seconds = clock() - t0
-            self.policy.cost.observe_draft(seconds, num_made + num_backlog)
+            if num_made and num_backlog <= num_made:
+                self.policy.cost.observe_draft(seconds, num_made + (1 if num_backlog else 0))
         counts = [0 if p is None else len(p) for p in pieces]
         flat = [p for p in pieces if p is not None]
         if len(flat) == 1:  # (one drafting row, the usual case at concurrency 1: no copy)
@@ -460,9 +466,10 @@ def catch_up_tokens(rows: Sequence[DraftRow]) -> int:
     Each step's first draft forward feeds a row its last token and, after a step whose
     drafts were all accepted, the last draft (drafted, never fed): one forward of one or
     two tokens, about the cost of one (a small forward streams the same weights). Only
-    what lies before those (positions skipped at k = 0, a prompt) is a catch-up pass, to
-    be spread over its tokens; counting the ridealong draft too would price every draft
-    token of a deep-accepting row below one draft forward.
+    what lies before those (positions skipped at k = 0, a prompt) is a catch-up pass
+    (priced as one draft's worth, or not at all when it outnumbers the drafts: see
+    :meth:`Speculation.propose`); counting the ridealong draft too would call every step
+    of a deep-accepting row a catch-up.
     """
     return sum(max(0, len(r.token_ids) - 2 - r.num_kv_computed) for r in rows)
 

@@ -377,6 +377,46 @@ def test_adaptive_draft_model_that_rejects_turns_off(tiny: Path, tmp_path: Path,
     assert len(calls) <= 8
 
 
+def test_a_draft_models_price_is_its_drafts_not_its_prompt_catch_up(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An own-KV drafter's first probe of a request feeds it the whole prompt (one batched
+    forward) before its one draft; spreading that step's time over the prompt's tokens
+    priced the 0.5B draft of the 1.5B at 6.5 ms a draft where its drafts took 15, and
+    adaptive depth drafted open prose at a loss. A step whose catch-up outnumbers its
+    drafts is not a price; otherwise a catch-up counts one draft's worth."""
+    from draftwise.spec import speculation
+
+    cfg = {**DRAFT_MODEL_ADAPTIVE, "model": str(tiny)}
+    llm = LLM(model=str(tiny), dtype="bfloat16", speculative_config=cfg, max_num_seqs=8)
+    spec = llm.engine.spec
+    monkeypatch.setattr(type(spec.policy), "probe_could_pay", lambda *a: True)
+    steps: list[tuple[int, int]] = []  # (drafts made, catch-up tokens) per drafting step
+    observed: list[int] = []
+    real_catch_up, proposer = speculation.catch_up_tokens, spec.drafters[0].proposer
+    inner = proposer.propose
+
+    def catch_up(rows):  # noqa: ANN001, ANN202
+        steps.append((0, real_catch_up(rows)))
+        return steps[-1][1]
+
+    def propose(batch):  # noqa: ANN001, ANN202
+        out = inner(batch)
+        steps[-1] = (int(sum(out.num_draft_tokens)), steps[-1][1])
+        return out
+
+    def observe(self: CostModel, seconds: float, num_tokens: int) -> None:
+        observed.append(num_tokens)
+
+    monkeypatch.setattr(speculation, "catch_up_tokens", catch_up)
+    monkeypatch.setattr(CostModel, "observe_draft", observe)
+    proposer.propose = propose
+    llm.generate(prompts()[0], greedy(16))
+    assert any(b > m for m, b in steps)  # the prompt's catch-up happened (the case)
+    assert any(b == 0 and m for m, b in steps)  # and steady drafting steps
+    assert observed == [m + (1 if b else 0) for m, b in steps if m and b <= m]
+
+
 def test_the_engine_times_its_decode_steps_for_the_cost_model(tiny: Path) -> None:
     """Adaptive depth prices a draft token against the whole step: the engine times each
     decode step's forward (which calibrates the grid) and its rest (outside the target

@@ -254,7 +254,9 @@ def test_drafting_is_priced_per_draft_made(tmp_path: Path, monkeypatch) -> None:
     proposer.propose = propose
     llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 8, 5, 6, 9, 5]}],
                  SamplingParams(temperature=0, max_tokens=24))
-    assert seen == made  # one proposing call per step here, no backlog (no own KV)
+    # one proposing call per step here, no backlog (no own KV); a step that made no draft
+    # is no price
+    assert seen == [m for m in made if m]
     assert any(m < a for m, a in zip(made, asked))  # the case the rule is about
 
 
