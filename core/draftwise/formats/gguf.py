@@ -139,10 +139,11 @@ class GGUFCheckpoint:
         """The stored bytes, one row per line, as a read-only view of the mapped file."""
         return self._file.raw(name)
 
-    def release(self, name: str, rows: int | None = None) -> None:
+    def release(self, name: str, rows: int | None = None, evict: bool = False) -> None:
         """Drop a tensor's mapped pages from the process once its bytes were copied
-        (``rows``: only those of its first ``rows`` rows)."""
-        self._file.release(name, rows)
+        (``rows``: only those of its first ``rows`` rows; ``evict``: from the page cache
+        too, :meth:`GGUFFile.release`)."""
+        self._file.release(name, rows, evict)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""

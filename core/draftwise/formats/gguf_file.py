@@ -11,12 +11,15 @@ dequantization, and the writer the tests use.
 This module only maps the data: :meth:`GGUFFile.raw` is a zero-copy view of one
 tensor's stored bytes (pages load on use) for the quantized kernels' packing, and
 :meth:`GGUFFile.release` drops them from the resident set once they were copied (a
-packer following its progress gives them back a few MB at a time).
+packer following its progress gives them back a few MB at a time); asked to ``evict``,
+it drops them from the page cache too (a first start writing the packed-weights cache
+file: see :mod:`draftwise.models.packed_cache`).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 from typing import Any
 
 import numpy as np
@@ -52,10 +55,21 @@ class GGUFFile:
         flat = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return flat.reshape(-1, row_bytes(t)) if t.dims else flat
 
-    def release(self, name: str, rows: int | None = None) -> None:
+    def release(self, name: str, rows: int | None = None, evict: bool = False) -> None:
         """Drop a tensor's pages from this process (after copying them elsewhere): the
         page cache keeps them, the resident set no longer counts them. ``rows``: only the
-        whole pages of its first ``rows`` rows (a packer giving back what it has read)."""
+        whole pages of its first ``rows`` rows (a packer giving back what it has read).
+        ``evict``: drop them from the page cache as well (``POSIX_FADV_DONTNEED``), so the
+        memory they held is what the next pages written are made of.
+
+        Why evict: on a VM with free page reporting, a page the guest has never used (or
+        handed back) is supplied by the host on first touch, and that cost ~3 s of
+        system time per GB on this project's 2-core VM, while a page just freed inside the
+        guest is reused for a fraction of it. A first start that packs the weights into
+        the cache file turns the GGUF's page-cache copy into the packed file's, page for
+        page, instead of asking for a second GB; later starts map the packed file and
+        never read these bytes again. The kernel skips pages another process has mapped
+        (a llama.cpp server on the same file keeps its copy)."""
         t = self.tensors[name]
         start = t.offset - t.offset % mmap.PAGESIZE
         end = t.offset + t.nbytes
@@ -66,5 +80,11 @@ class GGUFFile:
             return
         try:
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+            if evict and hasattr(os, "posix_fadvise"):
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
         except OSError:  # advice only
             pass

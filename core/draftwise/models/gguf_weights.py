@@ -234,7 +234,9 @@ def _stream_to_file(
 
     Each thread packs a weight at a time through one scratch buffer of its own, reused
     (fresh memory faulted once, not per weight), and gives the weight's stored pages back
-    as they are read, as :func:`_pack_groups`'s ``pack`` does."""
+    as they are read, to the page cache too (``evict``: the memory of the GGUF's copy
+    becomes the packed file's, ``GGUFFile.release``; later starts map the packed file and
+    do not read these bytes)."""
     widest = max(TILE * _widest_row_bytes(parts_of[t], k_of[t]) for t in sizes)
     scratch_bytes = max(PACK_CALL_BYTES, widest)
     local = threading.local()
@@ -250,11 +252,11 @@ def _stream_to_file(
         names, parts, base = stored[target], parts_of[target], offsets[target]
         follow = None
         if len(parts) == 1 and parts[0].order is None:
-            follow = functools.partial(ckpt.release, names[0])
+            follow = functools.partial(ckpt.release, names[0], evict=True)
         pack_quant_stream(parts, k_of[target], scratch,
                           lambda offset, chunk: writing.write(base + offset, chunk), follow)
         for name in names:
-            ckpt.release(name)
+            ckpt.release(name, evict=True)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:

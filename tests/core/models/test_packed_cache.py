@@ -221,3 +221,50 @@ def test_two_loads_at_once_write_one_whole_file(tiny_gguf, cache_on: Path, monke
     assert len(mapped) == 1 and mapped[0] is not None
     want = logits(third, IDS)
     assert all(torch.equal(logits(m, IDS), want) for m in models)
+
+
+def test_a_first_start_hands_the_ggufs_page_cache_to_the_file_it_writes(
+        tiny_gguf, cache_on: Path, monkeypatch) -> None:
+    """Writing the cache file, the packer drops each packed tensor's GGUF pages from the
+    page cache (their memory becomes the file's, ``GGUFFile.release(evict=True)``): every
+    quantized tensor's whole pages are advised away, and nothing outside the tensors. A
+    start that maps the file, or runs without the cache, drops nothing (it would make the
+    next start without a cache read the GGUF from disk)."""
+    import mmap
+    import os
+
+    from draftwise.formats.gguf_file import GGUFFile
+
+    t = tiny_gguf(arch="qwen2", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=False,
+                  tensor_types=Q4_K_M, **SHAPE)
+    dropped: list[tuple[int, int]] = []
+    advise = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            dropped.append((offset, offset + length))
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    want = logits(_load_and_wait(str(t.path)), IDS)
+    file = GGUFFile(str(t.path))
+    quantized = [i for i in file.tensors.values() if i.qtype not in (Q.F32, Q.F16)]
+    assert quantized and dropped
+    page = mmap.PAGESIZE
+    for info in quantized:  # each quantized tensor's whole pages are dropped
+        first = -(-info.offset // page) * page
+        last = (info.offset + info.nbytes) // page * page
+        covered = sorted(r for r in dropped if r[1] > first and r[0] < last)
+        at = first
+        for lo, hi in covered:
+            assert lo <= at, f"{info.name}: bytes {at}..{lo} kept"
+            at = max(at, hi)
+        assert at >= last, f"{info.name}: bytes {at}..{last} kept"
+    header_end = min(i.offset for i in file.tensors.values())
+    assert all(lo >= header_end - header_end % page for lo, _ in dropped)  # never the header
+    dropped.clear()
+    again = logits(_load_and_wait(str(t.path)), IDS)  # maps the file: reads nothing, drops nothing
+    assert dropped == [] and torch.equal(want, again)
+    monkeypatch.setenv(packed_cache.ENV, "0")
+    off = logits(_load_and_wait(str(t.path)), IDS)  # packs in memory, every start: drops nothing
+    assert dropped == [] and torch.equal(want, off)
