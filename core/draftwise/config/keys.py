@@ -11,9 +11,10 @@ import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from draftwise.config.core import CORE_REFUSALS
 from draftwise.config.errors import ConfigError, InvalidValueError, UnknownKeyError, show
 from draftwise.config.vllm_fields import FIELDS_BY_NAME, REMOVED_KEYS
-from draftwise.speculator import CORE_KEYS, NAMESPACE
+from draftwise.speculator import ANY_VALUE, CORE_KEYS, NAMESPACE, Refusal
 
 if TYPE_CHECKING:
     from draftwise.plugins.registry import SpeculatorRegistry
@@ -48,15 +49,26 @@ def known_keys(registry: SpeculatorRegistry) -> frozenset[str]:
     return frozenset(FIELDS_BY_NAME) | frozenset(CORE_KEYS) | registry.option_keys() | {NAMESPACE}
 
 
+def _always_refused(refusals: tuple[Refusal, ...]) -> set[str]:
+    """Keys refused whatever their value: listing them as accepted would mislead."""
+    return {r.key for r in refusals if r.values is ANY_VALUE}
+
+
 def accepted_keys(data: Mapping[str, Any], registry: SpeculatorRegistry) -> tuple[str, list[str]]:
-    """(who accepts them, the keys honoured) for the method ``data`` resolves to, if any."""
+    """(who accepts them, the keys honoured) for the method ``data`` resolves to, if any.
+
+    A key the core or the method refuses for every value is left out (issue 42, D4).
+    """
     from draftwise.config.methods import resolve_method
 
     try:
         spec = resolve_method(data, registry).registration.speculator
     except ConfigError:
-        return "the core", sorted({*CORE_KEYS, NAMESPACE})
-    return f"method '{spec.method}'", sorted({*CORE_KEYS, *spec.options.model_fields, NAMESPACE})
+        keys = {*CORE_KEYS, NAMESPACE} - _always_refused(CORE_REFUSALS)
+        return "the core", sorted(keys)
+    keys = {*CORE_KEYS, *spec.options.model_fields, NAMESPACE}
+    keys -= _always_refused((*CORE_REFUSALS, *spec.refusals))
+    return f"method '{spec.method}'", sorted(keys)
 
 
 def suggest(key: str, candidates: frozenset[str] | tuple[str, ...]) -> str | None:

@@ -67,6 +67,8 @@ class PluginHost:
     pm: pluggy.PluginManager = field(default_factory=new_plugin_manager)
     #: installed entry points that the plugin selection left out
     excluded: list[DistInfo] = field(default_factory=list)
+    #: what discovery saw when this host loaded (see :func:`entry_point_fingerprint`)
+    discovered: tuple[tuple[str, str, str, str], ...] = ()
     _dists: dict[str, DistInfo] = field(default_factory=dict, init=False, repr=False)
 
     def register(self, plugin: object, dist: DistInfo) -> None:
@@ -117,6 +119,13 @@ def discover(group: str = GROUP) -> list[tuple[importlib.metadata.EntryPoint, Di
     return sorted(found, key=lambda pair: (pair[0].name, pair[1].name, pair[0].value))
 
 
+def entry_point_fingerprint(
+    found: list[tuple[importlib.metadata.EntryPoint, DistInfo]],
+) -> tuple[tuple[str, str, str, str], ...]:
+    """What identifies a discovery result: so a later scan can tell whether anything changed."""
+    return tuple((ep.name, ep.value, d.name, d.version) for ep, d in found)
+
+
 def _selected(dist: DistInfo, selection: frozenset[str] | None) -> bool:
     if selection is None:
         return True
@@ -134,6 +143,7 @@ def load_entry_point_plugins(
     """
     wanted = parse_selection(selection)
     found = discover(group)
+    host.discovered = entry_point_fingerprint(found)
     if wanted:
         known = {d.entry_point for _, d in found} | {normalize_dist_name(d.name) for _, d in found}
         missing = sorted(
@@ -304,6 +314,24 @@ def get_plugin_host() -> PluginHost:
     return _default_host(os.environ.get(ENV_VAR))
 
 
+def refresh_if_plugins_changed() -> bool:
+    """Forget the process's plugins if the installed entry points changed since they loaded.
+
+    Why: the default registry is loaded once per process, so a plugin installed (or a
+    ``*.dist-info`` put on ``sys.path``) after the first engine would stay invisible and be
+    refused as unknown. Called only when a config names a method the registry lacks, so
+    the ordinary path never re-scans. Returns whether anything changed (the caller then
+    loads the registry again, once).
+    """
+    if _default_host.cache_info().currsize == 0:
+        return False  # nothing loaded yet: the next load scans anyway
+    importlib.invalidate_caches()  # a path entry's directory listing may be cached
+    if entry_point_fingerprint(discover()) == get_plugin_host().discovered:
+        return False
+    reset_plugin_cache()
+    return True
+
+
 def reset_plugin_cache() -> None:
     """Forget the loaded plugins (tests; after installing a plugin in-process)."""
     _default_host.cache_clear()
@@ -324,7 +352,9 @@ __all__ = [
     "load_speculators",
     "new_plugin_manager",
     "normalize_dist_name",
+    "entry_point_fingerprint",
     "parse_selection",
+    "refresh_if_plugins_changed",
     "register_commands",
     "reset_plugin_cache",
     "summarize",

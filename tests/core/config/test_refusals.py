@@ -31,7 +31,7 @@ FIVE = (
 NGRAM_KEYS = (
     "draft_sample_method, draft_tensor_parallel_size, draftwise, enforce_eager, max_model_len, "
     "method, model, num_speculative_tokens, num_speculative_tokens_per_batch_size, "
-    "prompt_lookup_max, prompt_lookup_min, quantization, rejection_sample_method"
+    "prompt_lookup_max, prompt_lookup_min, rejection_sample_method"
 )
 
 
@@ -71,6 +71,36 @@ def test_unknown_key_with_did_you_mean_and_accepted_keys(installed_registry) -> 
 def test_unknown_key_without_a_close_match(installed_registry) -> None:
     err = refuse({**NGRAM, "xyzzy": 1}, installed_registry, UnknownKeyError)
     assert str(err).startswith("unknown key 'xyzzy'. Keys accepted for method 'ngram': ")
+
+
+def test_accepted_keys_leave_out_keys_refused_whatever_their_value(plugin_host) -> None:
+    """Issue 42 (D4): a key the method (or the core) refuses for every value is not
+    "accepted"; one refused only for some values still is."""
+    from pydantic import BaseModel, ConfigDict
+
+    from draftwise import hookimpl
+    from draftwise.plugins import DistInfo, load_speculators
+    from draftwise.speculator import Refusal, Speculator
+
+    class Opts(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        heads: int = 4
+
+    class Acme:
+        @hookimpl
+        def register_speculators(self, register) -> None:
+            register(Speculator(method="acme", options=Opts, refusals=(
+                Refusal("draft_tensor_parallel_size", "one device", "drop it"),
+                Refusal("draft_sample_method", "no draft probabilities", "use 'greedy'",
+                        values=("probabilistic",)),
+            )))
+
+    plugin_host.register(Acme(), DistInfo("acme", "1.0", "acme", "acme"))
+    err = refuse({"method": "acme", "xyzzy": 1}, load_speculators(plugin_host), UnknownKeyError)
+    accepted = str(err).split("Keys accepted for method 'acme': ")[1].split(".")[0].split(", ")
+    assert "heads" in accepted and "draft_sample_method" in accepted
+    assert "draft_tensor_parallel_size" not in accepted  # the method refuses any value
+    assert "quantization" not in accepted  # the core refuses any value
 
 
 def test_key_differing_in_case_is_suggested(installed_registry) -> None:
