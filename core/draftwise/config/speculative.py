@@ -34,6 +34,8 @@ from draftwise.config.errors import (
     InvalidJSONError,
     InvalidValueError,
     RefusedValueError,
+    UnknownKeyError,
+    UnknownMethodError,
     show,
 )
 from draftwise.config.jsonio import load_json
@@ -200,7 +202,9 @@ def parse_speculative_config(
 
     :param obj: the JSON text ``--speculative-config`` takes, the same object as a dict
         (``EngineArgs(speculative_config=...)``), or an already resolved config.
-    :param registry: the installed speculators; default: :func:`load_speculators`.
+    :param registry: the installed speculators; default: :func:`load_speculators`, the
+        process's cached registry, scanned again once when the config names a method or
+        key it lacks (a plugin installed after the first engine is then found).
     :raises ConfigError: a subclass naming the key, quoting the value, saying why and
         what works instead.
     """
@@ -219,11 +223,17 @@ def parse_speculative_config(
             f"the speculative config is refused: nested deeper than {jsontext.MAX_DEPTH} "
             "levels", reason="too deep",
         )
-    if registry is None:
-        from draftwise.plugins.manager import load_speculators
+    if registry is not None:
+        return _resolve(data, registry, in_chain=False)
+    from draftwise.plugins.manager import load_speculators, refresh_if_plugins_changed
 
-        registry = load_speculators()
-    return _resolve(data, registry, in_chain=False)
+    try:
+        return _resolve(data, load_speculators(), in_chain=False)
+    except (UnknownMethodError, UnknownKeyError):
+        # the process's registry may predate a plugin installed since: re-scan once
+        if not refresh_if_plugins_changed():
+            raise
+    return _resolve(data, load_speculators(), in_chain=False)
 
 
 def _resolve(

@@ -289,6 +289,39 @@ def test_default_host_is_cached_until_reset(fresh_plugin_cache) -> None:
     assert get_plugin_host() is not host
 
 
+MEDUSA_SOURCE = """
+from pydantic import BaseModel, ConfigDict
+from draftwise import hookimpl
+from draftwise.speculator import Speculator
+
+class Opts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    heads: int = 4
+
+@hookimpl
+def register_speculators(register):
+    register(Speculator(method="medusa", options=Opts))
+"""
+
+
+def test_a_plugin_added_after_the_first_load_is_found(
+    make_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 (D0): the default registry is cached per process; a config naming a method
+    (or an option key) it lacks re-scans the entry points once, so a plugin registered
+    after the first engine is found instead of refused as unknown."""
+    monkeypatch.delenv("DRAFTWISE_PLUGINS", raising=False)
+    before = load_speculators()
+    assert "medusa" not in before.methods()
+    with pytest.raises(UnknownMethodError):  # nothing changed: refused, cache kept
+        parse_speculative_config({"method": "medusa", "num_speculative_tokens": 2})
+    assert load_speculators() is before
+    make_dist("acme-medusa", "1.0", {"medusa": "acme_medusa"}, {"acme_medusa": MEDUSA_SOURCE})
+    resolved = parse_speculative_config({"method": "medusa", "heads": 2, "num_speculative_tokens": 2})
+    assert resolved is not None and resolved.method == "medusa"
+    assert "medusa" in load_speculators().methods() and load_speculators() is not before
+
+
 def test_summarize(plugin_host: PluginHost) -> None:
     plugin_host.register(LookaheadPlugin(), dist("acme-lookahead", "2.0", "lookahead"))
     [row] = summarize(plugin_host)
