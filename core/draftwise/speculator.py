@@ -310,25 +310,36 @@ class ChecksCheckpoint(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ProposerContext:
-    """The narrow view of the engine a proposer gets: never the engine itself."""
+    """The narrow view of the engine a proposer gets: never the engine itself.
 
-    num_speculative_tokens: int  # k
-    #: the target's vocabulary: draft ids and ``draft_probs`` columns live in it
+    Attributes:
+        num_speculative_tokens: k, the most drafts per row per step.
+        vocab_size: the target's vocabulary: draft ids and ``draft_probs`` columns live
+            in it.
+        max_model_len: the longest sequence the engine runs.
+        draft_sample_method: ``"greedy"`` or ``"probabilistic"`` (vLLM's name).
+        draft: :attr:`LoadedDraft.weights` for a method with a ``loader``; else None.
+        target: the loaded target, a :class:`~draftwise.target.LoadedTarget` (its
+            ``model`` is the :class:`~draftwise.target.TargetModel` surface: ``embed``,
+            ``final_norm``, ``lm_head``, ``layers``...). The engine sets it for every
+            method it builds, with or without a loader; None only in a context a test
+            builds by hand.
+        kv_cache: ``own_kv_cache``: this proposer's KV in the core's pool, indexed by
+            block tables; else None.
+        block_size: tokens per KV block (slot of position p: ``table[p // block_size]``).
+        confidence_threshold: ``"draftwise": {"confidence_threshold": t}``: verify only
+            the drafts before the first one the drafter's confidence head scores under t
+            (0: verify every draft).
+    """
+
+    num_speculative_tokens: int
     vocab_size: int
     max_model_len: int
-    #: "greedy" or "probabilistic" (vLLM's draft_sample_method)
     draft_sample_method: str = "greedy"
-    #: model-based methods: :attr:`LoadedDraft.weights`
     draft: Any = None
-    #: model-based methods: the loaded target (``draftwise.target.LoadedTarget``: its
-    #: ``model`` is the declared :class:`~draftwise.target.TargetModel` surface)
     target: LoadedTarget | None = None
-    #: ``own_kv_cache``: this proposer's KV in the core's pool, indexed by block tables
     kv_cache: KVCache | None = None
-    #: tokens per KV block (slot of position p: ``table[p // block_size]``)
     block_size: int = 16
-    #: ``"draftwise": {"confidence_threshold": t}``: verify only the drafts before the first
-    #: one the drafter's confidence head scores under t (0: verify every draft)
     confidence_threshold: float = 0.0
 
 
@@ -341,39 +352,50 @@ def _default_params() -> SamplingParams:
 
 @dataclass(slots=True)
 class DraftRow:
-    """One running request as the proposer sees it at the start of a step."""
+    """One running request as the proposer sees it at the start of a step.
+
+    Attributes:
+        req_id: the request's id (the key of any per-request state; see ``release``).
+        token_ids: every token so far, prompt then output, ``[num_tokens]`` int64 (a
+            view: copy what you keep). The last one has no target KV yet: the target
+            computes it this step.
+        max_draft: the most draft tokens this row may get this step (budget and length
+            already applied).
+        params: the request's sampling settings (probabilistic drafting processes logits
+            with them); greedy defaults when a test builds a row by hand.
+        generator: the request's own generator (None: greedy or unseeded); verification
+            draws after you.
+        history: the committed history its logits are processed with (penalties, bias,
+            masks), when ``params`` asks for any; pass ``history.after(drafts_so_far)``
+            to ``draftwise.kit.pick_draft_tokens`` so drafts follow the target's
+            processing.
+        num_kv_computed: ``own_kv_cache``: leading positions whose entries in your KV are
+            right. A ``needs_target_hidden`` reader without KV: the first position of
+            ``hidden``'s rows (where the rows it was last handed ended; at a request's
+            first row, its prefix-cache hit, a whole number of blocks, else 0).
+        block_table: ``own_kv_cache``: the request's block ids; covers every position up
+            to ``len(token_ids) - 1 + max_draft``.
+        hidden: ``needs_target_hidden``: layer -> ``[n, hidden_size]`` in the target's
+            dtype, ``n = len(token_ids) - 1 - num_kv_computed``: the target's hidden
+            states (pre-``final_norm``) at positions ``num_kv_computed ..
+            len(token_ids) - 2``, the newest last, for every layer the method named;
+            without own KV ``n >= 1``. None only for methods that read no hidden states.
+        num_prompt_tokens: how many leading ``token_ids`` are the prompt (None: not
+            known, e.g. a hand-built row).
+        isolation_key: the request's isolation key: a proposer may draft a row from
+            other requests' tokens only when they carry the same key; None: from its own.
+    """
 
     req_id: str
-    #: every token so far, prompt then output, ``[num_tokens]`` int64 (a view: copy what
-    #: you keep). The last one has no target KV yet: the target computes it this step.
-    token_ids: np.ndarray
-    #: the most draft tokens this row may get this step (budget and length already applied)
+    token_ids: np.ndarray  # [num_tokens] int64
     max_draft: int
-    #: the request's sampling settings (probabilistic drafting processes logits with them);
-    #: greedy defaults when a test builds a row by hand
     params: SamplingParams = field(default_factory=lambda: _default_params())
-    #: the request's own generator (None: greedy or unseeded); verification draws after you
     generator: torch.Generator | None = None
-    #: the committed history its logits are processed with (penalties, bias, masks), when
-    #: ``params`` asks for any; pass ``history.after(drafts_so_far)`` to
-    #: ``draftwise.spec.drafting.pick_draft_tokens`` so drafts follow the target's processing
     history: TokenHistory | None = None
-    #: ``own_kv_cache``: leading positions whose entries in your KV are right; a
-    #: ``needs_target_hidden`` reader without KV: the first position of ``hidden``'s rows
-    #: (where the rows it was last handed ended; after admission, the prefix-cache hit)
     num_kv_computed: int = 0
-    #: ``own_kv_cache``: the request's block ids; covers every position up to
-    #: ``len(token_ids) - 1 + max_draft``
     block_table: list[int] = field(default_factory=list)
-    #: ``needs_target_hidden``: layer -> ``[len(token_ids) - 1 - num_kv_computed, hidden]``,
-    #: the target's hidden states at positions ``num_kv_computed .. len(token_ids) - 2``
-    #: (the newest last), for every layer the method named; without own KV there is at
-    #: least one row. None only for methods that read no hidden states
-    hidden: dict[int, torch.Tensor] | None = None
-    #: how many leading ``token_ids`` are the prompt (None: not known, e.g. a hand-built row)
+    hidden: dict[int, torch.Tensor] | None = None  # layer -> [n, hidden_size]
     num_prompt_tokens: int | None = None
-    #: the request's isolation key (``Request.isolation_key``): a proposer may draft a row
-    #: from other requests' tokens only when they carry the same key; None: from its own
     isolation_key: str | None = None
 
 
@@ -384,26 +406,54 @@ class DraftInput:
     rows: list[DraftRow]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Drafts:
-    """Flat draft tokens for a batch: row ``i`` owns ``token_ids[cu[i]:cu[i+1]]``."""
+    """Flat draft tokens for a batch: row ``i`` owns ``token_ids[cu[i]:cu[i+1]]``.
+
+    Equality compares the values (arrays element by element), so tests can write
+    ``assert drafts == Drafts.from_lists([[5, 6], []])``; a dataclass's generated
+    ``__eq__`` would compare the ndarrays with ``==`` and raise.
+
+    Attributes:
+        token_ids: ``[total_draft_tokens]`` int64 ids in the target's vocabulary, the
+            rows' drafts one after another, in ``DraftInput.rows`` order.
+        num_draft_tokens: ``[num_rows]``: how many of ``token_ids`` each row owns, at
+            most its ``max_draft``; 0 means no speculation for that row.
+        draft_probs: ``[total_draft_tokens, vocab_size]`` float32 draft probabilities q,
+            or None (one-hot q at each draft token: lossless either way).
+        kv_valid: ``own_kv_cache``: per row, how many leading positions of your KV are
+            right if every draft of the row is accepted (None: nothing written,
+            ``num_kv_computed`` stands).
+        evidence: per row, how strong the drafter's reason for the draft is, as a small
+            integer (n-gram: the length of the suffix match it followed; draft_model: its
+            confidence in the row's first draft, in bands), or None: no such signal.
+            Adaptive depth keeps acceptance per value, so a draft on strong evidence is
+            verified deeper than one on weak evidence (rows without a draft: any value).
+            It must be fixed before the row's tokens are drawn (from the context, as
+            n-gram's match length is): the drafts verified are cut on it, and a cut that
+            reads a sampled draft's own value changes the output distribution.
+    """
 
     token_ids: np.ndarray  # [total_draft_tokens] int64, target vocabulary
-    num_draft_tokens: list[int]  # [num_rows]; 0 means no speculation for that row
-    #: ``[total_draft_tokens, vocab]`` float32 draft probabilities q, or None (one-hot q)
-    draft_probs: torch.Tensor | None = None
-    #: ``own_kv_cache``: per row, how many leading positions of your KV are right if every
-    #: draft of the row is accepted (None: nothing written, ``num_kv_computed`` stands)
+    num_draft_tokens: list[int]  # [num_rows]
+    draft_probs: torch.Tensor | None = None  # [total_draft_tokens, vocab_size] float32
     kv_valid: list[int] | None = None
-    #: per row, how strong the drafter's reason for the draft is, as a small integer
-    #: (n-gram: the length of the suffix match it followed; draft_model: its confidence
-    #: in the row's first draft, in bands), or None: no such signal.
-    #: Adaptive depth keeps acceptance per value, so a draft on strong evidence is
-    #: verified deeper than one on weak evidence (rows without a draft: any value).
-    #: It must be fixed before the row's tokens are drawn (from the context, as n-gram's
-    #: match length is): the drafts verified are cut on it, and a cut that reads a
-    #: sampled draft's own value changes the output distribution (``StepDrafts.cut``)
     evidence: list[int] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Drafts):
+            return NotImplemented
+        if (list(self.num_draft_tokens), self.kv_valid, self.evidence) != (
+            list(other.num_draft_tokens), other.kv_valid, other.evidence
+        ) or not np.array_equal(self.token_ids, other.token_ids):
+            return False
+        if self.draft_probs is None or other.draft_probs is None:
+            return self.draft_probs is other.draft_probs
+        import torch
+
+        return bool(torch.equal(self.draft_probs, other.draft_probs))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: compare, never hash
 
     @property
     def cu_num_draft_tokens(self) -> list[int]:
@@ -495,24 +545,36 @@ ProposerFactory = Callable[[BaseModel, ProposerContext], Proposer]
 
 @dataclass(frozen=True, slots=True)
 class Speculator:
-    """One method's declaration, registered by a plugin through ``register_speculators``."""
+    """One method's declaration, registered by a plugin through ``register_speculators``.
+
+    Attributes:
+        method: the name configs use (``"method": "..."``): lower case, ``[a-z][a-z0-9_]*``.
+        options: pydantic model of the method-specific keys it honours; must use
+            ``extra="forbid"``, and may not declare a core key (``CORE_KEYS``).
+        make_proposer: ``(options, ctx: ProposerContext) -> Proposer``; ``None`` means the
+            method is declared but not built yet (its config is checked; the engine and
+            ``draftwise plugins`` say it cannot run).
+        aliases: other names that resolve to ``method`` (with a notice).
+        refusals: keys or values the method cannot honour, as :class:`Refusal` data,
+            checked before any value is validated; also left out of check-config's
+            "Keys accepted" when refused for any value.
+        loader: detects and loads the draft checkpoint (required with
+            ``needs_checkpoint`` once ``make_proposer`` is set; ``own_kv_cache`` needs a
+            checkpoint for its KV layout).
+        capabilities: what the proposer needs from the core (:class:`Capabilities`).
+        description: one line, shown by ``draftwise plugins``.
+        own_depth_stop: given the method's options, the setting by which the drafter
+            cuts its own drafts by confidence (e.g. ``"min_draft_confidence=0.8"``), or
+            None. Such a stop already prices depth, so a config that sets it keeps fixed
+            depth unless it asks for adaptive depth.
+    """
 
     method: str
-    #: pydantic model of the method-specific keys it honours; must use ``extra="forbid"``
     options: type[BaseModel]
-    #: builds the proposer; ``None`` means the method is declared but not built yet
-    #: (its config is checked; the engine and ``draftwise plugins`` say it cannot run)
     make_proposer: ProposerFactory | None = None
     aliases: tuple[str, ...] = ()
     refusals: tuple[Refusal, ...] = ()
-    #: detects and loads the draft checkpoint (required with needs_checkpoint once
-    #: make_proposer is set; own_kv_cache needs a checkpoint for its KV layout)
     loader: Loader | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
-    #: one line, shown by ``draftwise plugins``
     description: str = ""
-    #: given the method's options, the setting by which the drafter cuts its own drafts
-    #: by confidence (e.g. ``"min_draft_confidence=0.8"``), or None. Such a stop already
-    #: prices depth, so a config that sets it keeps fixed depth unless it asks for
-    #: adaptive depth (``draftwise.config.speculative._depth_default`` says why)
     own_depth_stop: Callable[[BaseModel], str | None] | None = None

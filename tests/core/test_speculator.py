@@ -62,3 +62,44 @@ def test_loading_every_installed_plugin_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_drafts_compare_by_value() -> None:
+    """Issue 42 (D3): ``Drafts == Drafts`` compares the arrays instead of raising."""
+    import numpy as np
+    import torch
+
+    from draftwise.speculator import Drafts
+
+    a = Drafts.from_lists([[5, 6], [], [7]])
+    assert a == Drafts.from_lists([[5, 6], [], [7]])
+    assert a != Drafts.from_lists([[5, 6], [7], []])  # same tokens, other rows
+    assert a != Drafts.from_lists([[5, 8], [], [7]])
+    assert Drafts.empty(2) == Drafts.empty(2) and Drafts.empty(2) != Drafts.empty(3)
+    assert a != Drafts(np.array([5, 6, 7]), [2, 0, 1], kv_valid=[3, 0, 2])
+    q = torch.full((3, 4), 0.25)
+    with_q = Drafts(np.array([5, 6, 7]), [2, 0, 1], draft_probs=q)
+    assert with_q == Drafts(np.array([5, 6, 7]), [2, 0, 1], draft_probs=q.clone())
+    assert with_q != a  # explicit q vs one-hot q
+    assert a != [[5, 6], [], [7]]
+    with pytest.raises(TypeError):
+        hash(a)
+
+
+def test_runtime_help_documents_the_contract_fields() -> None:
+    """Issue 42 (D5): ``help()`` of the kit's contract types says what each field means."""
+    import pydoc
+
+    import draftwise.kit as kit
+
+    for name, fields in {
+        "DraftRow": ("req_id", "token_ids", "max_draft", "num_kv_computed", "hidden"),
+        "Drafts": ("token_ids", "num_draft_tokens", "draft_probs", "kv_valid", "evidence"),
+        "Speculator": ("method", "options", "make_proposer", "refusals", "capabilities"),
+        "ProposerContext": ("vocab_size", "draft", "target", "kv_cache"),
+    }.items():
+        text = pydoc.render_doc(getattr(kit, name), renderer=pydoc.plaintext)
+        for f in fields:
+            assert f"    {f}: " in text, f"{name}.{f} is not described in help()"
+    assert "register(speculator)" in pydoc.render_doc(kit.RegisterSpeculator,
+                                                      renderer=pydoc.plaintext)

@@ -11,8 +11,7 @@ the spec); they are never renamed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pluggy
 
@@ -23,16 +22,29 @@ if TYPE_CHECKING:
 
 hookspec = pluggy.HookspecMarker("draftwise")
 
-#: the callback handed to ``register_speculators``
-RegisterSpeculator = Callable[["Speculator"], None]
+class RegisterSpeculator(Protocol):
+    """The callback core hands to ``register_speculators``: ``register(speculator)``.
+
+    A Protocol rather than a ``Callable`` alias so that ``help()`` shows this. Call it
+    once per method with a frozen :class:`~draftwise.speculator.Speculator`. It only
+    records the registration, tagged with your distribution: malformed values (a bad
+    method name, options without ``extra="forbid"``, contradictory capabilities) and a
+    method or alias another distribution also claims are refused by name when the
+    registry is built, right after the hook returns.
+    """
+
+    def __call__(self, speculator: Speculator, /) -> None:
+        """Register one method."""
+        ...
 
 
 @hookspec
 def register_speculators(register: RegisterSpeculator) -> None:
     """Declare the speculative-decoding methods this plugin provides.
 
-    Called once per process, when the core first needs the speculator registry (the
-    CLI at startup, ``LLMEngine`` at construction). Call ``register(speculator)`` once
+    Called when the core first needs the speculator registry (the CLI at startup,
+    ``LLMEngine`` at construction), and again, for every plugin, if a later config names
+    a method or key that registry lacks and the installed entry points changed since. Call ``register(speculator)`` once
     per method, with a frozen :class:`~draftwise.speculator.Speculator` carrying its
     method name, aliases, options model, refusals, capabilities and proposer factory.
     Keep it cheap: build no weights or torch modules here.

@@ -14,7 +14,6 @@ import functools
 import importlib.metadata
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +188,7 @@ def collect_registrations(host: PluginHost) -> list[Registration]:
     for impl in host.pm.hook.register_speculators.get_hookimpls():
         dist = host.dist_of(impl.plugin)
         mine: list[Speculator] = []
-        register: Callable[[Speculator], None] = mine.append
+        register: hookspecs.RegisterSpeculator = mine.append
         _call(impl, dist, "register_speculators", register=register)
         regs.extend(Registration(spec, dist) for spec in mine)
     return regs
