@@ -78,3 +78,23 @@ def test_greedy_identity_with_the_example_plugin(tmp_path: Path, medusa_lite, mo
     assert llm.engine.kv.num_used_blocks == 0 and llm.engine.spec.num_tracked_requests == 0
     if std == 0.0:  # zero heads: each drafts the LM head's token of the newest position
         assert heads_vs_last and all(heads_vs_last)
+
+
+def test_the_pages_excerpt_is_the_files_own_code() -> None:
+    """docs/writing-a-plugin.md section 5.4 quotes the proposer with docstrings and counters
+    left out: every line it shows must be the file's, in the file's order (issue 42, D7),
+    so the quoted code cannot drift from the code this module runs."""
+    page = (EXAMPLE.parents[1] / "writing-a-plugin.md").read_text().splitlines()
+    marker = next(i for i, line in enumerate(page)
+                  if line.startswith("<!-- doc-test: skip fragment: an excerpt of "
+                                     "docs/examples/medusa_lite/medusa_lite/proposer.py"))
+    assert page[marker + 1] == "```python"
+    end = page.index("```", marker + 2)
+    shown = [line.rstrip() for line in page[marker + 2 : end] if line.strip()]
+    source = [line.rstrip() for line in
+              (EXAMPLE / "medusa_lite" / "proposer.py").read_text().splitlines()]
+    at = 0
+    for line in shown:
+        assert line in source[at:], f"not in proposer.py (after line {at}): {line!r}"
+        at = source.index(line, at) + 1
+    assert len(shown) > 30  # the excerpt is the class, not a line or two
