@@ -90,7 +90,7 @@ def test_runtime_help_documents_the_contract_fields() -> None:
     """Issue 42 (D5): ``help()`` of the kit's contract types says what each field means."""
     import pydoc
 
-    import draftwise.kit as kit
+    from draftwise import kit
 
     for name, fields in {
         "DraftRow": ("req_id", "token_ids", "max_draft", "num_kv_computed", "hidden"),
