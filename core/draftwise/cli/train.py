@@ -141,7 +141,7 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
     from pathlib import Path
 
     from draftwise.cli.common import fail
-    from draftwise.train.dflash import DFlashPlan, train_dflash
+    from draftwise.train.dflash import DFlashPlan, mean_text, train_dflash
 
     plan = DFlashPlan(data=Path(data), out=Path(out), model=model, layers=layers,
                       block_size=block_size, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
@@ -161,6 +161,6 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
     else:
         click.echo(f"dflash: drafter in {report.out} after {report.step} steps (stopped by "
                    f"{report.stopped}); held-out mean acceptance length "
-                   f"{report.acceptance['mean_acceptance_length']:.3f}; use it with "
+                   f"{mean_text(report.acceptance)}; use it with "
                    f"--speculative-config '{{\"method\": \"dflash\", \"model\": "
                    f"\"{report.out}\", \"num_speculative_tokens\": {block_size - 1}}}'")

@@ -86,7 +86,7 @@ class DFlashPlan:
     held_out_share: float = 0.05
     checkpoint_minutes: float = 5.0
     eval_minutes: float = 5.0
-    eval_anchors: int = 256
+    eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
     progress_seconds: float = 10.0
 
 
@@ -329,8 +329,7 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
         f"{len(data.train)} train / {len(data.held_out)} held-out sequences")
     if not run.history:
         acc = run.evaluate()
-        say(f"dflash: held-out acceptance before training {acc.mean_length:.3f} "
-            f"({acc.anchors} blocks)")
+        say(f"dflash: held-out acceptance before training {acc.describe()}")
     plan.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     mark_ckpt = mark_eval = mark_say = t0
@@ -356,7 +355,7 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
             if now - mark_eval >= plan.eval_minutes * 60:
                 mark_eval = now
                 acc = run.evaluate()
-                say(f"dflash: step {run.step}: held-out acceptance {acc.mean_length:.3f}")
+                say(f"dflash: step {run.step}: held-out acceptance {acc.describe()}")
             if now - mark_ckpt >= plan.checkpoint_minutes * 60:
                 mark_ckpt = now
                 run.save()
@@ -371,9 +370,15 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
     run.save()
     last = run.history[-1]
     say(f"dflash: stopped by {stopped} at step {run.step}; held-out acceptance "
-        f"{last['mean_acceptance_length']:.3f}; drafter in {plan.out}")
+        f"{mean_text(last)}; drafter in {plan.out}")
     return TrainReport(plan.out, run.step, stopped, run.losses, last, run.history,
                        time.monotonic() - t0)
+
+
+def mean_text(acceptance: dict[str, Any]) -> str:
+    """An estimate's mean acceptance length as printed (``none`` without greedy rows)."""
+    value = acceptance.get("mean_acceptance_length")
+    return "none" if value is None else f"{value:.3f}"
 
 
 def _line(run: Run, plan: DFlashPlan, elapsed: float, steps: int, labelled: int) -> str:
@@ -398,5 +403,6 @@ __all__ = [
     "TrainReport",
     "TrainResumeError",
     "load_target",
+    "mean_text",
     "train_dflash",
 ]
