@@ -164,3 +164,31 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
                    f"{mean_text(report.acceptance)}; use it with "
                    f"--speculative-config '{{\"method\": \"dflash\", \"model\": "
                    f"\"{report.out}\", \"num_speculative_tokens\": {block_size - 1}}}'")
+
+
+@train.command("estimate")
+@click.option("--drafter", required=True, type=click.Path(file_okay=False),
+              help="A drafter folder `train dflash` wrote.")
+@click.option("--data", required=True, type=click.Path(), help="The data folder it was trained on.")
+@click.option("--model", default=None, help="The target (default: the embedded model).")
+@click.option("--anchors", default=4096, show_default=True, type=click.IntRange(1),
+              help="Most anchor blocks drafted.")
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+def estimate(drafter: str, data: str, model: str | None, anchors: int,
+             num_threads: int | None) -> None:
+    """Print a saved DFlash drafter's held-out acceptance estimate as JSON."""
+    from pathlib import Path
+
+    import torch
+
+    from draftwise.cli.common import fail
+    from draftwise.train.dflash import estimate_saved
+
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        acc = estimate_saved(Path(drafter), Path(data), model, anchors)
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    click.echo(json.dumps(acc.as_dict(), indent=2))

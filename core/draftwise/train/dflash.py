@@ -38,7 +38,7 @@ import torch
 
 from draftwise.errors import DraftwiseError, EngineConfigError
 from draftwise.train.acceptance import Acceptance, estimate_acceptance
-from draftwise.train.dflash_layout import CONFIG, save_drafter, write_json
+from draftwise.train.dflash_layout import CONFIG, load_weights, save_drafter, shape_of, write_json
 from draftwise.train.dflash_net import DFlashNet, DFlashShape
 from draftwise.train.dflash_objective import (
     block_inputs,
@@ -52,6 +52,8 @@ from draftwise.train.dflash_objective import (
 from draftwise.train.trainset import TargetFacts, TrainSet, open_trainset
 
 STATE = "train_state.pt"
+#: every 20th usable sequence of the data folder is held out (``trainset`` rule 2)
+HELD_OUT_SHARE = 0.05
 REPORT = "draftwise_train.json"
 #: the plan fields a resumed run must share with the run it resumes (rule 3)
 FIXED = ("layers", "block_size", "intermediate_size", "mask_token_id", "lr", "warmup",
@@ -83,7 +85,7 @@ class DFlashPlan:
     anchors: int = 32  # blocks per sequence
     gamma: float | None = None  # None: the paper's for this block size
     grad_clip: float = 1.0
-    held_out_share: float = 0.05
+    held_out_share: float = HELD_OUT_SHARE
     checkpoint_minutes: float = 5.0
     eval_minutes: float = 5.0
     eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
@@ -375,6 +377,35 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
                        time.monotonic() - t0)
 
 
+def estimate_saved(drafter: Path, data: Path, model: str | None = None,
+                   max_anchors: int = 4096) -> Acceptance:
+    """The held-out estimate of a drafter already saved, on its data folder's split (the
+    one its ``train_state.pt`` records, else the default), without a training step: a
+    drafter trained before the estimate was the walk gets today's number."""
+    import json
+
+    config = drafter / CONFIG
+    if not config.is_file():
+        raise EngineConfigError(f"--drafter {drafter}: no {CONFIG}. Instead: a folder "
+                                "`draftwise train dflash --out` wrote.")
+    shape = shape_of(json.loads(config.read_text()))
+    share = HELD_OUT_SHARE
+    if (drafter / STATE).is_file():
+        share = torch.load(drafter / STATE, weights_only=False)["fixed"]["held_out_share"]
+    target = load_target(model)
+    data_set = open_trainset(data, target.facts, min_response=2, held_out_share=share)
+    if tuple(data_set.taps) != tuple(shape.target_layer_ids):
+        raise EngineConfigError(
+            f"--drafter {drafter} reads taps {list(shape.target_layer_ids)}, --data {data} "
+            f"records {list(data_set.taps)}. Instead: the data folder it was trained on.")
+    net = DFlashNet(shape)
+    load_weights(net, drafter)
+    net.eval()
+    last = target.facts.num_layers - 1
+    return estimate_acceptance(net, data_set.held_out, lambda s: data_set.taps_of(s, last),
+                               target.embed, target.head_bf16, max_anchors)
+
+
 def mean_text(acceptance: dict[str, Any]) -> str:
     """An estimate's mean acceptance length as printed (``none`` without greedy rows)."""
     value = acceptance.get("mean_acceptance_length")
@@ -399,6 +430,7 @@ def _line(run: Run, plan: DFlashPlan, elapsed: float, steps: int, labelled: int)
 __all__ = [
     "REPORT",
     "STATE",
+    "estimate_saved",
     "DFlashPlan",
     "TrainReport",
     "TrainResumeError",

@@ -60,6 +60,21 @@ def config_dict(shape: DFlashShape) -> dict[str, Any]:
     }
 
 
+def shape_of(config: dict[str, Any]) -> DFlashShape:
+    """The shape a saved ``config.json`` describes (the inverse of :func:`config_dict`)."""
+    d = config.get("dflash_config") or {}
+    return DFlashShape(
+        hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"], intermediate_size=config["intermediate_size"],
+        vocab_size=config["vocab_size"], block_size=d.get("block_size", config.get("block_size")),
+        target_layer_ids=tuple(d["target_layer_ids"]),
+        num_target_layers=config["num_target_layers"], mask_token_id=d["mask_token_id"],
+        rms_norm_eps=config["rms_norm_eps"], rope_theta=config["rope_theta"],
+        rope_scaling=config.get("rope_scaling"),
+        max_position_embeddings=config["max_position_embeddings"])
+
+
 def save_drafter(net: DFlashNet, out: Path) -> None:
     """The weights, then the config, each renamed into place (module doc)."""
     from safetensors.torch import save_file
@@ -86,4 +101,5 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["CONFIG", "WEIGHTS", "config_dict", "load_weights", "save_drafter", "write_json"]
+__all__ = ["CONFIG", "WEIGHTS", "config_dict", "load_weights", "save_drafter", "shape_of",
+           "write_json"]

@@ -80,3 +80,19 @@ def test_the_estimate_equals_the_engines_online_acceptance(tiny_target: str,
     assert [round(x * est.steps) for x in est.per_position] == \
         online.num_accepted_tokens_per_pos
     assert est.mean_length == pytest.approx(online.summary()["mean_acceptance_length"])
+
+
+def test_a_saved_drafter_is_estimated_again_as_its_run_did(tiny_target: str, tiny_data: Path,
+                                                            trained: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from draftwise.cli import cli
+    from draftwise.train.dflash import REPORT
+
+    last = json.loads((trained / REPORT).read_text())["acceptance"]
+    assert last["sequences"] >= 1 and last["steps"] >= 1
+    result = CliRunner().invoke(cli, ["train", "estimate", "--drafter", str(trained),
+                                      "--data", str(tiny_data), "--model", tiny_target])
+    assert result.exit_code == 0, result.output
+    assert {"step": last["step"], **json.loads(result.output)} == last
