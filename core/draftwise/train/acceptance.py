@@ -3,14 +3,16 @@
 Teacher-forced on held-out sequences of the data folder (never trained on). Why a walk and
 not an average over anchors: online, a step anchored at position ``a`` that accepts ``m``
 drafts moves the next anchor to ``a + m + 1``, so the positions a run drafts at are not a
-uniform sample of the sequence. Where the drafter is right the walk strides over several
-positions in one step, where it is wrong it stops at every one, and the engine's mean
-acceptance length (committed tokens per step) weights the hard stretches more than a
-uniform average over anchors does. On the default model's first drafter, over the 45
-greedy held-out rows: every anchor averaged 1.68, the walk 1.603, and the engine decoding
-the same prompts 1.602 (2,979 steps; ``docs/training.md``). The estimate before this one
-spread three anchors over each row, the first on the response's first token, where that
-drafter commits 3.38 tokens against 1.66 elsewhere, and read 2.11. So, rule by rule:
+uniform sample of the sequence: where the drafter is right the walk strides over several
+positions in one step, where it is wrong it stops at every one, so the engine's mean
+acceptance length (committed tokens per step) weights positions by how a run reaches
+them. And the first anchor of every row is the response's first token. On the default
+model's first drafter, over the 45 greedy held-out rows: every anchor counted once
+averaged 1.68, the walk 1.603, and the engine decoding the same prompts 1.602 (2,979
+steps); on the bench's prompts the walk read 1.529 and 1.228 where the engine measured
+1.526 and 1.228 (``docs/training.md``). The estimate before this one spread three anchors
+over each row, one on the response's first token, where that drafter commits 3.38 tokens
+against 1.66 elsewhere, and read 2.11. So, rule by rule:
 
 1. the rows walked are the held-out rows whose response is the target's greedy path: on
    them the recorded tokens are exactly what verify would commit. A row is greedy when
@@ -66,7 +68,7 @@ class Acceptance:
     sequences: int  # greedy rows walked
     #: share of draft steps whose first j+1 slots were all accepted, j = 0 .. B-2
     per_position: tuple[float, ...]
-    anchor_mean_length: float
+    anchor_mean_length: float | None  # None: no full block drafted
     anchors: int
     anchor_per_position: tuple[float, ...]
     skipped_sampled: int  # held-out rows not walked: not the target's greedy path (rule 1)
@@ -76,8 +78,10 @@ class Acceptance:
         if self.mean_length is None:
             return (f"none (no greedy held-out row; {self.skipped_sampled} sampled rows "
                     "cannot be walked)")
-        return (f"{self.mean_length:.3f} ({self.steps} steps on {self.sequences} greedy rows; "
-                f"{self.anchor_mean_length:.3f} averaged over every anchor)")
+        per_anchor = ("" if self.anchor_mean_length is None
+                      else f"; {self.anchor_mean_length:.3f} averaged over every anchor")
+        return (f"{self.mean_length:.3f} ({self.steps} steps on {self.sequences} greedy "
+                f"rows{per_anchor})")
 
     def as_dict(self) -> dict[str, object]:
         mean = None if self.mean_length is None else round(self.mean_length, 4)
@@ -85,7 +89,8 @@ class Acceptance:
                 "sequences": self.sequences,
                 "accepted_through_slot": [round(x, 4) for x in self.per_position],
                 "sampled_sequences_skipped": self.skipped_sampled,
-                "per_anchor": {"mean_acceptance_length": round(self.anchor_mean_length, 4),
+                "per_anchor": {"mean_acceptance_length": None if self.anchor_mean_length
+                               is None else round(self.anchor_mean_length, 4),
                                "anchors": self.anchors,
                                "accepted_through_slot": [round(x, 4) for x in
                                                          self.anchor_per_position]}}
@@ -191,12 +196,12 @@ def estimate_acceptance(
         mean_length=1.0 + sum(m for _, m in steps) / n if steps else None,
         steps=len(steps), sequences=walked,
         per_position=tuple(c / n for c in per_pos),
-        anchor_mean_length=1.0 + (float(acc.sum(1).float().mean()) if full else 0.0),
+        anchor_mean_length=1.0 + float(acc.sum(1).float().mean()) if full else None,
         anchors=len(full),
         anchor_per_position=tuple(float(x) for x in acc.float().mean(0)) if full
         else tuple(0.0 for _ in range(k)),
         skipped_sampled=skipped)
 
 
-__all__ = ["GREEDY_MARGIN", "Acceptance", "draft_hits", "estimate_acceptance", "greedy_path", "spread_anchors",
-           "walk_steps"]
+__all__ = ["GREEDY_MARGIN", "Acceptance", "draft_hits", "estimate_acceptance", "greedy_path",
+           "spread_anchors", "walk_steps"]

@@ -430,10 +430,10 @@ def _line(run: Run, plan: DFlashPlan, elapsed: float, steps: int, labelled: int)
 __all__ = [
     "REPORT",
     "STATE",
-    "estimate_saved",
     "DFlashPlan",
     "TrainReport",
     "TrainResumeError",
+    "estimate_saved",
     "load_target",
     "mean_text",
     "train_dflash",
