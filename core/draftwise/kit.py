@@ -30,7 +30,7 @@ Groups:
   ``AttentionMetadata``, ``paged_attention``, ``write_kv``, ``add_rms_norm``,
   ``apply_rope_``, ``rms_norm``, ``silu_mul``, ``zc_rms_norm``, ``apply_rope``,
   ``inv_frequencies``, ``rope_tables``, ``BLOCK_N``, ``BlockedWeight``, ``Weight``,
-  ``linear``, ``pack_weight``, ``pack_weights``, ``NATIVE_TYPES``, ``QuantPart``,
+  ``linear``, ``pack_weight``, ``pack_weights``, ``QuantPart``,
   ``QuantWeight``, ``dequant_rows``, ``linear_quant``, ``pack_quant``, ``keep_quantized``,
   ``kernels``.
 - **Weight-file readers**: ``ModelFormatError``, ``GGUFCheckpoint``,
@@ -78,7 +78,6 @@ if TYPE_CHECKING:
     from draftwise.models.llama import DecoderLayer
     from draftwise.models.loader import load_model
     from draftwise.models.quant import (
-        NATIVE_TYPES,
         QuantPart,
         QuantWeight,
         dequant_rows,
@@ -182,7 +181,6 @@ _HOME: dict[str, str] = {
     "linear": "draftwise.models.linear",
     "pack_weight": "draftwise.models.linear",
     "pack_weights": "draftwise.models.linear",
-    "NATIVE_TYPES": "draftwise.models.quant",
     "QuantPart": "draftwise.models.quant",
     "QuantWeight": "draftwise.models.quant",
     "dequant_rows": "draftwise.models.quant",
@@ -227,7 +225,6 @@ __all__ = [
     "MissingKeyError",
     "ModelConfig",
     "ModelFormatError",
-    "NATIVE_TYPES",
     "Proposer",
     "ProposerContext",
     "ProposerNotBuiltError",

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.formats.weight_types import NVFP4
 
 if TYPE_CHECKING:  # protocols: the typed weights themselves import this module
     from draftwise.models.packed_types import PackedBf16, PackedQuant, StackCacheSet, StackPlan
@@ -368,9 +369,9 @@ def quant_dequant_rows(qtype: int, packed: torch.Tensor, ids: torch.Tensor, rows
 def nvfp4_pack(code_rows: torch.Tensor, scale_rows: torch.Tensor, multipliers: torch.Tensor,
                out: torch.Tensor, rows: int, k: int, threads: int) -> None:
     """NVFP4 rows (int64 addresses of their code and scale bytes, fp32 multipliers) into
-    tiles at ``out`` (``models.quant.packed_bytes(NVFP4, rows, k)`` bytes)."""
+    tiles at ``out`` (``NVFP4.packed_bytes(rows, k)`` bytes, ``formats.weight_types``)."""
     kern = _kernel("nvfp4_pack")
-    need = -(-rows // 8) * (32 + k // 32 * 144)
+    need = NVFP4.packed_bytes(rows, k)
     if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != need:
         raise KernelInputError(f"nvfp4_pack needs {need} contiguous uint8 bytes, got "
                                f"{out.dtype} {out.numel()}")
