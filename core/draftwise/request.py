@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
     from draftwise.structured.matcher import GrammarMatcher
 
 
