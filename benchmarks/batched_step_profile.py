@@ -37,7 +37,7 @@ def main() -> None:
 
     import torch
     from draftwise.models import kernels
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
     from side_by_side import build_ours
     from timing import KERNEL_WRAPPERS, cpu_wall, write_report
 

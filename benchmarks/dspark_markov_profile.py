@@ -9,7 +9,7 @@ runs (wall and the calling thread's CPU time, ms; torch at one thread, as in the
 - the torch pass's pieces per block position: the latent (``MarkovHead.latent``), the
   ``W2 u`` product (``MarkovHead.bias``), the pick (``argmax_rows`` of base + bias), the
   certified pick (``certified_argmax``) and a look-ahead guess (top-64 and gathered rows);
-- the native pass (``kernels.markov_pass``) over a block of ``--block`` positions: full
+- the native pass (``markov_kernel.markov_pass``) over a block of ``--block`` positions: full
   products one position at a time, with the screen, and with windows;
 - one ``W2`` product at 1..16 rows, after other memory was streamed (``cold``: the pass's
   situation after the draft's LM head) and straight after another (``warm``: ``W2`` in
@@ -67,7 +67,7 @@ def make_head(kind: str, h: int, v: int, r: int) -> Any:
 
 
 def main() -> None:
-    from draftwise.models import kernels
+    from draftwise.models import kernels, markov_kernel
     from draftwise.sampling import argmax_rows
     from draftwise_dspark.lookahead import guess
     from draftwise_dspark.native import LANES, native_pass
@@ -118,7 +118,7 @@ def main() -> None:
         if nat is not None:
             def run(depth: int, screen: bool, cold: bool, lanes: int = LANES) -> dict[str, float]:
                 def call() -> Any:
-                    return kernels.markov_pass(
+                    return markov_kernel.markov_pass(
                         nat.kernel, hidden, base, [b], [7], depth=depth, lanes=lanes,
                         screen=screen, give_up=10**6, max_blocks=max(4, v // 64 // 8),
                         guess_tokens=64, w2_rows=rows if depth else None)

@@ -89,7 +89,7 @@ def bench_verify(out: dict[str, Any]) -> None:
     from triton.testing import do_bench
 
     from draftwise.gpu.verify import verify_on_device
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     rows, k, vocab = 32, 4, 151_936
     logits = torch.randn(rows * (k + 1), vocab, device="cuda")

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
     from draftwise.models.kernels import kernel_threads
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)

@@ -39,7 +39,7 @@ def main() -> None:
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
     from draftwise.peak_rss import peak_rss_mib
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     t_imports = time.perf_counter()
     engine = LLMEngine(

@@ -36,7 +36,7 @@ def save_checkpoint(directory: Path, a: argparse.Namespace) -> Path:
 def decode(path: Path, tp: int, threads: int, a: argparse.Namespace) -> float:
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     eng = LLMEngine(EngineArgs(model=str(path), dtype=a.dtype, tensor_parallel_size=tp,
                                num_threads=threads, max_num_seqs=1, num_kv_blocks=64))

@@ -26,6 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STRICT = ["core/draftwise/kit.py", "core/draftwise/target.py", "core/draftwise/spec/step.py",
+          "core/draftwise/formats/weight_types.py",
           "core/draftwise/step_clock.py"]
 
 

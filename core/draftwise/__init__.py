@@ -29,14 +29,14 @@ if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
     from draftwise.engine_args import EngineArgs
     from draftwise.llm import LLM
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
     from draftwise.spec.params import SpeculativeParams
 
 _LAZY = {
     "LLM": "draftwise.llm",
     "LLMEngine": "draftwise.engine",
     "EngineArgs": "draftwise.engine_args",
-    "SamplingParams": "draftwise.sampling",
+    "SamplingParams": "draftwise.sampling_params",
     "SpeculativeParams": "draftwise.spec.params",
 }
 

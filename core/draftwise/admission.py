@@ -8,7 +8,7 @@ is queued, each refusal naming its field.
 from __future__ import annotations
 
 from draftwise.errors import RequestError
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 
 
 def check_params(

@@ -33,7 +33,7 @@ import numpy as np
 
 from draftwise.errors import DraftwiseError
 from draftwise.metrics import SpecDecodingStats
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.spec.params import SpeculativeParams
 from draftwise.speculator import DraftInput, DraftRow, VerifyOutcome
 

@@ -30,7 +30,7 @@ from draftwise.outputs import parent_output, request_metrics, request_output
 from draftwise.parallel import child_params
 from draftwise.prompts import PromptReader, PromptType
 from draftwise.request import ParentRequest, Request, RequestOutput, RequestStatus
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.scheduler import ScheduledRow
 from draftwise.spec.grammar_trim import trim_to_grammar
 from draftwise.spec.params import SpeculativeParams, check_against

@@ -30,9 +30,11 @@ Groups:
   ``AttentionMetadata``, ``paged_attention``, ``write_kv``, ``add_rms_norm``,
   ``apply_rope_``, ``rms_norm``, ``silu_mul``, ``zc_rms_norm``, ``apply_rope``,
   ``inv_frequencies``, ``rope_tables``, ``BLOCK_N``, ``BlockedWeight``, ``Weight``,
-  ``linear``, ``pack_weight``, ``pack_weights``, ``NATIVE_TYPES``, ``QuantPart``,
-  ``QuantWeight``, ``dequant_rows``, ``linear_quant``, ``pack_quant``, ``keep_quantized``,
-  ``kernels``.
+  ``linear``, ``pack_weight``, ``pack_weights``, ``QuantPart``,
+  ``QuantWeight``, ``dequant_rows``, ``linear_quant``, ``pack_quant``, ``keep_quantized``.
+- **Method primitives in C**: DSpark's Markov pass (``core/csrc/markov.c``, on the core's
+  packed GEMM): ``MarkovKernelHead``, ``markov_kernel_head``, ``markov_pass``,
+  ``markov_pass_built``.
 - **Weight-file readers**: ``ModelFormatError``, ``GGUFCheckpoint``,
   ``SafetensorsCheckpoint``, ``read_json``, ``nvfp4`` (the NVFP4 declaration module:
   ``declaration``, ``plan``, ``side_tensors``, ``SUFFIXES``, ``dequantize``).
@@ -59,7 +61,6 @@ if TYPE_CHECKING:
     from draftwise.formats.gguf import GGUFCheckpoint
     from draftwise.formats.jsonfile import read_json
     from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
-    from draftwise.models import kernels
     from draftwise.models.attention import AttentionMetadata, paged_attention, write_kv
     from draftwise.models.backend import Backend, decide_backend, keep_quantized
     from draftwise.models.batch import ForwardBatch, KVCache, build_forward_batch
@@ -77,8 +78,13 @@ if TYPE_CHECKING:
     )
     from draftwise.models.llama import DecoderLayer
     from draftwise.models.loader import load_model
+    from draftwise.models.markov_kernel import (
+        MarkovKernelHead,
+        markov_kernel_head,
+        markov_pass,
+        markov_pass_built,
+    )
     from draftwise.models.quant import (
-        NATIVE_TYPES,
         QuantPart,
         QuantWeight,
         dequant_rows,
@@ -182,14 +188,17 @@ _HOME: dict[str, str] = {
     "linear": "draftwise.models.linear",
     "pack_weight": "draftwise.models.linear",
     "pack_weights": "draftwise.models.linear",
-    "NATIVE_TYPES": "draftwise.models.quant",
     "QuantPart": "draftwise.models.quant",
     "QuantWeight": "draftwise.models.quant",
     "dequant_rows": "draftwise.models.quant",
     "linear_quant": "draftwise.models.quant",
     "pack_quant": "draftwise.models.quant",
     "keep_quantized": "draftwise.models.backend",
-    "kernels": "draftwise.models",
+    # method primitives in C
+    "MarkovKernelHead": "draftwise.models.markov_kernel",
+    "markov_kernel_head": "draftwise.models.markov_kernel",
+    "markov_pass": "draftwise.models.markov_kernel",
+    "markov_pass_built": "draftwise.models.markov_kernel",
     # weight-file readers
     "ModelFormatError": "draftwise.formats.errors",
     "GGUFCheckpoint": "draftwise.formats.gguf",
@@ -223,11 +232,11 @@ __all__ = [
     "LoadedDraft",
     "LoadedTarget",
     "Loader",
+    "MarkovKernelHead",
     "MTP_MODEL_TYPES",
     "MissingKeyError",
     "ModelConfig",
     "ModelFormatError",
-    "NATIVE_TYPES",
     "Proposer",
     "ProposerContext",
     "ProposerNotBuiltError",
@@ -258,10 +267,12 @@ __all__ = [
     "inspect_model",
     "inv_frequencies",
     "keep_quantized",
-    "kernels",
     "linear",
     "linear_quant",
     "load_model",
+    "markov_kernel_head",
+    "markov_pass",
+    "markov_pass_built",
     "nvfp4",
     "pack_quant",
     "pack_weight",

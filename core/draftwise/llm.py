@@ -14,7 +14,7 @@ from typing import Any
 from draftwise.engine import LLMEngine, PromptType
 from draftwise.engine_args import EngineArgs
 from draftwise.request import RequestOutput
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.spec.params import SpeculativeParams
 
 Message = dict[str, Any]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from draftwise.errors import RequestError
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
 

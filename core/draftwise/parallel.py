@@ -15,7 +15,7 @@ The parent itself is a plain record, ``draftwise.request.ParentRequest``.
 
 from __future__ import annotations
 
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 
 _SEED_SPAN = 2**64
 

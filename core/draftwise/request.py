@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -14,9 +14,35 @@ if TYPE_CHECKING:
 
     from draftwise.logprobs import PositionLogprobs
     from draftwise.metrics import RequestSpecDecodeMetrics
-    from draftwise.sampling import SamplingParams
-    from draftwise.spec.params import SpeculativeParams
+    from draftwise.sampling_params import SamplingParams
     from draftwise.structured.matcher import GrammarMatcher
+
+
+class AskedSpeculation(Protocol):
+    """What the engine reads of one request's speculative settings
+    (``draftwise.spec.params.SpeculativeParams`` is the one implementation).
+
+    Why a protocol here and not that class: ``spec/`` sits above this record (it imports
+    the request, the scheduler and the runner), so naming its class, even under
+    ``TYPE_CHECKING``, made the dependency run both ways."""
+
+    @property
+    def method(self) -> str | None:
+        """Draft only with this member of the chain (None: any)."""
+
+    @property
+    def adaptive(self) -> bool | None:
+        """False: fixed depth even under adaptive depth."""
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the request may draft at all."""
+
+    def cap(self, k: int) -> int:
+        """The most drafts per step under a step cap of ``k``."""
+
+    def model_dump(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
+        """The settings as asked (the request's final metrics report them)."""
 
 
 class RequestStatus(enum.Enum):
@@ -93,7 +119,7 @@ class Request:
     #: what the request asked of speculation (None: the server's settings as they are);
     #: adaptive depth's running estimate of the request is the policy's
     #: (``DepthPolicy.estimates``), not a field here: a request is plain data
-    speculative: SpeculativeParams | None = None
+    speculative: AskedSpeculation | None = None
     #: per output token: "accepted:<method>", "recovered", "bonus" or "plain" (None:
     #: not asked for)
     provenance: list[str] | None = None

@@ -14,17 +14,37 @@ chunks small enough that the decoding streams keep their pace.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from draftwise.prefill_budget import PrefillBudget
 from draftwise.prompt_logprobs import cache_lookup_ids
 from draftwise.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from draftwise.spec.adaptive import DepthPolicy
     from draftwise.cache.manager import KVCacheManager
+
+
+class DepthChooser(Protocol):
+    """What the scheduler asks of adaptive depth (``draftwise.spec.adaptive.DepthPolicy``
+    is the one implementation): one decision per step for the batch's decode rows.
+
+    Why a protocol here and not that class: ``spec/`` sits above the scheduler (the step
+    drives both), so naming its class, even under ``TYPE_CHECKING``, made the dependency
+    run both ways."""
+
+    def set_waiting(self, num_waiting: int) -> None:
+        """Requests wait for a slot (this step's objective)."""
+
+    def estimate(self, req_id: str) -> Any:
+        """The request's acceptance estimate, handed back to :meth:`choose`."""
+
+    def choose(self, estimates: Sequence[Any], caps: Sequence[int]) -> list[int]:
+        """This step's depth per decode row, each within its cap."""
+
+    def forget(self, req_id: str) -> dict[str, Any] | None:
+        """The request ended: what adaptive depth learned of it (None: nothing)."""
 
 
 @dataclass(slots=True)
@@ -70,7 +90,7 @@ class Scheduler:
         num_spec_tokens: int = 0,
         k_for_batch: Callable[[int], int] | None = None,
         enable_chunked_prefill: bool = True,
-        depth_policy: DepthPolicy | None = None,
+        depth_policy: DepthChooser | None = None,
         prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.kv = kv

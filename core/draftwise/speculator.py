@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from draftwise.logits_process import TokenHistory
     from draftwise.models.batch import KVCache
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
     from draftwise.target import LoadedTarget
 
 #: the speculative-config keys the core itself honours (vLLM's names). The one list:
@@ -344,8 +344,8 @@ class ProposerContext:
 
 
 def _default_params() -> SamplingParams:
-    """Greedy settings (imported late: ``draftwise.sampling`` brings torch)."""
-    from draftwise.sampling import SamplingParams
+    """Greedy settings (``SamplingParams`` imported when first needed, as before)."""
+    from draftwise.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0.0)
 

@@ -116,6 +116,18 @@ def test_known_circles_list_shrinks_with_the_code() -> None:
     assert not stale, f"update KNOWN_CIRCLES: these circles are gone or smaller: {stale}"
 
 
+#: modules below speculation: the step hands them to ``spec/``, so they name nothing in it
+#: (not even under ``TYPE_CHECKING``: a protocol of their own says what they read)
+BELOW_SPEC = ("draftwise.request", "draftwise.scheduler")
+
+
+def test_request_and_scheduler_do_not_reach_up_into_spec() -> None:
+    graph = import_graph(modules())
+    up = {m: sorted(t for t in graph[m] if t == "draftwise.spec" or t.startswith("draftwise.spec."))
+          for m in BELOW_SPEC}
+    assert not any(up.values()), f"imports of spec/ from below it: {up}"
+
+
 def test_the_measure_sees_type_checking_and_function_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "core" / "draftwise"
     pkg.mkdir(parents=True)

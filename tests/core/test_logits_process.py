@@ -13,7 +13,7 @@ from draftwise.logits_process import (
     apply_logits_processors_reference,
     bad_words_token_ids,
 )
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 
 V = 40
 

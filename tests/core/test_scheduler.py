@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from draftwise.cache.manager import KVCacheManager
 from draftwise.request import Request, RequestStatus
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.scheduler import Scheduler
 
 BLOCK = 4

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from draftwise.bench import PromptResult, WorkloadItem, now, prompt_ids
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine

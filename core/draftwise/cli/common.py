@@ -17,7 +17,7 @@ from draftwise.peak_rss import peak_rss_bytes as peak_rss_bytes
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
     from draftwise.models.arena import PrefaultedArena
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
 
 class RegularFile(click.Path):
@@ -224,7 +224,7 @@ def sampling_params(**fields: Any) -> SamplingParams:
     """
     from pydantic import ValidationError
 
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     try:
         return SamplingParams(**fields)

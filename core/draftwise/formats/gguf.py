@@ -25,8 +25,8 @@ from draftwise.formats.errors import (
     UnexpectedTensorError,
     UnsupportedTensorTypeError,
 )
-from draftwise.formats.ggml import GGMLQuantizationType
 from draftwise.formats.gguf_file import GGUFFile, TensorInfo
+from draftwise.formats.weight_types import WeightType
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -60,20 +60,6 @@ _LAYER_NAMES = {
 
 #: GGUF tensors that carry no weights the HF layout has (handled elsewhere or unused)
 SIDE_TENSORS = frozenset({"rope_freqs.weight"})
-
-
-def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    """bf16 bytes as float32: the upper half of each float (exact)."""
-    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-#: float storage read as numpy views here, as gguf-py's ``dequantize`` reads them, so a
-#: load whose weights all run quantized never imports gguf-py's package (``formats.ggml``)
-_FLOAT_VIEWS = {
-    GGMLQuantizationType.F32: lambda raw: raw.view(np.float32),
-    GGMLQuantizationType.F16: lambda raw: raw.view(np.float16),
-    GGMLQuantizationType.BF16: _bf16_to_f32,
-}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -127,7 +113,7 @@ class GGUFCheckpoint:
         t = self._tensors[name]
         return GGUFTensorInfo(name, t.qtype.name, t.shape)
 
-    def qtype(self, name: str) -> GGMLQuantizationType:
+    def qtype(self, name: str) -> WeightType:
         """The stored GGML type of a tensor."""
         return self._tensors[name].qtype
 
@@ -149,16 +135,11 @@ class GGUFCheckpoint:
         """The tensor as float32 in PyTorch layout (``[out, in]`` for matrices)."""
         t = self._tensors[name]
         raw = self._file.raw(name)
-        float_view = _FLOAT_VIEWS.get(t.qtype)
-        if float_view is not None:  # the norms and biases of every model: no gguf-py
-            return np.asarray(float_view(raw), dtype=np.float32).reshape(t.shape)
-        from gguf.quants import dequantize  # a type the kernels do not cover (rare)
-
-        try:
-            arr = dequantize(raw, t.qtype)
+        try:  # the type's own (``formats.weight_types``): floats are numpy views
+            arr = t.qtype.dequantize(raw)
         except NotImplementedError:
             raise UnsupportedTensorTypeError(self.path, name, t.qtype.name) from None
-        return np.asarray(arr, dtype=np.float32).reshape(t.shape)
+        return arr.reshape(t.shape)
 
     def row_order(self, gguf_name: str, num_heads: int, num_kv_heads: int) -> np.ndarray | None:
         """The stored row each HF row comes from, where llama.cpp permuted Q/K (else None)."""

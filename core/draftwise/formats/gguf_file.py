@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.formats.ggml import GGML_QUANT_SIZES
 from draftwise.formats.gguf_header import GGUFHeader, GGUFTensorEntry, read_gguf_header
 
 #: a checked tensor info (name, qtype, ggml-order dims, absolute offset, nbytes)
@@ -33,8 +32,7 @@ TensorInfo = GGUFTensorEntry
 
 def row_bytes(t: TensorInfo) -> int:
     """Bytes of one row (``dims[0]`` weights) of a stored tensor."""
-    block, size = GGML_QUANT_SIZES[t.qtype]
-    return t.dims[0] // block * size
+    return t.qtype.row_bytes(t.dims[0])
 
 
 class GGUFFile:

@@ -47,13 +47,9 @@ from draftwise.formats.errors import (
     TruncatedFileError,
     UnsupportedTensorTypeError,
 )
-from draftwise.formats.ggml import (
-    GGML_QUANT_SIZES,
-    GGUF_DEFAULT_ALIGNMENT,
-    GGMLQuantizationType,
-    Keys,
-)
+from draftwise.formats.ggml import GGUF_DEFAULT_ALIGNMENT, Keys
 from draftwise.formats.ggml import GGUFValueType as V
+from draftwise.formats.weight_types import UnknownWeightTypeError, WeightType, weight_type
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -61,11 +57,6 @@ SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
 MAX_NAME_BYTES = 63
 INT64_MAX = 2**63 - 1
-#: stored as integers: loading them as weights would be an undeclared cast
-INTEGER_TYPES = frozenset(
-    {GGMLQuantizationType.I8, GGMLQuantizationType.I16, GGMLQuantizationType.I32,
-     GGMLQuantizationType.I64}
-)
 
 _SCALARS: dict[V, tuple[str, int]] = {
     V.UINT8: ("B", 1), V.INT8: ("b", 1), V.UINT16: ("H", 2), V.INT16: ("h", 2),
@@ -86,7 +77,7 @@ class GGUFTensorEntry:
     """One tensor info, checked: where its bytes are and what they hold."""
 
     name: str
-    qtype: GGMLQuantizationType
+    qtype: WeightType  # the registered type of the stored number (``formats.weight_types``)
     dims: tuple[int, ...]  # ggml order: dims[0] is the contiguous row
     offset: int  # absolute, in the file
     nbytes: int
@@ -412,7 +403,7 @@ def _place_tensors(
         if name in out:
             raise ModelFormatError(path, f"{what} appears twice", key=name)
         qtype = _ggml_type(path, name, raw_type)
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        block, type_size = qtype.block_k, qtype.block_bytes
         if min(dims) < 1:
             raise ModelFormatError(
                 path, f"{what} has dimensions {list(dims)}; each must be >= 1", key=name
@@ -459,26 +450,22 @@ def _place_tensors(
     return out
 
 
-def _ggml_type(path: str, name: str, raw: int) -> GGMLQuantizationType:
+def _ggml_type(path: str, name: str, raw: int) -> WeightType:
+    """The registered GGUF type of a tensor's stored number, or its refusal by name."""
     what = f"tensor {name!r}"
     try:
-        qtype = GGMLQuantizationType(raw)
-    except ValueError:
+        qtype = weight_type(raw)
+    except UnknownWeightTypeError:
         qtype = None
-    if qtype is None or qtype not in GGML_QUANT_SIZES:
+    if qtype is None or qtype.container != "gguf":
         raise UnsupportedTensorTypeError(path, name, f"#{raw} (unknown)")
-    if qtype in INTEGER_TYPES:
-        raise ModelFormatError(
-            path,
-            f"{what} is stored as {qtype.name} (integers); a weight must be a float or "
-            "quantized GGML type, and draftwise does not cast integers to floats",
-            key=name,
-        )
+    if qtype.refusal is not None:
+        raise ModelFormatError(path, f"{what} is stored as {qtype.name} {qtype.refusal}",
+                               key=name)
     return qtype
 
 
 __all__ = [
-    "INTEGER_TYPES",
     "GGUFHeader",
     "GGUFTensorEntry",
     "read_gguf_header",

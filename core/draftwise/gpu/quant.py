@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import torch
 
+from draftwise.formats.weight_types import weight_type
 from draftwise.gpu.device import check_kernel_device
 
+#: the GGML types ``triton_quant._dequant`` decodes (its own switch); their layouts and
+#: names are the types' records (``formats.weight_types``)
+_DEVICE_TYPES = (weight_type(8), weight_type(12), weight_type(14))
 #: ggml type number -> (weights per block, bytes per block)
-BLOCKS = {8: (32, 34), 12: (256, 144), 14: (256, 210)}
-NAMES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+BLOCKS = {int(t): (t.block_k, t.block_bytes) for t in _DEVICE_TYPES}
+NAMES = {int(t): t.name for t in _DEVICE_TYPES}
 #: the kernel's tile (constants: part of the reduction order, hence of batch invariance)
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 64
 

@@ -227,7 +227,7 @@ def gemm_kind(weight: Any) -> tuple[str, str]:
     from draftwise.models.quant import QuantWeight
 
     if isinstance(weight, QuantWeight):
-        paths = dict.fromkeys(kernels.quant_simd(int(s.qtype)) for s in weight.segments)
+        paths = dict.fromkeys(kernels.quant_simd(s.qtype.kernel) for s in weight.segments)
         return "+".join(dict.fromkeys(weight.qtypes)), "quant-" + "+".join(paths)
     if isinstance(weight, BlockedWeight):
         return "bf16", f"native-{kernels.bf16_isa()}"

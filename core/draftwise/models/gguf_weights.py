@@ -2,7 +2,7 @@
 
 A projection (fused as the model runs it: q|k|v, gate|up, o, down), the embedding table
 and an untied LM head each stay in their stored GGUF type when every stored part is a
-type the native kernels run (``models.quant.NATIVE_TYPES``) and the model computes in
+type the native kernels run (``WeightType.native``, ``formats.weight_types``) and the model computes in
 bf16 on the CPU with the kernels built. Everything else is dequantized to the model dtype
 as before, and a quantized type that is dequantized is never silent: one notice line
 names each such type and its share of the weight bytes (``QuantPlan.notices``, logged
@@ -26,13 +26,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftwise.formats.ggml import GGML_QUANT_SIZES, GGMLQuantizationType
 from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.models import packed_cache
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor, region_tensor
 from draftwise.models.quant import (
-    NATIVE_TYPES,
     PACK_CALL_BYTES,
     TILE,
     QuantPart,
@@ -47,11 +45,6 @@ if TYPE_CHECKING:
     from draftwise.models.backend import Backend
 
 logger = logging.getLogger("draftwise")
-
-#: stored types that are dense already (no notice when they are widened or cast)
-_FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16,
-                          GGMLQuantizationType.BF16, GGMLQuantizationType.F64})
-
 
 @dataclass(frozen=True)
 class QuantPlan:
@@ -106,11 +99,11 @@ def plan_quantized(
     total = sum(ckpt.nbytes(g) for g, _ in available.values())
     for target, hf in quantizable_groups(config).items():
         types = [ckpt.qtype(available[n][0]) for n in hf]
-        if keep and all(t in NATIVE_TYPES for t in types):
+        if keep and all(t.native for t in types):
             groups[target] = hf
             continue
         for n, t in zip(hf, types):
-            if t not in _FLOAT_TYPES:
+            if not t.dense:  # floats are widened or cast: no notice
                 dense_bytes[t.name] = dense_bytes.get(t.name, 0) + ckpt.nbytes(available[n][0])
     notices = []
     if dense_bytes:
@@ -277,4 +270,4 @@ def _stream_to_file(
 
 def _widest_row_bytes(parts: list[QuantPart], k: int) -> int:
     """The widest stored row of ``parts`` in bytes (the scratch holds a tile of it)."""
-    return max(k // GGML_QUANT_SIZES[p.qtype][0] * GGML_QUANT_SIZES[p.qtype][1] for p in parts)
+    return max(p.qtype.row_bytes(k) for p in parts)

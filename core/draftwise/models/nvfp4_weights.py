@@ -39,6 +39,7 @@ from draftwise.formats.nvfp4 import (
 )
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.safetensors_header import DTYPE_BITS
+from draftwise.formats.weight_types import NVFP4
 from draftwise.models.config import ModelConfig
 from draftwise.models.gguf_weights import quantizable_groups
 from draftwise.models.quant import NvFp4Part, QuantWeight, pack_nvfp4
@@ -107,7 +108,8 @@ def group_nvfp4(ckpt: SafetensorsCheckpoint, config: ModelConfig, nv: NvFp4Plan,
             continue
         why = backend.quantized_why_not if not backend.quantized else (
             "part of the fused weight is excluded from quantization" if len(inside) < len(hf)
-            else "inputs not a multiple of 32" if nv.packed[hf[0].removesuffix(".weight")][1] % 32
+            else f"inputs not a multiple of {NVFP4.block_k}"
+            if nv.packed[hf[0].removesuffix(".weight")][1] % NVFP4.block_k
             else "")
         if why:
             dense.update(inside)

@@ -18,8 +18,11 @@ not depend on the batch, its position or the thread count (bitwise batch invaria
 A fused projection (q|k|v, gate|up) may mix types (Q4_K_M stores ``attn_v`` in Q6_K):
 each part is a *segment* of output columns with its own type, all in one call.
 
-NVFP4 (safetensors, ``formats.nvfp4``) is one more type of the family, :data:`NVFP4`
-(not a GGML type): :func:`pack_nvfp4` repacks the e2m1 codes and fp8 block scales
+Which types run, their block layouts and packed sizes are the types' own records
+(``formats.weight_types.WeightType``, one per type): a part or segment carries its
+record, the kernel table its :attr:`~WeightType.kernel` number, so nothing here switches
+on a type. NVFP4 (safetensors, ``formats.nvfp4``) is one more type of the family,
+:data:`NVFP4` (not a GGML type): :func:`pack_nvfp4` repacks the e2m1 codes and fp8 block scales
 (``core/csrc/quant.h``, "NVFP4 (W4A16)"), each row carrying its global multiplier, and
 the same :func:`linear_quant` runs it with bf16 activations widened to fp32 (W4A16: no
 activation quantization), one fixed-order fp32 accumulation per output.
@@ -29,37 +32,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 import numpy as np
 import torch
 
-from draftwise.formats.ggml import GGML_QUANT_SIZES, GGMLQuantizationType
+from draftwise.formats.weight_types import NVFP4, TILE, WeightType, weight_type
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.kernels import KernelInputError, kernel_threads
 
-#: the GGUF types the native kernels run (the rest are dequantized, with a notice)
-NATIVE_TYPES = frozenset(
-    GGMLQuantizationType[name]
-    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-)
-
-
-class WeightType(IntEnum):
-    """Packed types of the family that are not GGML types (values the C side knows)."""
-
-    NVFP4 = 256
-
-
-#: NVFP4 from safetensors: e2m1 codes, fp8-e4m3 scale per 16, a global multiplier per row
-NVFP4 = WeightType.NVFP4
-#: a packed segment's type
-QType = GGMLQuantizationType | WeightType
-#: outputs per tile of the packed layout
-TILE = 8
-#: NVFP4 tile: 32 bytes of row multipliers, then 144 bytes per 32 inputs
-_NVFP4_HEADER, _NVFP4_BLOCK = 32, 144
 #: fused parts per call the kernel accepts
 MAX_SEGMENTS = 8
 #: stored bytes per packing call when a loader follows the packing (``pack_quant``'s
@@ -76,49 +57,52 @@ def quant_kernels_available() -> bool:
 def quant_simd(qtype: int | None = None, path: str = "auto") -> str:
     """``avx512vnni``, ``avx2`` or ``scalar``: the kernel this build runs for ``qtype``
     (no type: the machine's best; ``none`` without the C kernels): ``kernels.quant_simd``."""
-    return kernels.quant_simd(qtype, path)
+    return kernels.quant_simd(None if qtype is None else _kernel_of(qtype), path)
 
 
-def activation_block(qtype: GGMLQuantizationType) -> int:
+def activation_block(qtype: int) -> int:
     """Values per int8 activation block (one fp32 scale) the kernel of ``qtype`` takes:
     256 for Q4_K and Q6_K (integer sums to the end of a super-block), else 32. (NVFP4 has
     none: its activations stay bf16.)"""
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
-    return kernels.quant_act_block(int(qtype))
+    return kernels.quant_act_block(_kernel_of(qtype))
 
 
-def _block(qtype: QType) -> int:
-    """Inputs per stored block (NVFP4's kernel block is 32: two 16-input scales)."""
-    return 32 if qtype == NVFP4 else GGML_QUANT_SIZES[qtype][0]
-
-
-def packed_bytes(qtype: QType, rows: int, k: int) -> int:
-    """Bytes of ``rows`` x ``k`` weights in tiles: the stored bytes, rows padded to 8."""
-    if qtype == NVFP4:
-        return -(-rows // TILE) * (_NVFP4_HEADER + k // 32 * _NVFP4_BLOCK)
-    block, size = GGML_QUANT_SIZES[qtype]
-    return -(-rows // TILE) * TILE * (k // block) * size
+def _kernel_of(qtype: int) -> int:
+    """The C kernels' number for a registered type (refused by name where none runs it)."""
+    wtype = weight_type(qtype)
+    if wtype.kernel is None:
+        raise KernelInputError(f"{wtype.name} has no native kernel")
+    return wtype.kernel
 
 
 @dataclass(frozen=True)
 class QuantPart:
     """One stored tensor to pack: ``raw`` is ``[rows, row_bytes]`` GGUF blocks (a view of
-    the mapped file), ``order`` the stored row each packed row takes (None: as stored)."""
+    the mapped file), ``order`` the stored row each packed row takes (None: as stored).
+    ``qtype`` may be given as a number (a ``GGMLQuantizationType``): it becomes its
+    registered record here, once."""
 
-    qtype: GGMLQuantizationType
+    qtype: WeightType
     raw: np.ndarray  # [rows, row_bytes] uint8
     order: np.ndarray | None = None  # [rows] int64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qtype", weight_type(self.qtype))
 
 
 @dataclass(frozen=True)
 class QuantSegment:
     """Output columns ``[start, start + rows)`` of a :class:`QuantWeight`, in one type."""
 
-    qtype: QType
+    qtype: WeightType
     start: int
     rows: int
-    data: torch.Tensor  # uint8, packed_bytes(qtype, rows, in_features)
+    data: torch.Tensor  # uint8, qtype.packed_bytes(rows, in_features)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qtype", weight_type(self.qtype))
 
 
 @dataclass(frozen=True)
@@ -128,7 +112,7 @@ class QuantWeight:
     segments: tuple[QuantSegment, ...]
     out_features: int
     in_features: int
-    #: int64 [segments, 4] (type, data address, start, rows): the kernel's argument
+    #: int64 [segments, 4] (kernel number, data address, start, rows): the kernel's argument
     table: torch.Tensor
     #: ``table.data_ptr()``, read once (the weight keeps the tensor alive)
     table_address: int = field(init=False, repr=False, compare=False)
@@ -143,9 +127,9 @@ class QuantWeight:
                                    f"in_features >= 1, got {len(segments)}, {k}")
         start = 0
         for seg in segments:
-            if seg.qtype != NVFP4 and seg.qtype not in NATIVE_TYPES or k % _block(seg.qtype):
+            if not seg.qtype.native or k % seg.qtype.block_k:
                 raise KernelInputError(f"{seg.qtype.name} with {k} columns has no native kernel")
-            need = packed_bytes(seg.qtype, seg.rows, k)
+            need = seg.qtype.packed_bytes(seg.rows, k)
             if (seg.start != start or seg.rows < 1 or seg.data.dtype != torch.uint8
                     or not seg.data.is_contiguous() or seg.data.numel() != need):
                 raise KernelInputError(
@@ -154,7 +138,7 @@ class QuantWeight:
                     f"{seg.data.dtype} {seg.data.numel()}")
             start += seg.rows
         table = self.table
-        expected = [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments]
+        expected = [[s.qtype.kernel, s.data.data_ptr(), s.start, s.rows] for s in segments]
         if (start != self.out_features or table.dtype != torch.int64
                 or not table.is_contiguous() or table.tolist() != expected):
             raise KernelInputError(f"a quantized weight's table must list its segments "
@@ -189,14 +173,14 @@ def _segments(parts: Sequence[QuantPart]) -> list[list[QuantPart]]:
 def _row_addresses(group: Sequence[QuantPart], k: int) -> np.ndarray:  # [rows] int64
     """The address of each stored row of one segment's parts, in packed order (checked)."""
     qtype = group[0].qtype
-    block, size = GGML_QUANT_SIZES[qtype]
-    if qtype not in NATIVE_TYPES or k % block:
+    if not qtype.native or qtype.container != "gguf" or k % qtype.block_k:
         raise ValueError(f"{qtype.name} with {k} columns cannot be packed natively")
+    row_bytes = qtype.row_bytes(k)
     pointers = []
     for part in group:
         raw = part.raw
-        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != k // block * size:
-            raise ValueError(f"{qtype.name} rows must be uint8 [rows, {k // block * size}]")
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != row_bytes:
+            raise ValueError(f"{qtype.name} rows must be uint8 [rows, {row_bytes}]")
         if raw.strides[1] != 1:
             raise ValueError("stored rows must be contiguous")
         order = np.arange(raw.shape[0]) if part.order is None else part.order
@@ -234,21 +218,20 @@ def pack_quant_stream(
     for group in groups:
         qtype = group[0].qtype
         rows = _row_addresses(group, k)
-        block, size = GGML_QUANT_SIZES[qtype]
-        row_bytes = k // block * size
+        row_bytes = qtype.row_bytes(k)
         if TILE * row_bytes > scratch.numel():
             raise ValueError(f"a scratch of {scratch.numel()} bytes holds no tile of "
                              f"{qtype.name} x {k}")
         step = scratch.numel() // (row_bytes * TILE) * TILE
         for first in range(0, len(rows), step):
             n = min(step, len(rows) - first)
-            part_bytes = packed_bytes(qtype, n, k)
-            kernels.quant_pack(int(qtype), rows.ctypes.data + rows.itemsize * first, n, k,
+            part_bytes = qtype.packed_bytes(n, k)
+            kernels.quant_pack(qtype.kernel, rows.ctypes.data + rows.itemsize * first, n, k,
                                scratch[:part_bytes], part_bytes, 1)
             write(offset + first * row_bytes, scratch[:part_bytes])
             if rows_done is not None:
                 rows_done(start + first + n)
-        offset += packed_bytes(qtype, len(rows), k)
+        offset += qtype.packed_bytes(len(rows), k)
         start += len(rows)
     return offset
 
@@ -256,7 +239,7 @@ def pack_quant_stream(
 def plan_bytes(parts: Sequence[QuantPart], k: int) -> int:
     """Bytes :func:`pack_quant` will need for ``parts`` (to size one arena for a model)."""
     return sum(
-        packed_bytes(g[0].qtype, sum(p.raw.shape[0] for p in g), k) for g in _segments(parts)
+        g[0].qtype.packed_bytes(sum(p.raw.shape[0] for p in g), k) for g in _segments(parts)
     )
 
 
@@ -270,7 +253,8 @@ def pack_quant(
 ) -> QuantWeight:
     """Repack stored GGUF rows (fused parts in column order) into the kernel's tiles.
 
-    :param parts: the tensors, each ``[rows, row_bytes]`` in a type of :data:`NATIVE_TYPES`.
+    :param parts: the tensors, each ``[rows, row_bytes]`` in a native GGUF type
+        (``WeightType.native``).
     :param k: weights per row (``in_features``).
     :param out: uint8 memory of :func:`plan_bytes` bytes (an arena slice), or None.
     :param threads: for the copy (default: the kernels' thread count).
@@ -296,19 +280,18 @@ def pack_quant(
     segments, offset, start = [], 0, 0
     for group in groups:
         qtype = group[0].qtype
-        block, size = GGML_QUANT_SIZES[qtype]
         rows = _row_addresses(group, k)
-        nbytes = packed_bytes(qtype, len(rows), k)
+        nbytes = qtype.packed_bytes(len(rows), k)
         data = out[offset : offset + nbytes]
-        row_bytes = k // block * size
+        row_bytes = qtype.row_bytes(k)
         step = len(rows)
         if rows_done is not None:
             step = max(TILE, PACK_CALL_BYTES // row_bytes // TILE * TILE)
         for first in range(0, 0 if packed else len(rows), step):  # each call: whole tiles
             n = min(step, len(rows) - first)
-            part_bytes = packed_bytes(qtype, n, k)
+            part_bytes = qtype.packed_bytes(n, k)
             at = first * row_bytes  # ``first`` is a multiple of TILE
-            kernels.quant_pack(int(qtype), rows.ctypes.data + rows.itemsize * first, n, k,
+            kernels.quant_pack(qtype.kernel, rows.ctypes.data + rows.itemsize * first, n, k,
                                data[at : at + part_bytes], part_bytes, threads or kernel_threads())
             if rows_done is not None:
                 rows_done(start + first + n)
@@ -316,7 +299,7 @@ def pack_quant(
         offset += nbytes
         start += len(rows)
     table = torch.tensor(
-        [[int(s.qtype), s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
+        [[s.qtype.kernel, s.data.data_ptr(), s.start, s.rows] for s in segments], dtype=torch.int64
     )
     return QuantWeight(tuple(segments), start, k, table)
 
@@ -335,7 +318,7 @@ class NvFp4Part:
 
 def nvfp4_bytes(parts: Sequence[NvFp4Part], k: int) -> int:
     """Bytes :func:`pack_nvfp4` will need for ``parts`` (one segment, rows padded to 8)."""
-    return packed_bytes(NVFP4, sum(p.codes.shape[0] for p in parts), k)
+    return NVFP4.packed_bytes(sum(p.codes.shape[0] for p in parts), k)
 
 
 def pack_nvfp4(
@@ -354,8 +337,9 @@ def pack_nvfp4(
     """
     if not quant_kernels_available():
         raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
-    if k % 32:
-        raise ValueError(f"NVFP4 with {k} inputs cannot be packed natively (a multiple of 32)")
+    if k % NVFP4.block_k:
+        raise ValueError(f"NVFP4 with {k} inputs cannot be packed natively (a multiple of "
+                         f"{NVFP4.block_k})")
     codes, scales, mults = [], [], []
     alive = []  # the contiguous copies the row addresses point into, until the copy is done
     for part in parts:
@@ -374,7 +358,7 @@ def pack_nvfp4(
         mults.append(torch.full((rows,), part.multiplier, dtype=torch.float32))
     code_rows, scale_rows = torch.cat(codes), torch.cat(scales)
     mult = torch.cat(mults)
-    total = packed_bytes(NVFP4, code_rows.numel(), k)
+    total = NVFP4.packed_bytes(code_rows.numel(), k)
     if out is None:
         out = huge_page_tensor(total, torch.uint8)
     if out.numel() != total or out.dtype != torch.uint8 or not out.is_contiguous():
@@ -383,7 +367,7 @@ def pack_nvfp4(
                        threads or kernel_threads())
     del alive
     seg = QuantSegment(NVFP4, 0, code_rows.numel(), out)
-    table = torch.tensor([[int(NVFP4), out.data_ptr(), 0, seg.rows]], dtype=torch.int64)
+    table = torch.tensor([[NVFP4.kernel, out.data_ptr(), 0, seg.rows]], dtype=torch.int64)
     return QuantWeight((seg,), seg.rows, k, table)
 
 
@@ -416,7 +400,7 @@ def dequant_rows(
     out = torch.empty(ids.numel(), weight.in_features, dtype=dtype)
     if len(weight.segments) == 1:  # an embedding table is one type: no masks (per step)
         seg = weight.segments[0]
-        kernels.quant_dequant_rows(int(seg.qtype), seg.data, ids, seg.rows,
+        kernels.quant_dequant_rows(seg.qtype.kernel, seg.data, ids, seg.rows,
                                    weight.in_features, out)
         return out
     for seg in weight.segments:
@@ -426,7 +410,7 @@ def dequant_rows(
         which = inside.nonzero().reshape(-1)
         local = (ids[which] - seg.start).contiguous()
         part = torch.empty(local.numel(), weight.in_features, dtype=dtype)
-        kernels.quant_dequant_rows(int(seg.qtype), seg.data, local, seg.rows,
+        kernels.quant_dequant_rows(seg.qtype.kernel, seg.data, local, seg.rows,
                                    weight.in_features, part)
         out[which] = part
     return out

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from draftwise.errors import RequestError
 from draftwise.formats.errors import ChatTemplateError
 from draftwise.request import CompletionOutput, RequestOutput
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.spec.params import SpeculativeParams, check_against
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed, RequestStream
 from draftwise.server.errors import APIError, from_sampling_error, internal_error

@@ -78,7 +78,7 @@ def generate_data(plan: DataPlan, prompts: list[Prompt],
     import numpy as np
 
     from draftwise.llm import LLM
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
 
     llm = LLM(model=plan.model, num_threads=plan.threads)
     engine = llm.engine

@@ -43,7 +43,7 @@ The contract, read from the llama.cpp tree vendored by llama-cpp-python 0.3.36
 
 Quantized matrices (projections, ``fc``, the conv projections, the selector's hidden
 projection) stay in their stored type where the core's quantized kernels run them
-(``models.quant.NATIVE_TYPES``, bf16 on CPU: Q8_0, Q4_K, Q6_K, ...); quantized codebooks
+(a type's ``WeightType.native``, bf16 on CPU: Q8_0, Q4_K, Q6_K, ...); quantized codebooks
 stay quantized too and their gathered rows are dequantized exactly to fp32
 (``models.quant.dequant_rows``, as ggml's get_rows does). The rest is dequantized to the
 model dtype, and that is said in the load summary.
@@ -56,7 +56,6 @@ from typing import Any
 
 import torch
 from draftwise.kit import (
-    NATIVE_TYPES,
     DecoderLayer,
     ModelFormatError,
     QuantPart,
@@ -293,12 +292,12 @@ def read_gguf_weights(ckpt: Any, cfg: DFlashConfig, found: dict[str, str], dtype
     def dense(z: str) -> torch.Tensor:
         name = found[z]
         qt = ckpt.qtype(name)
-        if qt.name not in ("F32", "F16", "BF16"):
+        if not qt.dense:
             widened[qt.name] = widened.get(qt.name, 0) + 1
         return torch.from_numpy(ckpt.dequantize(name).copy()).to(dtype=dtype, device=device)
 
     def quant(zs: tuple[str, ...], k: int) -> Any:
-        if not keep or not all(ckpt.qtype(found[z]) in NATIVE_TYPES for z in zs):
+        if not keep or not all(ckpt.qtype(found[z]).native for z in zs):
             return None
         parts = [QuantPart(ckpt.qtype(found[z]), ckpt.raw(found[z])) for z in zs]
         return pack_quant(parts, k)

@@ -1,4 +1,4 @@
-"""The greedy Markov pass as one C call (``core/csrc/markov.c``, ``kernels.markov_pass``).
+"""The greedy Markov pass as one C call (``core/csrc/markov.c``, the kit's ``markov_pass``).
 
 What it computes is :mod:`draftwise_dspark.markov`'s pass, bitwise: per drafting row,
 left to right, ``pick_j = argmax(base_j + W2 u_j)`` (first maximum), ``u_j`` the head's
@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from draftwise.kit import BlockedWeight, kernels
+from draftwise.kit import BlockedWeight, markov_kernel_head, markov_pass, markov_pass_built
 
 from draftwise_dspark.lookahead import GUESS_TOKENS, HitRate
 from draftwise_dspark.markov import MAX_BLOCK_SHARE, MarkovHead
@@ -86,7 +86,7 @@ def _every_bf16() -> torch.Tensor:  # [65536] bf16
 def native_pass(head: MarkovHead | None, hidden_size: int) -> NativeMarkov | None:
     """The native pass for ``head`` (a drafter of width ``hidden_size``), or None where the
     torch pass runs (module doc)."""
-    if head is None or not kernels.available("markov_pass"):
+    if head is None or not markov_pass_built():
         return None
     w = head.w
     latent = {"gated": w.gate, "rnn": w.joint}.get(w.kind)
@@ -109,7 +109,7 @@ class NativeMarkov:
         w = head.w
         self.head = head
         w2: BlockedWeight = w.w2  # type: ignore[assignment]
-        self.kernel = kernels.markov_kernel_head(
+        self.kernel = markov_kernel_head(
             w.kind, w.w1.contiguous(), w2, tables, hidden_size, latent, head.row_norms,
             None if w.vocab is None else w.vocab.ids)
         self.blocks = w2.data.shape[0]
@@ -125,7 +125,7 @@ class NativeMarkov:
         :meth:`MarkovHead.feed` maps them);
         ``screen``: try the certified pick (given up after ``give_up`` misses in a row)."""
         depth = self.hits.window(LANE_WORTH, max(counts, default=1) - 1) if self.windows else 0
-        tok, prev, stats = kernels.markov_pass(
+        tok, prev, stats = markov_pass(
             self.kernel, hidden.contiguous(), base.contiguous(), counts, anchors, depth=depth,
             lanes=LANES, screen=screen, give_up=give_up,
             max_blocks=max(4, int(MAX_BLOCK_SHARE * self.blocks)),

@@ -15,7 +15,7 @@ import pytest
 from draftwise.formats import gguf_header
 from draftwise.formats.default_model import default_model_path
 from draftwise.formats.errors import ModelFormatError
-from draftwise.formats.gguf import _FLOAT_VIEWS
+from draftwise.formats.weight_types import weight_type
 from draftwise.formats.gguf_header import _Cursor, _python_strings, _strings
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,7 +98,7 @@ def test_bad_offsets_are_a_value_error(offset: int, count: int) -> None:
 def test_float_views_equal_gguf_py(qtype, dtype) -> None:
     values = np.random.default_rng(0).standard_normal((3, 32)).astype(dtype)
     raw = values.view(np.uint8).reshape(3, -1)
-    ours = np.asarray(_FLOAT_VIEWS[qtype](raw), dtype=np.float32)
+    ours = weight_type(qtype).dequantize(raw)
     theirs = np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32)
     assert ours.tobytes() == theirs.tobytes()
 
@@ -109,7 +109,7 @@ def test_bf16_view_equals_gguf_py() -> None:
     values = torch.randn(3, 32).to(torch.bfloat16)
     raw = values.view(torch.uint8).numpy().reshape(3, -1)
     q = gguf.GGMLQuantizationType.BF16
-    ours = np.asarray(_FLOAT_VIEWS[q](raw), dtype=np.float32)
+    ours = weight_type(q).dequantize(raw).reshape(3, -1)
     assert ours.tobytes() == np.asarray(gguf.quants.dequantize(raw, q), np.float32).tobytes()
     assert np.array_equal(ours, values.float().numpy())
 

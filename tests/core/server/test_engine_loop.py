@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.server.engine_loop import EngineLoop, LoopClosed, RequestFailed
 from server_fakes import FakeEngine
 

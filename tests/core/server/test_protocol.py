@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from draftwise.request import CompletionOutput
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.server.errors import from_sampling_error, from_validation, loc_to_param
 from draftwise.server.protocol import (
     ChatCompletionChunk,

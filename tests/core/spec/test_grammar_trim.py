@@ -64,7 +64,7 @@ def test_nothing_cut_is_the_same_object() -> None:
 def _first_tokens(method: str, trials: int = 3000) -> np.ndarray:
     """Each trial: a probabilistic drafter samples x ~ q = (.8, 0, .2), the grammar forbids
     token 2 (so p = (.5, .5, 0)), the draft is trimmed, verify emits position 0's token."""
-    from draftwise.sampling import SamplingParams
+    from draftwise.sampling_params import SamplingParams
     from draftwise.structured.masks import bitmask_width
     from draftwise.spec.verify import verify
 

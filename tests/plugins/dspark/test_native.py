@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draftwise.models import kernels
+from draftwise.models import kernels, markov_kernel
 from draftwise.models.kernels import KernelInputError
 from draftwise.models.linear import BlockedWeight, pack_weights
 from draftwise.sampling import argmax_rows
 from draftwise_dspark.draft_vocab import DraftVocab
 from draftwise_dspark.markov import MarkovHead, MarkovWeights
+from draftwise_dspark import native as native_module
 from draftwise_dspark.native import NativeMarkov, activation_tables, native_pass
 
 pytestmark = pytest.mark.skipif(not kernels.available("markov_pass"),
@@ -107,7 +108,7 @@ def native(head: MarkovHead, hidden: torch.Tensor, base: torch.Tensor, counts: l
            give_up: int = 4) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
     nat = native_pass(head, hidden.shape[1])
     assert nat is not None
-    return kernels.markov_pass(nat.kernel, hidden, base, counts, anchors, depth=depth,
+    return markov_kernel.markov_pass(nat.kernel, hidden, base, counts, anchors, depth=depth,
                                lanes=lanes, screen=screen, give_up=give_up, max_blocks=10,
                                guess_tokens=64, w2_rows=head.w2_rows() if depth else None)
 
@@ -207,7 +208,7 @@ def test_a_reduced_draft_vocabulary_feeds_target_ids(kind: str) -> None:
     bad = ids.clone()
     bad[-1] = 7000
     with pytest.raises(KernelInputError, match="d2t holds ids outside W1's 7000 rows"):
-        kernels.markov_kernel_head(kind, head.w.w1, head.w.w2, activation_tables(), 47,
+        markov_kernel.markov_kernel_head(kind, head.w.w1, head.w.w2, activation_tables(), 47,
                                    {"gated": head.w.gate, "rnn": head.w.joint}.get(kind),
                                    head.row_norms, bad)
 
@@ -351,15 +352,15 @@ def test_bad_inputs_are_refused_before_the_kernel_runs() -> None:
     hidden, base, anchors = inputs([3])
     call = dict(depth=0, lanes=4, screen=False, give_up=4, max_blocks=8, guess_tokens=64)
     with pytest.raises(KernelInputError, match="hidden"):
-        kernels.markov_pass(nat.kernel, hidden.float(), base, [3], anchors, **call)
+        markov_kernel.markov_pass(nat.kernel, hidden.float(), base, [3], anchors, **call)
     with pytest.raises(KernelInputError, match="base"):
-        kernels.markov_pass(nat.kernel, hidden, base[:, :-1].contiguous(), [3], anchors, **call)
+        markov_kernel.markov_pass(nat.kernel, hidden, base[:, :-1].contiguous(), [3], anchors, **call)
     with pytest.raises(KernelInputError, match="sum"):
-        kernels.markov_pass(nat.kernel, hidden, base, [2], anchors, **call)
+        markov_kernel.markov_pass(nat.kernel, hidden, base, [2], anchors, **call)
     with pytest.raises(KernelInputError, match="anchor"):
-        kernels.markov_pass(nat.kernel, hidden, base, [3], [V], **call)
+        markov_kernel.markov_pass(nat.kernel, hidden, base, [3], [V], **call)
     with pytest.raises(KernelInputError, match="projection"):
-        kernels.markov_kernel_head("rnn", head.w.w1, head.w.w2, activation_tables(),  # type: ignore[arg-type]
+        markov_kernel.markov_kernel_head("rnn", head.w.w1, head.w.w2, activation_tables(),  # type: ignore[arg-type]
                                    47, head.w.gate)  # type: ignore[arg-type]
     assert native_pass(make_head("vanilla"), 47) is not None
 
@@ -435,5 +436,5 @@ def test_the_torch_pass_runs_where_the_kernel_cannot(monkeypatch) -> None:
     assert native_pass(head, 47) is not None
     dense = MarkovHead(MarkovWeights("vanilla", head.w.w1, head.w2_rows().float()))
     assert native_pass(dense, 47) is None
-    monkeypatch.setattr(kernels, "available", lambda name: False)
+    monkeypatch.setattr(native_module, "markov_pass_built", lambda: False)
     assert native_pass(head, 47) is None

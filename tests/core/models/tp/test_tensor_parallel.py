@@ -26,7 +26,7 @@ from draftwise.engine import LLMEngine
 from draftwise.engine_args import EngineArgs
 from draftwise.models.tp.errors import TensorParallelConfigError
 from draftwise.request import RequestOutput
-from draftwise.sampling import SamplingParams
+from draftwise.sampling_params import SamplingParams
 from draftwise.spec.params import SpeculativeParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
