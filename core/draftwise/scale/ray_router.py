@@ -2,11 +2,19 @@
 
 Ray Serve lets a deployment name the class that picks a replica for each call
 (``RequestRouterConfig.request_router_class``); Ray then probes the replicas of the
-first rank we return and falls back to the next rank when they are full. This class
+first rank we return and falls back to the next rank when they are full (or miss the
+queue-length probe's deadline, 0.1 s at first). This class
 ranks by a :mod:`draftwise.scale.routing` policy over the ``route`` keyword the ingress
 passes with each call, and counts each replica's in-flight calls itself (the load the
 policy reads). A replica Ray reports dead, or one that leaves the replica set, is
 forgotten by the policy at once, so nothing is routed to its (now empty) cache.
+
+No ``FIFOMixin``: with it, Ray hands the first replica found to the oldest pending
+request, whichever request it was ranked for. Several routing tasks run at once and
+each may await a queue-length probe, so a request whose replica answered its probe
+first took the replica ranked for another request, and the two swapped homes
+(``tests/core/scale/test_ray_router.py``). Without it Ray fulfils exactly the request
+the ranking was for, as Ray's own ``PrefixCacheAffinityRouter`` does.
 
 Imported by Ray inside the ingress's process, by its import path; never by the plain
 server.
@@ -24,7 +32,6 @@ with warnings.catch_warnings():
     # not ours to fix, and it must not fail ``python -W error`` (tests/core/test_imports.py)
     warnings.filterwarnings("ignore", message="Using extra keyword arguments on `Field`")
     from ray.serve.request_router import (
-        FIFOMixin,
         PendingRequest,
         ReplicaID,
         RequestRouter,
@@ -34,7 +41,7 @@ with warnings.catch_warnings():
 from draftwise.scale.routing import Policy, RouteKey, make_policy
 
 
-class DraftwiseRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
+class DraftwiseRouter(RequestRouter):  # type: ignore[misc]
     """Ranks replicas by the configured policy (``prefix``, ``round-robin``, ``power-of-two``)."""
 
     def initialize_state(self, policy: str = "prefix", capacity_blocks: int = 4096,

@@ -81,8 +81,13 @@ class _View:
         return n
 
     def add(self, hashes: Sequence[int]) -> None:
-        """Record a prompt sent here; the oldest blocks fall out past the capacity."""
-        for h in hashes:
+        """Record a prompt sent here; the oldest blocks fall out past the capacity.
+
+        Last block first, so a prompt's first block is its most recent: the engine frees
+        a request's blocks tail first (``KVCacheManager.free``), so its pool evicts a
+        prefix from the tail and keeps the head; a view that dropped the head first would
+        call the whole chain gone while the replica still holds most of it."""
+        for h in reversed(hashes):
             self.blocks[h] = None
             self.blocks.move_to_end(h)
         while len(self.blocks) > self.capacity:
