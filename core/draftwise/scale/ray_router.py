@@ -22,10 +22,9 @@ server.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Any
-
-import warnings
 
 with warnings.catch_warnings():
     # Ray 2.60's own config models use pydantic's deprecated ``Field(update_type=...)``:

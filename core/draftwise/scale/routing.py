@@ -3,7 +3,8 @@
 The prefix policy keeps, per replica, the chained block hashes of the prompts it sent
 there (its own assignment history, in LRU order and bounded by the replica's cache size):
 what a replica was sent is what its prefix cache holds, less what it evicted since, and
-the LRU bound drops the oldest first as the replica's pool does. A router that consumes
+the LRU bound drops the oldest first, a prompt's tail before its head, as the replica's
+pool does. A router that consumes
 the replicas' ``/kv_events`` would know evictions exactly; the history needs no
 connection per replica and errs only towards a miss, never a wrong answer (the replica
 checks its own cache).
