@@ -323,6 +323,7 @@ def main() -> None:
         engine_kwargs["num_kv_blocks"] = args.kv_blocks
     temp = tempfile.mkdtemp(prefix="dw-bench-ray-")
     report["ray_temp_dir"] = temp
+    print(f"Ray's session logs: {temp}/session_latest/logs", flush=True)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1", _temp_dir=temp, logging_level="WARNING")
     try:
