@@ -258,8 +258,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64, help="sessions workload")
     parser.add_argument("--prefixes", type=int, default=36, help="many-prefixes workload")
     parser.add_argument("--uses", type=int, default=4, help="many-prefixes: uses a prefix")
-    parser.add_argument("--prefix-words", type=int, default=420,
-                        help="many-prefixes: words a prefix (about 500 tokens at 420)")
+    parser.add_argument("--prefix-words", type=int, default=500,
+                        help="many-prefixes: words a prefix (about 520 tokens with the question, at 500)")
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV blocks per replica (the single process gets twice as "
                         "many); default: the engine's own size")
