@@ -22,6 +22,7 @@ server.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import Counter
 from typing import Any
@@ -37,7 +38,11 @@ with warnings.catch_warnings():
         RunningReplica,
     )
 
-from draftwise.scale.routing import Policy, RouteKey, make_policy
+from draftwise.scale.routing import Policy, PrefixPolicy, RouteKey, make_policy
+
+#: one DEBUG line a routed request: where it went, what each replica held of its prompt and
+#: each one's load when it was placed (why a prefix left its replica: docs/scaling.md)
+logger = logging.getLogger("draftwise.scale.routing")
 
 
 class DraftwiseRouter(RequestRouter):  # type: ignore[misc]
@@ -62,7 +67,14 @@ class DraftwiseRouter(RequestRouter):  # type: ignore[misc]
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         """Record the assignment (the prefix view) and count it in flight."""
-        self.policy.routed(replica_id, _route_of(pending_request))
+        key = _route_of(pending_request)
+        if logger.isEnabledFor(logging.DEBUG) and isinstance(self.policy, PrefixPolicy):
+            logger.debug("routed %s to %s: %d blocks; held %s; in flight %s",
+                         pending_request.metadata.request_id, replica_id.unique_id,
+                         len(key.hashes),
+                         {r.unique_id: self.policy.matched(r, key) for r in self.curr_replicas},
+                         {r.unique_id: self.in_flight[r] for r in self.curr_replicas})
+        self.policy.routed(replica_id, key)
         self.in_flight[replica_id] += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:

@@ -50,3 +50,23 @@ def test_each_request_gets_the_replica_ranked_for_it() -> None:
     ``FIFOMixin`` the first replica found went to the oldest pending request, whichever
     it was ranked for: here ``["fast", "slow"]``, both on the wrong replica."""
     assert asyncio.run(_route_two_at_once()) == ["slow", "fast"]
+
+
+def test_a_routed_request_is_logged_with_what_each_replica_held(caplog) -> None:
+    """The DEBUG line that explains a prefix leaving its replica: held blocks and load."""
+
+    async def routed() -> None:
+        router = DraftwiseRouter(deployment_id=DeploymentID(name="EngineReplica"),
+                                 handle_source=DeploymentHandleSource.UNKNOWN)
+        router.initialize_state(policy="prefix")
+        a, b = FakeRunningReplica("a"), FakeRunningReplica("b")
+        router.update_replicas([a, b])
+        key = _key(100)
+        router.policy.routed(a.replica_id, key)
+        router.in_flight[a.replica_id] = 6
+        router.on_request_routed(_pending(key, "r1"), b.replica_id, None)
+
+    with caplog.at_level("DEBUG", logger="draftwise.scale.routing"):
+        asyncio.run(routed())
+    assert "routed r1 to b: 4 blocks; held {'a': 4, 'b': 0}; in flight {'a': 6, 'b': 0}" \
+        in caplog.text
