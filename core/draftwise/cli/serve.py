@@ -48,6 +48,9 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="While a stream decodes, a step's prefill does at most this many "
               "prompt tokens' work at context 0; chunks of a long prompt shrink as its "
               "prefix grows (default: 256; 0: off, prefill takes the whole step).")
+@click.option("--num-kv-blocks", default=None, type=click.IntRange(2),
+              help="KV cache blocks (of 16 tokens; per replica with --replicas). Default: "
+              "enough for --max-num-seqs full contexts, capped at 2 GiB.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1),
               help="compute threads (default: every core with the native "
               "GEMMs, else cores - 1).")
@@ -125,6 +128,7 @@ def serve(
     max_model_len: int | None,
     max_num_batched_tokens: int | None,
     long_prefill_token_threshold: int | None,
+    num_kv_blocks: int | None,
     dtype: str,
     device: str,
     served_names: tuple[str, ...],
@@ -193,6 +197,8 @@ def serve(
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if long_prefill_token_threshold is not None:
         kwargs["long_prefill_token_threshold"] = long_prefill_token_threshold
+    if num_kv_blocks is not None:
+        kwargs["num_kv_blocks"] = num_kv_blocks
     if replicas > 1 or ray_address or min_replicas is not None or max_replicas is not None:
         if tensor_parallel_size != 1 or device != "cpu":
             # each replica would start its own rank processes / a device engine: neither

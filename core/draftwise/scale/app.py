@@ -59,7 +59,10 @@ def build_app(spec: ReplicaSpec, scaling: Scaling) -> Any:
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    capacity = spec.engine_kwargs.get("num_kv_blocks") or 4096
+    # the router's view of a replica is bounded by the blocks its pool hands out (block 0
+    # is the null block); a pool the engine sizes itself is not known here: 4096
+    blocks = spec.engine_kwargs.get("num_kv_blocks")
+    capacity = blocks - 1 if blocks else 4096
     size: dict[str, Any] = {"num_replicas": scaling.replicas}
     if scaling.min_replicas is not None:
         size = {"autoscaling_config": {

@@ -3,7 +3,8 @@
 The prefix policy keeps, per replica, the chained block hashes of the prompts it sent
 there (its own assignment history, in LRU order and bounded by the replica's cache size):
 what a replica was sent is what its prefix cache holds, less what it evicted since, and
-the LRU bound drops the oldest first as the replica's pool does. A router that consumes
+the LRU bound drops the oldest first, a prompt's tail before its head, as the replica's
+pool does. A router that consumes
 the replicas' ``/kv_events`` would know evictions exactly; the history needs no
 connection per replica and errs only towards a miss, never a wrong answer (the replica
 checks its own cache).
@@ -81,8 +82,13 @@ class _View:
         return n
 
     def add(self, hashes: Sequence[int]) -> None:
-        """Record a prompt sent here; the oldest blocks fall out past the capacity."""
-        for h in hashes:
+        """Record a prompt sent here; the oldest blocks fall out past the capacity.
+
+        Last block first, so a prompt's first block is its most recent: the engine frees
+        a request's blocks tail first (``KVCacheManager.free``), so its pool evicts a
+        prefix from the tail and keeps the head; a view that dropped the head first would
+        call the whole chain gone while the replica still holds most of it."""
+        for h in reversed(hashes):
             self.blocks[h] = None
             self.blocks.move_to_end(h)
         while len(self.blocks) > self.capacity:

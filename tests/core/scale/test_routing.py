@@ -81,10 +81,33 @@ def test_a_removed_replica_is_forgotten() -> None:
 
 
 def test_the_view_is_bounded_like_the_replicas_cache() -> None:
+    """Past the capacity a prefix loses its tail first, as the pool evicts it (the
+    engine frees a request's blocks last first): the head keeps matching."""
     policy = PrefixPolicy(capacity_blocks=8)
     policy.routed("a", key(SYSTEM))            # 8 blocks: full
-    policy.routed("a", key(list(range(4))))   # one more: the oldest block falls out
-    assert policy.matched("a", key(SYSTEM)) == 0  # the chain broke at its first block
+    policy.routed("a", key(list(range(4))))   # one more: SYSTEM's last block falls out
+    assert policy.matched("a", key(SYSTEM)) == 7
+    policy.routed("a", key(list(range(200, 228))))  # 7 more: all of SYSTEM is gone
+    assert policy.matched("a", key(SYSTEM)) == 0
+
+
+def test_the_view_evicts_what_the_pool_evicts() -> None:
+    """The same prompts through a real pool and through the view: after eviction both
+    hold the same leading blocks of every prompt."""
+    from draftwise.cache.manager import KVCacheManager
+
+    prompts = [[p * 1000 + t for t in range(24)] for p in range(4)]  # 6 blocks of 4 each
+    kv = KVCacheManager(num_blocks=17, block_size=4)  # 16 usable: holds 2.67 prompts
+    policy = PrefixPolicy(capacity_blocks=16)
+    for i, prompt in enumerate(prompts):
+        kv.get_computed_blocks(f"r{i}", prompt)
+        assert kv.allocate_slots(f"r{i}", len(prompt))
+        kv.cache_blocks(f"r{i}", prompt, len(prompt))
+        kv.free(f"r{i}")
+        policy.routed("a", key(prompt))
+    held = [len(kv.pool.find_cached_prefix(p, 6)) for p in prompts]
+    assert held == [0, 4, 6, 6]  # the oldest lost all, the next its tail: 16 blocks
+    assert [policy.matched("a", key(p)) for p in prompts] == held
 
 
 def test_round_robin_and_power_of_two_ignore_prefixes() -> None:

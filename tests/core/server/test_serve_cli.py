@@ -55,6 +55,14 @@ def test_threads_reach_the_engine(stubs):
     assert stubs["build"][3] == {"max_num_seqs": 32, "num_threads": 2}
 
 
+def test_num_kv_blocks_reaches_the_engine(stubs):
+    result = CliRunner().invoke(serve, ["--num-kv-blocks", "768"])
+    assert result.exit_code == 0, result.output
+    assert stubs["build"][3] == {"max_num_seqs": 32, "num_kv_blocks": 768}
+    result = CliRunner().invoke(serve, ["--num-kv-blocks", "1"])
+    assert result.exit_code == 2 and "--num-kv-blocks" in result.output
+
+
 def test_logprobs_mode_reaches_the_engine(stubs):
     result = CliRunner().invoke(serve, ["--logprobs-mode", "processed_logprobs"])
     assert result.exit_code == 0, result.output
