@@ -205,9 +205,9 @@ def test_the_packers_give_stored_pages_back_as_they_read_them(tiny_gguf, monkeyp
     calls: list[tuple[str, int | None]] = []
     release = GGUFFile.release
 
-    def spy(self: GGUFFile, name: str, rows: int | None = None) -> None:
+    def spy(self: GGUFFile, name: str, rows: int | None = None, evict: bool = False) -> None:
         calls.append((name, rows))
-        release(self, name, rows)
+        release(self, name, rows, evict)
 
     monkeypatch.setattr(GGUFFile, "release", spy)
     load_model(str(t.path))
