@@ -19,7 +19,9 @@ cheaply (1.5B: ~0.5 s less system time) and whichever tree runs second looks fas
 after the gap every run meets fresh memory, as a first run does. Byte-compiled files
 go to ``--pycache`` (one place for every tree), so no run compiles sources after the
 first; the model's pages are in the page cache after the first run (say so when
-quoting: the figures are for a warm page cache).
+quoting: the figures are for a warm page cache). Each tree gets a cache folder of its
+own, warmed by one run first (two builds of the kernels in one folder evict each other's
+packed-weights file, so every run would pack again).
 
 ``--first-start`` measures a model's first start instead: each run gets an empty
 ``DRAFTWISE_CACHE_DIR`` (so it packs the weights and writes the packed-weights file, as a
@@ -115,7 +117,13 @@ def main() -> None:
     script = str(Path(sys.executable).parent / "draftwise")
     trees: list[str | None] = list(args.tree) if args.tree else [None]
     envs = [tree_env(t, args.pycache) for t in trees]
-    one_run(script, envs[0], args.extra)  # warm-up: byte-compile, page cache
+    # each tree its own cache folder: the packed-weights file is named by the kernels'
+    # build, and writing one deletes the other builds' files of the same model, so two
+    # trees sharing a folder would each repack on every run (every run a first start)
+    caches = [tempfile.mkdtemp(prefix="draftwise-startup-cache-") for _ in trees]
+    for env, cache in zip(envs, caches):
+        env["DRAFTWISE_CACHE_DIR"] = cache
+        one_run(script, env, args.extra)  # warm-up: byte-compile, page cache, packed file
     runs: list[list[dict[str, float]]] = [[] for _ in trees]
     loads = [os.getloadavg()[0]]
     for round_ in range(args.n):
@@ -133,6 +141,8 @@ def main() -> None:
                 if fresh is not None:
                     shutil.rmtree(fresh, ignore_errors=True)
         loads.append(os.getloadavg()[0])
+    for cache in caches:
+        shutil.rmtree(cache, ignore_errors=True)
     for tree, rows in zip(trees, runs):
         median = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
         print(json.dumps({"tree": tree or "(installed)", "median": median,
