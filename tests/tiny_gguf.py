@@ -257,3 +257,16 @@ def tiny_gguf(tmp_path: Path) -> Callable[..., TinyGGUF]:
         return write_tiny_gguf(tmp_path / name, **kwargs)  # type: ignore[arg-type]
 
     return make
+
+
+def retype(src: Path, dst: Path, tensors: list[str], number: int) -> None:
+    """Copy a GGUF, changing the declared type number in these tensors' infos (a file
+    that declares a type its bytes are not, or a number no reader knows)."""
+    data = bytearray(src.read_bytes())
+    for tensor in tensors:
+        name = tensor.encode()
+        at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+        n_dims = int.from_bytes(data[at : at + 4], "little")
+        at += 4 + 8 * n_dims
+        data[at : at + 4] = number.to_bytes(4, "little")
+    dst.write_bytes(bytes(data))

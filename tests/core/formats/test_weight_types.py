@@ -35,6 +35,7 @@ from draftwise.models.loader import load_model
 from draftwise.models.quant import QuantWeight, quant_kernels_available
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
+from tiny_gguf import retype
 
 #: numbers no GGML type has (gguf-py's end below 64)
 COPY, SLOW = 1000, 1001
@@ -94,18 +95,6 @@ def test_registered_is_scoped_and_pickles_as_its_number() -> None:
     assert pickle.loads(pickle.dumps(weight_type(Q.Q4_K))) is weight_type(Q.Q4_K)
 
 
-def _retype(src: Path, dst: Path, tensors: list[str], number: int) -> None:
-    """Copy a GGUF, changing the declared type number in these tensors' infos."""
-    data = bytearray(src.read_bytes())
-    for tensor in tensors:
-        name = tensor.encode()
-        at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
-        n_dims = int.from_bytes(data[at : at + 4], "little")
-        at += 4 + 8 * n_dims
-        data[at : at + 4] = number.to_bytes(4, "little")
-    dst.write_bytes(bytes(data))
-
-
 @pytest.fixture
 def q8_file(tiny_gguf, tmp_path: Path) -> tuple[Path, Path]:
     """(a Q8_0 model, the same file with every Q8_0 tensor declared as number COPY)."""
@@ -115,7 +104,7 @@ def q8_file(tiny_gguf, tmp_path: Path) -> tuple[Path, Path]:
     q8 = [n for n in ckpt.tensor_names if ckpt.qtype(n) == Q.Q8_0]
     assert len(q8) > 10
     other = tmp_path / "retyped.gguf"
-    _retype(t.path, other, q8, COPY)
+    retype(t.path, other, q8, COPY)
     return t.path, other
 
 
@@ -177,7 +166,7 @@ def test_a_type_with_no_kernel_is_dequantized_with_a_notice(q8_file, caplog) -> 
 
 def test_a_refused_type_names_its_reason(q8_file, tmp_path: Path) -> None:
     bad = tmp_path / "int.gguf"
-    _retype(q8_file[0], bad, ["blk.0.attn_q.weight"], int(Q.I8))
+    retype(q8_file[0], bad, ["blk.0.attn_q.weight"], int(Q.I8))
     with pytest.raises(ModelFormatError, match="'blk.0.attn_q.weight' is stored as I8"):
         GGUFCheckpoint(bad)
     assert np.array_equal(weight_type(Q.F32).dequantize(np.ones(8, np.uint8)),

@@ -26,6 +26,7 @@ from draftwise.models.batch import KVCache, build_forward_batch
 from draftwise.models.loader import load_model
 from draftwise.models.quant import QuantWeight, quant_kernels_available
 from gguf import GGMLQuantizationType as Q
+from tiny_gguf import retype
 
 pytestmark = pytest.mark.skipif(not quant_kernels_available(), reason="C kernels not built")
 
@@ -127,13 +128,7 @@ def test_truncated_quantized_tensor_names_the_tensor(tiny_gguf, tmp_path: Path) 
 
 def _retype(src: Path, dst: Path, tensor: str, type_id: int) -> None:
     """Copy a GGUF, changing one tensor's declared type id in its tensor info."""
-    data = bytearray(src.read_bytes())
-    name = tensor.encode()
-    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
-    n_dims = int.from_bytes(data[at : at + 4], "little")
-    at += 4 + 8 * n_dims
-    data[at : at + 4] = type_id.to_bytes(4, "little")
-    dst.write_bytes(bytes(data))
+    retype(src, dst, [tensor], type_id)
 
 
 def test_mistyped_quantized_tensor_is_a_named_error(tiny_gguf, tmp_path: Path) -> None:
