@@ -170,6 +170,14 @@ def resolve_max_model_len(args: EngineArgs, loaded: LoadedModel) -> int:
     return min(model_len, args.default_max_model_len)
 
 
+def _physical_memory_bytes() -> int:
+    """This machine's memory in bytes (0 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 def size_kv_cache(
     args: EngineArgs, loaded: LoadedModel, max_model_len: int, drafts: Sequence[KVLayout] = ()
 ) -> int:
@@ -188,6 +196,17 @@ def size_kv_cache(
         want = args.max_num_seqs * need
         budget = int(args.kv_cache_memory_gib * 2**30 // per_block)
         blocks = min(want, budget)
+    machine = _physical_memory_bytes()
+    if machine and blocks * per_block > machine:
+        # (the pool is lazily zeroed, so the kernel may even map it, but it cannot be
+        # filled; a pool past the machine's memory is refused by name, not met by an
+        # OSError traceback from the allocation)
+        raise EngineConfigError(
+            f"num_kv_blocks={blocks} needs {blocks * per_block / 2**30:.1f} GiB of KV cache "
+            f"({per_block} bytes a block of {args.block_size} tokens), more than this "
+            f"machine's {machine / 2**30:.1f} GiB of memory; use at most "
+            f"{machine // per_block} blocks, or leave num_kv_blocks unset (the pool is then "
+            "sized by kv_cache_memory_gib)")
     if blocks < need:
         raise EngineConfigError(
             f"the KV cache ({blocks} blocks of {args.block_size} tokens) cannot hold one "

@@ -149,6 +149,13 @@ def test_kv_cache_too_small_is_refused(tiny_llama: Path) -> None:
                              max_model_len=64))
 
 
+def test_a_kv_pool_past_the_machines_memory_is_refused_by_name(tiny_llama: Path) -> None:
+    """`serve --num-kv-blocks 1000000000000` ended in an OSError traceback from the
+    allocation; it is refused by name with the largest pool that fits."""
+    with pytest.raises(EngineConfigError, match=r"num_kv_blocks=10{12} needs .* use at most"):
+        LLMEngine(EngineArgs(model=str(tiny_llama), num_kv_blocks=10**12))
+
+
 def test_bf16_is_default_dtype(tiny_llama: Path) -> None:
     llm = LLM(model=str(tiny_llama))
     assert llm.engine.loaded.dtype == torch.bfloat16
