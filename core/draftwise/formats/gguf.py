@@ -26,7 +26,7 @@ from draftwise.formats.errors import (
     UnsupportedTensorTypeError,
 )
 from draftwise.formats.gguf_file import GGUFFile, TensorInfo
-from draftwise.formats.weight_types import WeightType
+from draftwise.formats.weight_types import NoDequantizationError, WeightType
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -137,7 +137,7 @@ class GGUFCheckpoint:
         raw = self._file.raw(name)
         try:  # the type's own (``formats.weight_types``): floats are numpy views
             arr = t.qtype.dequantize(raw)
-        except NotImplementedError:
+        except NoDequantizationError:
             raise UnsupportedTensorTypeError(self.path, name, t.qtype.name) from None
         return arr.reshape(t.shape)
 

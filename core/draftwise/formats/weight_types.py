@@ -65,6 +65,12 @@ class UnknownWeightTypeError(KeyError):
         self.number = number
 
 
+class NoDequantizationError(ValueError):
+    """A weight type with no dequantization was asked for float values (an integer type,
+    or a registered type that declared none): the reader turns it into its own named
+    error with the file and tensor."""
+
+
 class WeightType(int):
     """One stored weight type: its number, block layout, packed size, kernel and dequant.
 
@@ -142,10 +148,10 @@ class WeightType(int):
         return -(-rows // TILE) * (self.tile_header + k // self.block_k * TILE * self.block_bytes)
 
     def dequantize(self, raw: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:  # [n]
-        """Stored bytes as float32 values, flat; ``NotImplementedError`` where this type
-        has no dequantization (its reader says which tensor)."""
+        """Stored bytes as float32 values, flat; :class:`NoDequantizationError` where this
+        type has none (its reader names the file and tensor)."""
         if self._dequantize is None:
-            raise NotImplementedError(f"{self.name} has no dequantization")
+            raise NoDequantizationError(f"{self.name} has no dequantization")
         return np.asarray(self._dequantize(raw), dtype=np.float32).reshape(-1)
 
 
@@ -260,6 +266,7 @@ NVFP4 = register(WeightType(256, "NVFP4", container="safetensors", block_k=32,
 
 __all__ = [
     "NVFP4",
+    "NoDequantizationError",
     "TILE",
     "UnknownWeightTypeError",
     "WeightType",

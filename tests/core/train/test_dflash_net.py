@@ -65,22 +65,13 @@ def test_engine_drafts_equal_the_training_forward(tiny_target: str, trained: Pat
     from draftwise.models.loader import load_model
     from draftwise.train.dflash_layout import CONFIG
     from draftwise.train.record import TapRecorder
+
+    from tests.plugins.dflash.test_oracle import record_drafts
     shape_cfg = json.loads((trained / CONFIG).read_text())
     k = shape_cfg["dflash_config"]["block_size"] - 1
     llm = LLM(model=tiny_target, dtype="float32", speculative_config={
         "method": "dflash", "model": str(trained), "num_speculative_tokens": k})
-    proposer = llm.engine.spec.proposers[0]
-    seen: list[tuple[list[int], list[int]]] = []
-    original = proposer.propose
-
-    def propose(batch: Any) -> Any:
-        out = original(batch)
-        for i, row in enumerate(batch.rows):
-            if out.num_draft_tokens[i]:
-                seen.append(([int(x) for x in row.token_ids], out.row(i).tolist()))
-        return out
-
-    proposer.propose = propose
+    seen = record_drafts(llm)  # (context tokens, drafts) of every drafted row
     llm.generate([p.text for p in PROMPTS[:3]] + ["zz top"],
                  SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     t = load_target(tiny_target)
