@@ -384,6 +384,13 @@ class DraftRow:
             known, e.g. a hand-built row).
         isolation_key: the request's isolation key: a proposer may draft a row from
             other requests' tokens only when they carry the same key; None: from its own.
+        stop_below: adaptive depth's price of one more draft, as an acceptance
+            probability: a drafter that knows how sure it is of each draft (its
+            probability of the token it drafts) may stop the row once the product of
+            those probabilities falls below this, since a deeper draft is accepted at
+            most that often and below it costs more time than it saves (0: no such
+            stop, as at fixed depth). Read only the drafts already made (never the
+            token about to be drawn), so the stop is lossless under sampling too.
     """
 
     req_id: str
@@ -397,6 +404,7 @@ class DraftRow:
     hidden: dict[int, torch.Tensor] | None = None  # layer -> [n, hidden_size]
     num_prompt_tokens: int | None = None
     isolation_key: str | None = None
+    stop_below: float = 0.0
 
 
 @dataclass(slots=True)

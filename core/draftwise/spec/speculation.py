@@ -144,6 +144,9 @@ class Speculation:
         # request's first probe fed a 30-token prompt and pulled the running price
         # down, and adaptive depth drafted open prose at 0.90x speculation off.)
         clock = self.policy.cost.clock if self.policy is not None else time.perf_counter
+        # adaptive depth's price of a deeper draft, for drafters that stop on their own
+        # confidence (DraftRow.stop_below); fixed depth drafts what it asked for
+        stop = self.policy.stop_below(n) if self.policy is not None else 0.0
         t0, num_made, num_backlog = clock(), 0, 0
         for pid, drafter in enumerate(self.drafters):
             if not pending:
@@ -152,7 +155,8 @@ class Speculation:
                      if self._room(drafter, rows[i]) > 0 and _may_use(drafter, rows[i])]
             if not asked:
                 continue
-            batch = DraftInput([self._draft_row(pid, rows[i], tables[i]) for i in asked])
+            batch = DraftInput([self._draft_row(pid, rows[i], tables[i], stop)
+                                for i in asked])
             if drafter.own_kv:
                 num_backlog += catch_up_tokens(batch.rows)
             out = drafter.proposer.propose(batch)
@@ -233,7 +237,8 @@ class Speculation:
             return row.max_draft
         return min(row.max_draft, drafter.max_model_len - row.request.num_tokens)
 
-    def _draft_row(self, pid: int, row: ScheduledRow, table: list[int]) -> DraftRow:
+    def _draft_row(self, pid: int, row: ScheduledRow, table: list[int],
+                   stop_below: float = 0.0) -> DraftRow:
         """What chain member ``pid`` sees of one row."""
         req, drafter = row.request, self.drafters[pid]
         out = DraftRow(
@@ -246,6 +251,10 @@ class Speculation:
                      if req.params.needs_history else None),
             num_prompt_tokens=req.num_prompt_tokens,
             isolation_key=req.isolation_key,
+            # (only for a row whose depth adaptive depth chooses: a seeded sampled row
+            # stays at fixed depth, its draws following its drafts, and this price
+            # follows the machine's timing)
+            stop_below=stop_below if self._adaptive_row(req.req_id) else 0.0,
         )
         if not (drafter.own_kv or drafter.hidden_layers):
             return out
@@ -260,6 +269,10 @@ class Speculation:
             out.hidden = {h: state.hidden[h][skip:] for h in drafter.hidden_layers
                           if h in state.hidden}
         return out
+
+    def _adaptive_row(self, req_id: str) -> bool:
+        """Whether adaptive depth chose this request's depth (it keeps an estimate)."""
+        return self.policy is not None and req_id in self.policy.estimates
 
     def _check(self, drafter: Drafter, batch: DraftInput, out: Drafts) -> None:
         """Refuse drafts that do not fit the batch, naming the method (a plugin bug)."""

@@ -27,6 +27,10 @@ The loop (vLLM ``DraftModelProposer``, one draft forward per depth, not one per 
    bands: adaptive depth keeps acceptance per band, as it does per n-gram match length,
    so a run of rejected unsure drafts does not park a request whose confident drafts
    still hold (the parking measured 1.09x against the fixed setting's 1.16x at one row).
+7. under adaptive depth a row also stops once the product of its drafts' confidences
+   falls below the engine's price of one more draft (``DraftRow.stop_below``: the
+   drafter's cost plus the verify's, over a step's): deeper drafts would be accepted at
+   most that often. Lossless for the same reason as rule 5.
 
 With another tokenizer (``use_heterogeneous_vocab``) the context is fed through
 :class:`~draftwise_draft_model.vocab.VocabMap`, draft logits are masked to the shared
@@ -135,7 +139,7 @@ class DraftModelProposer:
             )
         #: ``confidence_stops``: rows that stopped short of their depth on an unsure token
         self.counters = {"draft_forwards": 0, "rows_drafted": 0, "draft_tokens": 0,
-                         "confidence_stops": 0}
+                         "confidence_stops": 0, "price_stops": 0}
 
     @torch.inference_mode()
     def propose(self, batch: DraftInput) -> Drafts:
@@ -196,15 +200,24 @@ class DraftModelProposer:
                     probs[r].append(q[j] if q is not None else _one_hot(tok[j], logits.shape[1]))
             return tok.tolist()
 
+        running: dict[int, float] = {}  # row -> product of its drafts' confidences
+
         def sure(logits: torch.Tensor, live: list[int]) -> list[bool]:
             if len(so_far[live[0]]) == 1:  # after depth 0: pick measured it (rule 6)
                 confidence = torch.tensor([first_confidence[r] for r in live],
                                           dtype=torch.float32)
             else:
                 confidence = draft_confidence(logits)
-            return self._sure(confidence, live)
+            go = self._sure(confidence, live)
+            for j, (r, c) in enumerate(zip(live, confidence.tolist())):
+                running[r] = running.get(r, 1.0) * c
+                if go[j] and running[r] < rows[r].stop_below:  # rule 7: not worth its price
+                    go[j] = False
+                    self.counters["price_stops"] += 1
+            return go
 
-        more = sure if self.min_confidence > 0.0 else None
+        priced = any(r.stop_below > 0.0 for r in rows)
+        more = sure if self.min_confidence > 0.0 or priced else None
         drafts = draft_autoregressive(first, starts, wants, step, pick, more)
         out = Drafts.from_lists([self._to_target(d) for d in drafts])
         out.evidence = evidence

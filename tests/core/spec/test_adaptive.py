@@ -628,3 +628,15 @@ def test_a_lone_row_times_a_price_the_engine_never_ran_once() -> None:
     est2 = pol.new_estimate()
     assert pol.choose([est2], [4]) == [0]
     assert pol.cut([est2], [1], [1]) == [0]
+
+
+def test_the_price_of_a_deeper_draft_is_its_cost_over_a_steps_worth() -> None:
+    """``stop_below``: (draft price + one more verified token) / a step's time per row.
+    On ``policy``'s grid one row's step is 1.5 and each token adds 0.5: a free draft
+    still costs its verify (1/3), a draft at half a step costs (0.75 + 0.5) / 1.5."""
+    p = policy()
+    assert p.stop_below(1) == pytest.approx(0.5 / 1.5)
+    p.cost.draft_seconds_per_token = 0.75
+    assert p.stop_below(1) == pytest.approx(1.25 / 1.5)
+    p.cost.draft_seconds_per_token = 10.0
+    assert p.stop_below(1) == 1.0  # dearer than any acceptance can pay: capped

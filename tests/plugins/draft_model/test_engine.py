@@ -256,6 +256,40 @@ def test_min_draft_confidence_stops_unsure_rows_and_stays_identical(target_dir, 
     assert_clean(llm)
 
 
+def test_adaptive_depths_price_stops_unsure_rows_and_stays_identical(
+        target_dir, draft_dir, want, monkeypatch) -> None:
+    """Rule 7 through the engine: adaptive depth (the default) hands each row its price of
+    a deeper draft, and the row stops once its drafts' confidences multiply below it.
+    With the cap chosen every step and a price of 0.06, the jittered draft (confidences
+    ~0.24) goes past its first draft and mostly stops after its second; greedy output
+    never moves."""
+    from draftwise.spec.adaptive import DepthPolicy
+
+    seen: list[float] = []
+    real_propose = DraftModelProposer.propose
+
+    def spy(self, batch):
+        seen.extend(r.stop_below for r in batch.rows)
+        return real_propose(self, batch)
+
+    monkeypatch.setattr(DepthPolicy, "choose", lambda self, estimates, caps: list(caps))
+    monkeypatch.setattr(DepthPolicy, "stop_below", lambda self, num_rows: 0.06)
+    monkeypatch.setattr(DraftModelProposer, "propose", spy)
+    got, llm = generate(target_dir, spec(draft_dir, 4), PROMPTS, max_num_seqs=4)
+    assert got == want
+    s = llm.engine.spec.proposer_stats()[0]
+    assert s["price_stops"] > 0 and s["confidence_stops"] == 0
+    assert s["rows_drafted"] < s["draft_tokens"] < 3 * s["rows_drafted"]
+    assert seen and set(seen) == {0.06}
+    assert_clean(llm)
+    # fixed depth hands no price: every row drafts its whole k
+    seen.clear()
+    got, llm = generate(target_dir, spec(draft_dir, 4, draftwise={"adaptive": False}),
+                        PROMPTS, max_num_seqs=4)
+    assert got == want and set(seen) == {0.0}
+    assert llm.engine.spec.proposer_stats()[0]["price_stops"] == 0
+
+
 def test_evidence_is_the_band_of_the_first_drafts_confidence(target_dir, draft_dir, want,
                                                             monkeypatch) -> None:
     """Rule 6: each drafting row's evidence is its depth-0 confidence in 5 bands; the
