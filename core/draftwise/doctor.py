@@ -17,8 +17,12 @@ Three parts, each usable on its own:
    per-request depth), and a recommended config.
 
 Only proposers without their own KV or hidden-state inputs can be walked offline (they
-draft from tokens alone); others are refused by name, with the online measurement
-(``draftwise bench``) as what works instead.
+draft from tokens alone). A drafter that reads the target's hidden states is predicted
+instead from the held-out estimate its trainer saved beside it
+(:func:`training_estimate`: ``draftwise train`` walks held-out greedy rows exactly as the
+engine decodes them, within 0.003 of online acceptance) and this machine's measured
+costs (:func:`estimate_speedup`); without such an estimate it is refused by name, with
+the online measurement (``draftwise bench``) as what works instead.
 """
 
 from __future__ import annotations
@@ -168,6 +172,11 @@ def greedy_continuations(
     return [done[i] for i in ids]
 
 
+def walkable(spec: Speculation) -> bool:
+    """Whether every member drafts from tokens alone (the offline walk can run it)."""
+    return not any(d.own_kv or d.hidden_layers for d in spec.drafters)
+
+
 def check_walkable(spec: Speculation) -> None:
     """Refuse members that need the target's state to draft, naming them."""
     for d in spec.drafters:
@@ -175,7 +184,8 @@ def check_walkable(spec: Speculation) -> None:
             raise DoctorError(
                 f"method '{d.method}' drafts from its own KV or the target's hidden states, "
                 "which the offline walk does not provide. Instead: measure it online with "
-                "`draftwise bench --compare-off`."
+                "`draftwise bench --compare-off`, or keep the draftwise_train.json "
+                "`draftwise train` saved beside the drafter (doctor predicts from it)."
             )
 
 
@@ -252,6 +262,91 @@ def _propose(
         if out.num_draft_tokens[0]:
             return np.asarray(out.token_ids[: out.num_draft_tokens[0]]), pid
     return np.zeros(0, dtype=np.int64), 0
+
+
+# -- 2b. a trained drafter's own estimate ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingEstimate:
+    """The held-out acceptance ``draftwise train`` saved beside a drafter: the share of
+    draft steps whose first j + 1 drafts all held, j = 0 .. block - 2."""
+
+    path: str
+    method: str
+    through_slot: tuple[float, ...]
+    steps: int
+    sequences: int
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a step commits verifying ``k`` of the block's drafts."""
+        return 1.0 + sum(self.through_slot[:k])
+
+    def as_dict(self) -> dict[str, Any]:
+        """For ``--json``."""
+        return {"path": self.path, "method": self.method, "steps": self.steps,
+                "sequences": self.sequences,
+                "accepted_through_slot": list(self.through_slot)}
+
+
+def training_estimate(engine: LLMEngine) -> TrainingEstimate | None:
+    """The trainer's held-out estimate of the config's (first) drafter that has one, or
+    None. An estimate from before the walk (no ``steps``: the per-anchor figure, which read
+    2.11 where the drafter accepted 1.60 online) is refused by name with how to refresh it."""
+    from pathlib import Path
+
+    from draftwise.train.dflash import REPORT
+
+    config = engine.spec_config
+    for member in config.drafters if config is not None else ():
+        report = Path(member.model, REPORT) if member.model else None
+        if report is None or not report.is_file():
+            continue
+        try:
+            doc = json.loads(report.read_text())
+            acc = doc["acceptance"]
+            through = tuple(float(x) for x in acc["accepted_through_slot"])
+            steps, rows = int(acc["steps"]), int(acc["sequences"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DoctorError(
+                f"{report}: no held-out estimate of the current form ({exc!r}). Instead: "
+                f"`draftwise train estimate --drafter {member.model} --data DATA --save` "
+                "with the data folder it was trained on") from exc
+        if acc.get("mean_acceptance_length") is None or not steps:
+            raise DoctorError(f"{report}: its held-out rows had no greedy row to walk, so "
+                              "there is no estimate. Instead: measure it online with "
+                              "`draftwise bench --compare-off`")
+        return TrainingEstimate(str(member.model), str(doc.get("method", member.method)),
+                                through, steps, rows)
+    return None
+
+
+def draft_step_seconds(engine: LLMEngine, prompt: list[int], max_tokens: int) -> float:
+    """Seconds the drafters take per drafting step, timed on one request at the config's
+    full depth (a block drafter's forward costs the same whatever k it is cut to)."""
+    spec = engine.spec
+    assert spec is not None
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    ask = SpeculativeParams(enabled=True, num_speculative_tokens=spec.k,
+                            adaptive=False if spec.policy is not None else None)
+    p0, d0 = engine.stats.timings.propose, spec.metrics.num_drafts
+    engine.add_request({"prompt_token_ids": prompt}, params, speculative=ask)
+    while engine.has_unfinished_requests():
+        engine.step()
+    steps = spec.metrics.num_drafts - d0
+    if not steps:
+        raise DoctorError("the drafter made no draft on the workload's first prompt, so its "
+                          "price could not be timed. Instead: a longer --max-tokens")
+    return (engine.stats.timings.propose - p0) / steps
+
+
+def estimate_speedup(est: TrainingEstimate, k: int, cost: CostModel,
+                     draft_seconds: float) -> float:
+    """Plain time over speculative time per token at fixed depth ``k``: a step commits
+    ``est.expected_tokens(k)`` tokens for a forward of 1 + k tokens and one drafting step."""
+    plain = cost.step_seconds(1, 1)
+    spec = cost.step_seconds(1, 1 + k) + draft_seconds
+    return est.expected_tokens(k) * plain / spec if spec else 1.0
 
 
 # -- 3. the report ------------------------------------------------------------------------
@@ -343,8 +438,11 @@ def as_json(obj: Any) -> str:
 __all__ = [
     "DoctorError",
     "Finding",
+    "TrainingEstimate",
     "Walk",
     "check_walkable",
+    "draft_step_seconds",
+    "estimate_speedup",
     "greedy_continuations",
     "measured_speedup",
     "merge_walks",
@@ -353,4 +451,6 @@ __all__ = [
     "recommend",
     "simulate_walk",
     "table",
+    "training_estimate",
+    "walkable",
 ]

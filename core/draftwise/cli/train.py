@@ -9,6 +9,7 @@ a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -174,11 +175,11 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
 @click.option("--anchors", default=4096, show_default=True, type=click.IntRange(1),
               help="Most anchor blocks drafted.")
 @click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--save", is_flag=True,
+              help="Also write it into the drafter's draftwise_train.json (what doctor reads).")
 def estimate(drafter: str, data: str, model: str | None, anchors: int,
-             num_threads: int | None) -> None:
+             num_threads: int | None, save: bool) -> None:
     """Print a saved DFlash drafter's held-out acceptance estimate as JSON."""
-    from pathlib import Path
-
     import torch
 
     from draftwise.cli.common import fail
@@ -188,7 +189,24 @@ def estimate(drafter: str, data: str, model: str | None, anchors: int,
         torch.set_num_threads(num_threads)
     try:
         acc = estimate_saved(Path(drafter), Path(data), model, anchors)
+        if save:
+            save_estimate(Path(drafter), acc.as_dict())
     except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
         fail(exc)
         return
     click.echo(json.dumps(acc.as_dict(), indent=2))
+
+
+def save_estimate(drafter: Path, acceptance: dict[str, object]) -> None:
+    """``acceptance`` as the drafter's current estimate in its report (the one before it
+    kept under ``acceptance_before``), written beside and renamed into place."""
+    from draftwise.train.dflash import REPORT
+
+    path = drafter / REPORT
+    doc = json.loads(path.read_text()) if path.is_file() else {"method": "dflash"}
+    if "acceptance" in doc:
+        doc["acceptance_before"] = doc["acceptance"]
+    doc["acceptance"] = acceptance
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
