@@ -48,6 +48,7 @@ import torch
 from draftwise.models import kernels
 from draftwise.models.batch import ForwardBatch
 from draftwise.models.kernels import KERNELS
+from draftwise.models.kv_slots import write_kv
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
@@ -267,19 +268,6 @@ def _check_native_bounds(batch: ForwardBatch, block_size: int, num_blocks: int |
             raise ValueError(
                 f"ForwardBatch: block ids or slots outside the cache ({num_blocks} blocks)"
             )
-
-
-def write_kv(
-    k: torch.Tensor,  # [T, kv_heads, head_dim]
-    v: torch.Tensor,  # [T, kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [T]
-) -> None:
-    """Store this step's keys and values in their slots."""
-    kv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv, d).index_copy_(0, slot_mapping, v)
 
 
 def gather_context(
