@@ -42,7 +42,7 @@ def run(model: str | None, device: str, dtype: str, spec: dict[str, Any] | None,
 
     start = time.perf_counter()
     llm = LLM(model, speculative_config=spec, dtype=dtype, device=device,
-              max_num_seqs=len(messages), max_model_len=2048)
+              max_num_seqs=len(messages))
     loaded = time.perf_counter() - start
     prompts = [llm.engine.loaded.encode_chat(m) for m in messages]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
