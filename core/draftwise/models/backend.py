@@ -110,7 +110,9 @@ class Backend:
         gemm = ", ".join(f"{t}={k}" for t, k in self.gemm) or "none"
         pool = "torch's" if self.threads is None else str(self.threads)
         recurrence = "" if self.recurrence is None else f" recurrence={self.recurrence}"
-        return (f"backend: kernels={self.kernels} attention={self.attention} gemm[{gemm}] "
+        # the CPU kernels' line as it always was; the Triton backend says so first
+        family = "" if self.kernels == "cpu" else f"kernels={self.kernels} "
+        return (f"backend: {family}attention={self.attention} gemm[{gemm}] "
                 f"elementwise={self.elementwise}{recurrence} argmax={self.argmax} "
                 f"layers={self.layers} "
                 f"threads={pool} (torch {self.torch_threads})")
