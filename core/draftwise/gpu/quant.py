@@ -19,7 +19,8 @@ Layout: a weight ``[N, K]`` is ``N`` rows of ``K / block`` consecutive GGUF bloc
 :func:`dequantize_reference` decodes the same bytes in plain torch (tested equal to the
 ``gguf`` package's own ``dequantize``); :func:`quant_matmul_reference` is ``x @ W.T`` over
 it, and :func:`quant_matmul` (``triton_quant.quant_matmul_kernel``) is tested equal to
-that under the interpreter and bitwise batch-invariant.
+that under the interpreter and bitwise batch-invariant. :class:`DeviceQuantWeight` is
+how the engine holds such a weight on the device (``models.linear.linear`` runs it).
 """
 
 from __future__ import annotations
