@@ -135,17 +135,20 @@ def test_seeded_sampling_on_device_draws_the_cpu_engines_tokens(monkeypatch, hf_
 
 def test_what_has_no_device_path_is_refused_by_name(monkeypatch, tmp_path, hf_target):
     """Refused at start-up with the device named, never run on the CPU instead."""
-    monkeypatch.setenv(KERNELS_ENV, "triton")
-    with pytest.raises(DeviceUnavailableError, match="dtype bfloat16 on device cpu"):
-        LLM(str(hf_target), dtype="bfloat16", **ENGINE)
+    device = "cuda" if HAS_CUDA else "cpu"
+    if not HAS_CUDA:
+        monkeypatch.setenv(KERNELS_ENV, "triton")
+    engine = {**ENGINE, "device": device}
+    with pytest.raises(DeviceUnavailableError, match=f"dtype bfloat16 on device {device}"):
+        LLM(str(hf_target), dtype="bfloat16", **engine)
     monkeypatch.setenv("DRAFTWISE_ATTENTION", "native")
     with pytest.raises(DeviceUnavailableError, match="DRAFTWISE_ATTENTION=native asks for a CPU"):
-        LLM(str(hf_target), dtype="float32", **ENGINE)
+        LLM(str(hf_target), dtype="float32", **engine)
     monkeypatch.delenv("DRAFTWISE_ATTENTION")
     hybrid = save_tiny_hybrid(tmp_path / "hybrid", mtp=False)
     with pytest.raises(DeviceUnavailableError, match="a GDN hybrid .* does not run on device"):
-        LLM(str(hybrid), dtype="float32", **ENGINE)
-    args = EngineArgs(model=str(hf_target))
+        LLM(str(hybrid), dtype="float32", **engine)
+    args = EngineArgs(model=str(hf_target), device=device)
     block = parse_speculative_config({**ngram(), "rejection_sample_method": "block"})
     with pytest.raises(DeviceUnavailableError, match="'block' has no device kernel"):
         check_device_engine(args, 1, block, hidden_drafter=False)
