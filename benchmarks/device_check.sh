@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared check for a lent GPU machine (docs/gpu.md): install, run the GPU tests, time
-# the Triton kernels and a short engine benchmark, and write ONE JSON report, in under 8
-# minutes (each step has its own timeout; their sum is 450 s).
+# the Triton kernels, benchmark the engine on the CPU and on --device cuda (greedy tokens
+# compared), and write ONE JSON report, in under 8 minutes (each step has its own
+# timeout; their sum is 470 s).
 #
 #   bash benchmarks/device_check.sh [--dry-run] [--out PATH] [--wheels DIR]
 #
@@ -12,8 +13,10 @@
 #
 # Install: `bash install.sh` with DRAFTWISE_KEEP_TORCH=1, so a machine's own CUDA build of
 # torch and its triton are kept (install.sh's pins are the CPU wheel and triton 3.9.0).
-# The engine benchmark runs the CPU engine (--device cpu, 16 threads) because the engine
-# does not run on CUDA yet; the `--device cuda` refusal on a CUDA machine is recorded too.
+# The engine runs twice: `bench` on the CPU engine (--device cpu, 16 threads), and
+# benchmarks/device_engine.py, the same engine on --device cuda (the Triton kernels)
+# against --device cpu in float32: greedy tokens compared, tok/s (speculation off,
+# n-gram, draft_model).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,13 +52,13 @@ export PY
 
 # step name | timeout (s) | command
 STEPS=(
-    "install|150|env DRAFTWISE_KEEP_TORCH=1 bash $ROOT/install.sh"
-    "gpu_tests|120|$PY -m pytest -q -p no:cacheprovider $ROOT/tests/core/gpu --junitxml=\$WORK/gpu_tests.xml"
-    "kernels|60|$PY $ROOT/benchmarks/gpu_kernels.py --out \$WORK/kernels.json"
-    "cuda_refusal|20|$DW generate --device cuda --prompt hi --max-tokens 1"
-    "engine_off|30|$BENCH --out \$WORK/engine_off.json"
-    "engine_ngram|35|$BENCH --speculative-config '$NGRAM' --out \$WORK/engine_ngram.json"
-    "engine_draft_model|35|$BENCH --speculative-config \"\$(draft_config)\" --out \$WORK/engine_draft_model.json"
+    "install|140|env DRAFTWISE_KEEP_TORCH=1 bash $ROOT/install.sh"
+    "gpu_tests|110|$PY -m pytest -q -p no:cacheprovider $ROOT/tests/core/gpu --junitxml=\$WORK/gpu_tests.xml"
+    "kernels|50|$PY $ROOT/benchmarks/gpu_kernels.py --out \$WORK/kernels.json"
+    "engine_off|25|$BENCH --out \$WORK/engine_off.json"
+    "engine_ngram|30|$BENCH --speculative-config '$NGRAM' --out \$WORK/engine_ngram.json"
+    "engine_draft_model|30|$BENCH --speculative-config \"\$(draft_config)\" --out \$WORK/engine_draft_model.json"
+    "cuda_engine|85|$PY $ROOT/benchmarks/device_engine.py --out \$WORK/cuda_engine.json"
 )
 
 plan() {
@@ -113,7 +116,7 @@ try:
     report["gpu_tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 except (OSError, ET.ParseError, IndexError) as exc:
     report["gpu_tests"] = {"error": str(exc)}
-for name in ("kernels", "engine_off", "engine_ngram", "engine_draft_model"):
+for name in ("kernels", "engine_off", "engine_ngram", "engine_draft_model", "cuda_engine"):
     try:
         report[name] = json.load(open(os.path.join(work, name + ".json")))
     except (OSError, ValueError) as exc:

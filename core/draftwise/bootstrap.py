@@ -287,6 +287,37 @@ def build_engine_parts(
             reserved.finish()
 
 
+def check_device_engine(
+    args: EngineArgs, tp: int, spec_config: ResolvedSpeculativeConfig | None,
+    hidden_drafter: bool,
+) -> None:
+    """Refuse by name, before any weights are read, what has no path on the Triton kernels
+    yet (``models.backend.choose_kernels`` decides them: a CUDA device, or the interpreter
+    in tests): tensor parallel, a drafter reading the target's hidden states (MTP,
+    DFlash, DSpark) and block verification. Never a silent run on the CPU."""
+    from draftwise.gpu.device import DeviceUnavailableError
+    from draftwise.models.backend import choose_kernels
+
+    if choose_kernels(args.device) != "triton":
+        return
+    where = f"device {args.device} with the Triton kernels (docs/gpu.md)"
+    if tp > 1:
+        raise DeviceUnavailableError(
+            f"--tensor-parallel-size {tp} does not run on {where} yet; use 1 there, or "
+            "--device cpu")
+    if spec_config is None:
+        return
+    if hidden_drafter:
+        raise DeviceUnavailableError(
+            f"speculative method {spec_config.method or 'drafter_chain'!r} reads the "
+            f"target's hidden states, which does not run on {where} yet; use method 'ngram' or 'draft_model' there, "
+            "or --device cpu")
+    if spec_config.rejection_sample_method != "standard":
+        raise DeviceUnavailableError(
+            f"rejection_sample_method {spec_config.rejection_sample_method!r} has no device "
+            f"kernel on {where}; use 'standard' there, or --device cpu")
+
+
 def _build_engine_parts(
     args: EngineArgs, progress: Any, reserved: PrefaultedArena | None
 ) -> EngineParts:
@@ -318,6 +349,7 @@ def _build_engine_parts(
         spec_config, detected = detect_drafts(
             spec_config, registry, target_path, target=lazy_target_header(target_path)
         )
+    check_device_engine(args, tp, spec_config, reads_target_hidden(detected))
     torch.set_num_threads(args.num_threads or usable_cores())  # for loading
     threads_arg = args.num_threads
     if tp > 1:  # ranks 1..tp-1 start here (draftwise.models.tp.driver)
@@ -327,7 +359,8 @@ def _build_engine_parts(
         loaded = start_tensor_parallel(args.model, args.dtype, tp, threads_arg,
                                        args.tensor_parallel_timeout_s, progress)
     else:
-        loaded = load_model(args.model, dtype=args.dtype, progress=progress, reserved=reserved)
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device,
+                            progress=progress, reserved=reserved)
     drafts = load_drafts(detected, loaded)
     backend = finish_backend(loaded, threads_arg)
     threads = backend.threads or backend.torch_threads or 1

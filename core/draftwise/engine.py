@@ -107,6 +107,9 @@ class LLMEngine:
         self.prompts = PromptReader(self.tokenizer, self.max_model_len)
         self.spec: Speculation | None = parts.speculation
         self.spec_config = parts.spec_config
+        #: verify (and sampling) through ``draftwise.gpu.verify`` where the backend decided
+        #: the Triton kernels (``models.backend``)
+        self._verify_on_device = self.runner.model.backend.kernels == "triton"
         self.eos_token_ids = frozenset(parts.loaded.eos_token_ids)
         #: structured output's matchers (the grammar library loads on first use)
         self.grammars = GrammarCompiler(
@@ -382,7 +385,7 @@ class LLMEngine:
             prompt_lp.record(row.request, s, pr, lg, self._decode_token)
         method = self.spec_config.rejection_sample_method if self.spec_config else "standard"
         return verify_rows(rows, drafts, logits, self.grammars, method, self.logprobs_mode,
-                           self._decode_token)
+                           self._decode_token, on_device=self._verify_on_device)
 
     def _commit(
         self, rows: list[ScheduledRow], drafts: StepDrafts, outcome: StepOutcome,

@@ -13,8 +13,9 @@ class EngineArgs:
     model: str | None = None
     speculative_config: str | dict[str, Any] | None = None
     dtype: str = "auto"
-    #: ``cpu`` (the engine) or ``cuda`` (refused by name until the CUDA engine is wired:
-    #: ``models.backend.check_device``, ``docs/gpu.md``)
+    #: ``cpu`` (the C kernels) or ``cuda`` (the same engine on the Triton kernels, where
+    #: torch sees a CUDA device and triton is installed: ``models.backend.check_device``,
+    #: ``docs/gpu.md``)
     device: str = "cpu"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048

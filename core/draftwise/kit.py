@@ -61,13 +61,14 @@ if TYPE_CHECKING:
     from draftwise.formats.gguf import GGUFCheckpoint
     from draftwise.formats.jsonfile import read_json
     from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
-    from draftwise.models.attention import AttentionMetadata, paged_attention, write_kv
+    from draftwise.models.attention import AttentionMetadata, paged_attention
     from draftwise.models.backend import Backend, decide_backend, keep_quantized
     from draftwise.models.batch import ForwardBatch, KVCache, build_forward_batch
     from draftwise.models.config import ModelConfig
     from draftwise.models.fused import add_rms_norm, apply_rope_, rms_norm, silu_mul
     from draftwise.models.hybrid_ops import zc_rms_norm
     from draftwise.models.inspect import inspect_model
+    from draftwise.models.kv_slots import write_kv
     from draftwise.models.linear import (
         BLOCK_N,
         BlockedWeight,
@@ -173,7 +174,7 @@ _HOME: dict[str, str] = {
     "build_forward_batch": "draftwise.models.batch",
     "AttentionMetadata": "draftwise.models.attention",
     "paged_attention": "draftwise.models.attention",
-    "write_kv": "draftwise.models.attention",
+    "write_kv": "draftwise.models.kv_slots",
     "add_rms_norm": "draftwise.models.fused",
     "apply_rope_": "draftwise.models.fused",
     "rms_norm": "draftwise.models.fused",

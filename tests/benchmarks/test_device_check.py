@@ -11,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "device_check.sh"
-STEPS = ("install", "gpu_tests", "kernels", "cuda_refusal", "engine_off", "engine_ngram",
-         "engine_draft_model")
+STEPS = ("install", "gpu_tests", "kernels", "engine_off", "engine_ngram",
+         "engine_draft_model", "cuda_engine")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -39,10 +39,23 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert str(report) in result.stdout and "/carried/wheels" in result.stdout
     assert "DRAFTWISE_KEEP_TORCH=1 bash" in steps["install"][1]
     assert "tests/core/gpu" in steps["gpu_tests"][1]
-    assert "--device cuda" in steps["cuda_refusal"][1]
+    assert "benchmarks/device_engine.py" in steps["cuda_engine"][1]
     assert "ngram" in steps["engine_ngram"][1] and "draft_config" in steps["engine_draft_model"][1]
-    assert sum(limit for limit, _ in steps.values()) <= 8 * 60
+    assert sum(limit for limit, _ in steps.values()) < 8 * 60
     assert not report.exists()
+
+
+def test_device_engine_compares_tokens_per_configuration():
+    """The CUDA step's script: speculation off, n-gram and draft_model, and where two
+    runs' greedy tokens first differ (it runs only on a GPU; its helpers run here)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import device_engine
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert tuple(device_engine.configs("m.gguf")) == ("off", "ngram", "draft_model")
+    assert device_engine.first_mismatch([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
+    assert device_engine.first_mismatch([[1, 2]], [[1]]) == (0, 1)
 
 
 def test_out_defaults_to_the_device_tools_folder(tmp_path):

@@ -27,8 +27,8 @@ def _identical(a: list[Any], b: list[Any]) -> int:
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
-              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
-              "(docs/gpu.md).")
+              help="cpu: the C kernels; cuda: the same engine on the Triton kernels, "
+              "where torch sees a CUDA device and triton is installed (docs/gpu.md).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Runs; best per prompt.")
 @click.option("--compare-hf", is_flag=True, help="Also run HF transformers in this process.")

@@ -147,7 +147,7 @@ def prefault_from_argv(args: Sequence[str]) -> Prefault:
     only runs after. A value read wrongly (another option's value spelled ``--model``)
     costs the head start only: the command compares (:func:`claim_prefault`)."""
     model, dtype = _last_value(args, "--model"), _last_value(args, "--dtype") or "auto"
-    if _last_value(args, "--device") not in (None, "cpu"):  # refused before weights: no arena
+    if _last_value(args, "--device") not in (None, "cpu"):  # weights on a device: no CPU arena
         return model, dtype, None
     return model, dtype, prefault_weights(model, dtype)
 

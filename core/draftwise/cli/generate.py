@@ -44,8 +44,8 @@ import click
 @click.option("--speculative-config", "-sc", default=None,
               help="vLLM-style JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'.")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
-              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
-              "(docs/gpu.md).")
+              help="cpu: the C kernels; cuda: the same engine on the Triton kernels, "
+              "where torch sees a CUDA device and triton is installed (docs/gpu.md).")
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float32", "float16"]))
 @click.option("--json", "as_json", is_flag=True,
@@ -97,7 +97,7 @@ def generate(
 
     # first: the weights' memory faults in on another core while the imports below run
     # (started by cli.main, before the plugins' imports, where it read the same options)
-    # (a CPU engine's memory: --device cuda refuses before any of it is needed)
+    # (a CPU engine's memory: --device cuda places its weights on the device)
     reserved = claim_prefault(model, dtype) if device == "cpu" else None
 
     if (prompt is None) == (prompt_token_ids is None):

@@ -55,8 +55,8 @@ def default_served_name(model: str | None, engine: Any) -> str:
               help="compute threads (default: every core with the native "
               "GEMMs, else cores - 1).")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
-              help="cpu: the engine; cuda: refused by name until the CUDA engine is wired "
-              "(docs/gpu.md).")
+              help="cpu: the C kernels; cuda: the same engine on the Triton kernels, "
+              "where torch sees a CUDA device and triton is installed (docs/gpu.md).")
 @click.option("--tensor-parallel-size", "tensor_parallel_size", default=1, show_default=True,
               type=int, help="Ranks the target is split over (HF safetensors llama-family "
               "targets; local processes over gloo; --threads is then per rank).")

@@ -2,8 +2,9 @@
 
 One idea: what a decode or verify step computes on a CUDA device, written in Triton
 (paged attention, GGUF quantized GEMM, the verify step), each kernel paired with a
-readable plain-torch reference it is tested equal to. The CPU engine never imports
-this package's kernels, and nothing here imports triton at module level except the
+readable plain-torch reference it is tested equal to. The engine runs on them where
+``models.backend.decide_backend`` decides ``Backend.kernels == "triton"`` (``--device
+cuda``; ``docs/gpu.md``). The CPU engine never imports this package's kernels, and nothing here imports triton at module level except the
 ``triton_*`` modules, which the launchers import when first called: a CPU-only install
 without triton runs everything else.
 

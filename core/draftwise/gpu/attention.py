@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from draftwise.gpu.device import check_kernel_device
+from draftwise.models.kv_slots import write_kv
 
 #: key positions per tile of the kernel's walk (fixed: it is part of the reduction order)
 BLOCK_N = 16
@@ -39,19 +40,6 @@ def token_rows(
                                   output_size=total)
     offset = torch.arange(row.numel(), device=row.device) - query_start_loc[row]
     return row, seq_lens[row] - qlens[row] + offset
-
-
-def write_kv(
-    k: torch.Tensor,  # [T, kv_heads, head_dim]
-    v: torch.Tensor,  # [T, kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [T]
-) -> None:
-    """Store this step's keys and values in their slots (before any query reads them)."""
-    kv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def paged_attention_reference(

@@ -19,7 +19,8 @@ Layout: a weight ``[N, K]`` is ``N`` rows of ``K / block`` consecutive GGUF bloc
 :func:`dequantize_reference` decodes the same bytes in plain torch (tested equal to the
 ``gguf`` package's own ``dequantize``); :func:`quant_matmul_reference` is ``x @ W.T`` over
 it, and :func:`quant_matmul` (``triton_quant.quant_matmul_kernel``) is tested equal to
-that under the interpreter and bitwise batch-invariant.
+that under the interpreter and bitwise batch-invariant. :class:`DeviceQuantWeight` is
+how the engine holds such a weight on the device (``models.linear.linear`` runs it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from draftwise.formats.weight_types import weight_type
-from draftwise.gpu.device import check_kernel_device
+from draftwise.gpu.device import check_kernel_device, is_interpreted
 
 #: the GGML types ``triton_quant._dequant`` decodes (its own switch); their layouts and
 #: names are the types' records (``formats.weight_types``)
@@ -37,6 +38,10 @@ BLOCKS = {int(t): (t.block_k, t.block_bytes) for t in _DEVICE_TYPES}
 NAMES = {int(t): t.name for t in _DEVICE_TYPES}
 #: the kernel's tile (constants: part of the reduction order, hence of batch invariance)
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 64
+#: the tile under the interpreter, which runs programs one after another in Python (~0.1 s
+#: each at the GPU tile: an engine test's forward launched ~100): fewer, larger programs.
+#: Still constants, so a row's bits there do not depend on the batch either
+INTERPRETER_BLOCKS = (16, 256, 256)
 
 
 class QuantTypeError(ValueError):
@@ -121,10 +126,81 @@ def quant_matmul(
     x = x.contiguous()
     raw = raw.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bm, bn, bk = (INTERPRETER_BLOCKS if is_interpreted(quant_matmul_kernel)
+                  else (BLOCK_M, BLOCK_N, BLOCK_K))
     if m and n:
-        grid = (-(-m // BLOCK_M), -(-n // BLOCK_N))
+        grid = (-(-m // bm), -(-n // bn))
         quant_matmul_kernel[grid](
             x, raw, out, m, n, k, raw.shape[1], x.stride(0), out.stride(0),
-            QTYPE=qtype, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+            QTYPE=qtype, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         )
     return out
+
+
+class DeviceQuantWeight:
+    """A ``[out, in]`` weight kept as the file's GGUF blocks on the kernels' device: what
+    ``models.linear.linear`` runs through :func:`quant_matmul` when the backend decides the
+    Triton kernels (the CPU engine's :class:`~draftwise.models.quant.QuantWeight` is the
+    same bytes repacked for the C kernel).
+
+    A fused projection (q|k|v, gate|up) may mix types: each run of output rows in one
+    type is a segment ``(qtype, raw [rows, row_bytes])``, multiplied by its own launch and
+    concatenated in column order. Nothing is widened: ``nbytes`` is the file's bytes.
+    """
+
+    __slots__ = ("in_features", "out_features", "segments")
+
+    def __init__(self, segments: list[tuple[int, torch.Tensor]], in_features: int) -> None:
+        """Checked here, once, so a call checks only its activations."""
+        if not segments:
+            raise QuantTypeError("a device quantized weight needs at least one segment")
+        for qtype, raw in segments:
+            check_weight(raw, qtype, in_features)
+        self.segments = tuple((int(q), raw.contiguous()) for q, raw in segments)
+        self.in_features = in_features
+        self.out_features = sum(raw.shape[0] for _, raw in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one call reads (the stored blocks)."""
+        return sum(raw.numel() for _, raw in self.segments)
+
+    @property
+    def qtypes(self) -> tuple[str, ...]:
+        """Type names of the segments, in column order."""
+        return tuple(NAMES[q] for q, _ in self.segments)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the blocks live."""
+        return self.segments[0][1].device
+
+    def matmul(
+        self,
+        x: torch.Tensor,  # [T, in] fp32 or fp16
+        bias: torch.Tensor | None = None,  # [out]
+    ) -> torch.Tensor:  # [T, out] in x's dtype
+        """``x @ W.T + bias``, each segment by :func:`quant_matmul`."""
+        outs = [quant_matmul(x, raw, qtype) for qtype, raw in self.segments]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out if bias is None else out + bias
+
+    def rows(
+        self,
+        ids: torch.Tensor,  # [T] int64
+        dtype: torch.dtype,
+    ) -> torch.Tensor:  # [T, in]
+        """Rows ``ids`` dequantized (an embedding lookup): only those rows' blocks are read."""
+        if len(self.segments) == 1:
+            qtype, raw = self.segments[0]
+            return dequantize_reference(raw[ids], qtype, self.in_features).to(dtype)
+        out = torch.empty(ids.numel(), self.in_features, dtype=dtype, device=ids.device)
+        start = 0
+        for qtype, raw in self.segments:
+            inside = (ids >= start) & (ids < start + raw.shape[0])
+            which = inside.nonzero().reshape(-1)
+            if which.numel():
+                out[which] = dequantize_reference(raw[ids[which] - start], qtype,
+                                                  self.in_features).to(dtype)
+            start += raw.shape[0]
+        return out

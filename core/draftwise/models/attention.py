@@ -34,7 +34,10 @@ On CPU with bf16 caches a hand-written C kernel (``core/csrc/paged_attention.c``
 at install when a compiler is present) does the same job without the gather and the
 padding, batch-invariant by construction; this torch path is its readable reference and
 runs everywhere else. ``DRAFTWISE_ATTENTION=torch|native`` forces one (``native`` where
-the kernel cannot run is an error, not a silent fallback).
+the kernel cannot run is an error, not a silent fallback). Under the Triton kernels
+(``Backend.kernels == "triton"``: a CUDA device, or the interpreter in tests) the model's
+attention backend is ``triton`` and :func:`paged_attention` hands the same index tensors
+to ``draftwise.gpu.attention.paged_attention`` (causal only).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import torch
 from draftwise.models import kernels
 from draftwise.models.batch import ForwardBatch
 from draftwise.models.kernels import KERNELS
+from draftwise.models.kv_slots import write_kv
 
 #: key positions per softmax-denominator chunk; every context is padded to a multiple
 CHUNK = 256
@@ -101,7 +105,8 @@ class AttentionMetadata:
     unpad_index: torch.Tensor | None
     #: sliding window (None: full causal) -> additive fp32 mask [1, B, M, 1, N]
     masks: dict[int | None, torch.Tensor]
-    #: ``native``: the C kernel reads these instead of the padded layout above
+    #: ``native`` (the C kernel) and ``triton`` (``draftwise.gpu.attention``) read these
+    #: instead of the padded layout above
     backend: str = "torch"
     query_start_loc: torch.Tensor | None = None  # [B + 1] int64
     seq_lens: torch.Tensor | None = None  # [B] int64
@@ -139,6 +144,8 @@ class AttentionMetadata:
         """
         if not causal and any(w is not None for w in windows):
             raise ValueError("non-causal attention takes no sliding window")
+        if backend == "triton":
+            return cls._triton(batch, chunk, causal)
         if backend == "native" and not causal:
             _check_native_bounds(batch, block_size, num_blocks)
             return cls._native_non_causal(batch, chunk, num_blocks)
@@ -191,6 +198,29 @@ class AttentionMetadata:
             pad_index=pad_index,
             unpad_index=unpad_index,
             masks=masks,
+        )
+
+    @classmethod
+    def _triton(cls, batch: ForwardBatch, chunk: int, causal: bool) -> AttentionMetadata:
+        """``draftwise.gpu``'s kernel reads the batch's own index tensors (on its device);
+        no padded layout, no masks. It is causal only: a non-causal block is refused."""
+        if not causal:
+            raise ValueError("the Triton attention is causal only: a non-causal block "
+                             "(DFlash) has no device kernel yet")
+        return cls(
+            slot_mapping=batch.slot_mapping,
+            block_ids=batch.block_tables,
+            num_rows=batch.num_rows,
+            max_query_len=max(batch.query_lens_cpu),
+            ctx_len=max(batch.seq_lens_cpu),
+            chunk=chunk,
+            pad_index=None,
+            unpad_index=None,
+            masks={},
+            backend="triton",
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            block_tables=batch.block_tables,
         )
 
     @classmethod
@@ -269,19 +299,6 @@ def _check_native_bounds(batch: ForwardBatch, block_size: int, num_blocks: int |
             )
 
 
-def write_kv(
-    k: torch.Tensor,  # [T, kv_heads, head_dim]
-    v: torch.Tensor,  # [T, kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [T]
-) -> None:
-    """Store this step's keys and values in their slots."""
-    kv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv, d).index_copy_(0, slot_mapping, v)
-
-
 def gather_context(
     cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
     meta: AttentionMetadata,
@@ -314,6 +331,12 @@ def paged_attention(
     b, m, n = meta.num_rows, meta.max_query_len, meta.ctx_len
     if meta.backend == "native":
         return _native_attention(q, k, v, k_cache, v_cache, meta, scale, window)
+    if meta.backend == "triton":
+        from draftwise.gpu.attention import paged_attention as device_attention
+
+        return device_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                scale, window)
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     keys = gather_context(k_cache, meta)
     values = gather_context(v_cache, meta)

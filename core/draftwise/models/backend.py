@@ -35,6 +35,10 @@ QUANT_ENV = "DRAFTWISE_QUANT"
 #: ``auto`` (default: one C call per run of layers where the model allows) or ``per-op``
 #: (a C call per op: the A/B of ``core/csrc/decoder_stack.c``)
 LAYERS_ENV = "DRAFTWISE_DECODER_STACK"
+#: ``auto`` (default: ``triton`` on a CUDA device, ``cpu`` on the CPU) or ``triton`` (the
+#: Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``: how CI tests the device
+#: engine without a GPU; test-only, never faster)
+KERNELS_ENV = "DRAFTWISE_KERNELS"
 
 #: the greedy argmax: a build fact (the C pass gives torch's answer, ties and NaN included)
 ARGMAX = "native" if kernels.available("argmax_f32") else "torch"
@@ -70,6 +74,10 @@ class Backend:
     #: a recurrent mixer's kernel where the model has one (the GDN hybrids: ``torch``, as
     #: there is no C kernel for the delta rule and its causal conv); None: no such layers
     recurrence: str | None = None
+    #: ``cpu`` (the C/oneDNN kernels above) or ``triton`` (``draftwise.gpu``: paged
+    #: attention, the GGUF matmuls on the file's bytes, the verify step; torch ops for the
+    #: rest). :func:`choose_kernels` decides it; every other field follows from it
+    kernels: str = "cpu"
 
     def attention_for(self, head_dim: int) -> str:
         """The attention another decoder of ``head_dim`` (a drafter) on this target runs:
@@ -102,7 +110,9 @@ class Backend:
         gemm = ", ".join(f"{t}={k}" for t, k in self.gemm) or "none"
         pool = "torch's" if self.threads is None else str(self.threads)
         recurrence = "" if self.recurrence is None else f" recurrence={self.recurrence}"
-        return (f"backend: attention={self.attention} gemm[{gemm}] "
+        # the CPU kernels' line as it always was; the Triton backend says so first
+        family = "" if self.kernels == "cpu" else f"kernels={self.kernels} "
+        return (f"backend: {family}attention={self.attention} gemm[{gemm}] "
                 f"elementwise={self.elementwise}{recurrence} argmax={self.argmax} "
                 f"layers={self.layers} "
                 f"threads={pool} (torch {self.torch_threads})")
@@ -110,6 +120,7 @@ class Backend:
     def as_dict(self) -> dict[str, Any]:
         """For JSON reports (bench, ``generate --json``)."""
         return {
+            "kernels": self.kernels,
             "attention": self.attention,
             "gemm": dict(self.gemm),
             "elementwise": self.elementwise,
@@ -129,12 +140,10 @@ def check_device(device: str) -> None:
     """Refuse ``device`` by name unless an engine can run on it here; called first at
     start-up, before any weights are read.
 
-    ``cpu`` is the engine every other rule in this module decides for. ``cuda`` is
-    refused in both cases, each saying what would work: without a CUDA device or triton
-    (the facts :func:`draftwise.gpu.cuda_unavailable_reason` reads), and with them,
-    because the engine's forward, runner and verify are not yet placed on a CUDA device:
-    only ``draftwise.gpu``'s kernels are, and ``benchmarks/device_check.sh`` is what runs
-    them on a GPU (``docs/gpu.md``). Never a silent fall-back to the CPU.
+    ``cpu`` always runs. ``cuda`` runs where torch sees a CUDA device and triton is
+    installed (the facts :func:`draftwise.gpu.cuda_unavailable_reason` reads): the same
+    engine with the Triton kernels (:func:`choose_kernels`). Elsewhere it is refused,
+    saying what would work; never a silent fall-back to the CPU.
     """
     from draftwise.gpu.device import DeviceUnavailableError, cuda_unavailable_reason
 
@@ -148,10 +157,43 @@ def check_device(device: str) -> None:
             f"--device cuda cannot run on this machine: {reason}. Use --device cpu (the "
             "default), or run on a machine with an NVIDIA GPU, a CUDA build of torch and "
             "triton")
-    raise DeviceUnavailableError(
-        "--device cuda: this machine has a CUDA device, but draftwise's engine does not "
-        "run on it yet (only its Triton kernels do: draftwise.gpu, checked by "
-        "benchmarks/device_check.sh; docs/gpu.md). Use --device cpu")
+
+
+def choose_kernels(device: torch.device | str) -> str:
+    """``cpu`` or ``triton``: which family of kernels a model on ``device`` runs (the rule
+    only: :func:`decide_backend` is its one caller outside tests).
+
+    A CUDA device runs the Triton kernels (nothing else runs there). On the CPU the C
+    kernels run unless ``DRAFTWISE_KERNELS=triton`` asks for the Triton ones on CPU
+    tensors, which only Triton's interpreter can do: refused by name without triton or
+    without ``TRITON_INTERPRET=1``, and ``cpu`` kernels on a CUDA device are refused too.
+    """
+    from draftwise.gpu.device import INTERPRET_ENV, DeviceUnavailableError, triton_available
+
+    wanted = os.environ.get(KERNELS_ENV, "auto")
+    if wanted not in ("auto", "cpu", "triton"):
+        raise ValueError(f"{KERNELS_ENV}={wanted!r}: use auto, cpu or triton")
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if wanted == "cpu":
+            raise DeviceUnavailableError(
+                f"{KERNELS_ENV}=cpu on device cuda: the C kernels run on the CPU only; unset "
+                f"it (cuda runs the Triton kernels) or use --device cpu")
+        return "triton"
+    if kind != "cpu":
+        raise DeviceUnavailableError(f"device {kind}: draftwise runs on cpu or cuda")
+    if wanted != "triton":
+        return "cpu"
+    if not triton_available():
+        raise DeviceUnavailableError(
+            f"{KERNELS_ENV}=triton: triton is not installed (pip install 'draftwise[gpu]'); "
+            "unset it to run the CPU kernels")
+    if os.environ.get(INTERPRET_ENV, "0") in ("", "0"):
+        raise DeviceUnavailableError(
+            f"{KERNELS_ENV}=triton on the CPU runs the Triton kernels under their "
+            f"interpreter only: set {INTERPRET_ENV}=1 too (tests), or use --device cuda on a "
+            "machine with a GPU, or unset it for the CPU kernels")
+    return "triton"
 
 
 def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> Backend:
@@ -163,6 +205,8 @@ def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int
     from draftwise.models.attention import choose_backend
     from draftwise.models.linear import weight_backend
 
+    if choose_kernels(device) == "triton":
+        return _triton_backend(dtype, device)
     attention = choose_backend(dtype, head_dim, device)
     keep, why = keep_quantized(dtype, device)
     # validated together with the native attention (same dtype/device conditions)
@@ -171,13 +215,56 @@ def decide_backend(dtype: torch.dtype, device: torch.device | str, head_dim: int
         attention=attention,
         elementwise=elementwise,
         layers=choose_layers(elementwise),
-        argmax=ARGMAX if torch.device(device).type == "cpu" else "torch",
+        argmax=ARGMAX,
         dense_gemm=weight_backend(dtype, device),
         quantized=keep,
         quantized_why_not=why,
         # 16: a head size the kernel always takes, so this asks about dtype/device/build
         native_attention=choose_backend(dtype, 16, device) == "native",
     )
+
+
+def _triton_backend(dtype: torch.dtype, device: torch.device | str) -> Backend:
+    """The Triton kernels' backend: paged attention and the GGUF matmuls from
+    ``draftwise.gpu``, dense weights through torch's matmul, the small ops as torch ops.
+
+    bf16 is refused by name: the interpreter has no bf16 arithmetic, so no bf16 result of
+    these kernels was ever checked (fp16 and fp32 were)."""
+    from draftwise.gpu.device import DeviceUnavailableError
+
+    if dtype not in (torch.float32, torch.float16):
+        name = str(dtype).removeprefix("torch.")
+        raise DeviceUnavailableError(
+            f"dtype {name} on device {torch.device(device).type} (the Triton kernels): "
+            "untested, as Triton's interpreter cannot run bf16 arithmetic; use --dtype "
+            "float16 or float32 there, or --device cpu for bf16")
+    from draftwise.models.attention import BACKEND_ENV
+    from draftwise.models.linear import PACK_ENV
+
+    for env, c_only in ((BACKEND_ENV, ("native",)), (PACK_ENV, ("native", "onednn"))):
+        if os.environ.get(env, "auto") in c_only:
+            raise DeviceUnavailableError(
+                f"{env}={os.environ[env]} asks for a CPU C kernel, but the model runs on "
+                f"the Triton kernels on device {torch.device(device).type}; unset it there, "
+                "or use --device cpu")
+    keep = os.environ.get(QUANT_ENV, "auto") != "0"
+    return Backend(
+        attention="triton", elementwise="torch", argmax="torch", dense_gemm="dense",
+        quantized=keep, quantized_why_not="" if keep else f"{QUANT_ENV}=0",
+        kernels="triton",
+    )
+
+
+def refuse_on_device(backend: Backend, device: torch.device | str, what: str,
+                     instead: str) -> None:
+    """Raise ``DeviceUnavailableError`` naming ``what`` and the device when the Triton
+    kernels run (something with no device path yet), instead of running it on the CPU."""
+    from draftwise.gpu.device import DeviceUnavailableError
+
+    if backend.kernels == "triton":
+        raise DeviceUnavailableError(
+            f"{what} does not run on device {torch.device(device).type} with the Triton "
+            f"kernels yet (docs/gpu.md); {instead}")
 
 
 def keep_quantized(dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
@@ -223,13 +310,16 @@ def choose_layers(elementwise: str) -> str:
 def gemm_kind(weight: Any) -> tuple[str, str]:
     """(stored type, kernel) of one placed weight: ``models.quant.QuantWeight``,
     ``models.linear.BlockedWeight``, a oneDNN-packed or a dense tensor."""
+    from draftwise.gpu.quant import DeviceQuantWeight
     from draftwise.models.linear import BlockedWeight
     from draftwise.models.quant import QuantWeight
 
+    if isinstance(weight, DeviceQuantWeight):
+        return "+".join(dict.fromkeys(weight.qtypes)), "triton"
     if isinstance(weight, QuantWeight):
         paths = dict.fromkeys(kernels.quant_simd(s.qtype.kernel) for s in weight.segments)
         return "+".join(dict.fromkeys(weight.qtypes)), "quant-" + "+".join(paths)
     if isinstance(weight, BlockedWeight):
         return "bf16", f"native-{kernels.bf16_isa()}"
     dtype = str(weight.dtype).removeprefix("torch.")
-    return dtype, "onednn" if weight.is_mkldnn else "torch"
+    return dtype, "onednn" if weight.is_mkldnn else "torch"  # torch: cuBLAS on a GPU

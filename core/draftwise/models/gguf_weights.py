@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftwise.formats.gguf import GGUFCheckpoint
+from draftwise.gpu.quant import BLOCKS as DEVICE_BLOCKS
+from draftwise.gpu.quant import DeviceQuantWeight
 from draftwise.models import packed_cache
 from draftwise.models.config import ModelConfig
 from draftwise.models.hugepages import huge_page_tensor, region_tensor
@@ -94,12 +96,13 @@ def plan_quantized(
         keep, why = keep_quantized(dtype, device)
     else:
         keep, why = backend.quantized, backend.quantized_why_not
+    on_device = backend is not None and backend.kernels == "triton"
     groups: dict[str, tuple[str, ...]] = {}
     dense_bytes: dict[str, int] = {}
     total = sum(ckpt.nbytes(g) for g, _ in available.values())
     for target, hf in quantizable_groups(config).items():
         types = [ckpt.qtype(available[n][0]) for n in hf]
-        if keep and all(t.native for t in types):
+        if keep and all(int(t) in DEVICE_BLOCKS if on_device else t.native for t in types):
             groups[target] = hf
             continue
         for n, t in zip(hf, types):
@@ -109,7 +112,8 @@ def plan_quantized(
     if dense_bytes:
         listed = ", ".join(f"{name} ({100 * b / max(total, 1):.1f}% of the weight bytes)"
                            for name, b in sorted(dense_bytes.items(), key=lambda kv: -kv[1]))
-        reason = why or "no native kernel for these types"
+        reason = why or ("no device kernel for these types (Q4_K, Q6_K and Q8_0 have one)"
+                         if on_device else "no native kernel for these types")
         target_dtype = str(dtype).removeprefix("torch.")
         notices.append(f"GGUF weights dequantized to {target_dtype} at load: {listed}; {reason}")
     return QuantPlan(groups, tuple(notices))
@@ -137,6 +141,43 @@ def load_quantized(
     finally:
         if reserved is not None:
             reserved.finish()
+
+
+def load_device_quantized(
+    ckpt: GGUFCheckpoint,
+    config: ModelConfig,
+    plan: QuantPlan,
+    available: Mapping[str, tuple[str, tuple[int, ...]]],
+    install: Callable[[str, object], None],
+    device: torch.device | str,
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Every planned group as the file's blocks on ``device`` (the Triton kernels'
+    :class:`~draftwise.gpu.quant.DeviceQuantWeight`): rows in the model's order (GGUF's
+    q/k row permutation undone on whole rows, which are whole blocks), adjacent parts of
+    one type joined into one segment, nothing widened. Returns the bytes placed."""
+    total = 0
+    for target, hf in plan.groups.items():
+        segments: list[tuple[int, torch.Tensor]] = []
+        for n in hf:
+            name = available[n][0]
+            raw = ckpt.raw(name)
+            order = ckpt.row_order(name, config.num_attention_heads, config.num_key_value_heads)
+            rows = torch.from_numpy(raw[order] if order is not None else raw.copy())
+            qtype = int(ckpt.qtype(name))
+            if segments and segments[-1][0] == qtype:
+                segments[-1] = (qtype, torch.cat([segments[-1][1], rows]))
+            else:
+                segments.append((qtype, rows))
+            ckpt.release(name)
+        weight = DeviceQuantWeight([(q, r.to(device)) for q, r in segments],
+                                   available[hf[0]][1][1])
+        install(target, weight)
+        total += weight.nbytes
+        for n in hf:
+            if progress is not None:
+                progress(n)
+    return total
 
 
 def _pack_groups(

@@ -23,7 +23,9 @@ is the step time. Three layouts, chosen once at load (:func:`weight_backend`):
 
 GGUF-quantized weights are none of these: they stay in their stored type
 (:class:`draftwise.models.quant.QuantWeight`, packed by the loader) and :func:`linear`
-hands them to ``linear_quant``.
+hands them to ``linear_quant``; under the Triton kernels (``Backend.kernels``) they are
+the file's blocks on the device (:class:`draftwise.gpu.quant.DeviceQuantWeight`) and
+:func:`linear` runs ``draftwise.gpu.quant.quant_matmul`` on them.
 
 ``DRAFTWISE_PACK_WEIGHTS`` picks one: ``auto`` (default: native, else onednn, else
 dense), ``native``, ``onednn``, or ``0`` (dense). Asking for one this build or dtype
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from draftwise.gpu.quant import DeviceQuantWeight
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.quant import QuantWeight
@@ -147,7 +150,7 @@ def can_pack(weight: torch.Tensor) -> bool:
     return weight_backend(weight.dtype, weight.device) != "dense"
 
 
-Weight = torch.Tensor | BlockedWeight | QuantWeight
+Weight = torch.Tensor | BlockedWeight | QuantWeight | DeviceQuantWeight
 
 
 def _backend_of(weight: torch.Tensor) -> str:
@@ -190,7 +193,8 @@ def pack_weights(weights: Sequence[torch.Tensor], layout: str | None = None) -> 
 def is_packed(weight: Weight) -> bool:
     """A weight :func:`pack_weight` reordered or a GGUF-quantized one (it only works with
     :func:`linear`)."""
-    return isinstance(weight, (BlockedWeight, QuantWeight)) or weight.is_mkldnn
+    return isinstance(weight, (BlockedWeight, QuantWeight, DeviceQuantWeight)) \
+        or weight.is_mkldnn
 
 
 def linear(
@@ -201,6 +205,8 @@ def linear(
     """``x @ weight.T + bias`` whose rows do not depend on T (bf16/fp16; see module doc)."""
     if isinstance(weight, QuantWeight):
         return kernels.linear_quant(x, weight, bias)
+    if isinstance(weight, DeviceQuantWeight):  # the Triton kernel on the file's blocks
+        return weight.matmul(x, bias)
     if isinstance(weight, BlockedWeight):
         return kernels.linear_bf16(x, weight, bias)
     single = x.shape[0] == 1 and x.dtype != torch.float32

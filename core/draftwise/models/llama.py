@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwise.gpu.quant import DeviceQuantWeight
 from draftwise.models import kernels
 from draftwise.models.attention import AttentionMetadata, paged_attention
 from draftwise.models.backend import Backend, decide_backend, gemm_kind
@@ -229,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
         def p(name: str, *shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=_EXTERNAL if name in external else device)
 
-        self.embed_weight: nn.Parameter | QuantWeight = p(
+        self.embed_weight: nn.Parameter | QuantWeight | DeviceQuantWeight = p(
             "embed_weight", config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             self.layer_class(config, i, dtype, device, frozenset(
@@ -237,7 +238,7 @@ class LlamaForCausalLM(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm_weight = p("norm_weight", config.hidden_size)
-        self.lm_head_weight: nn.Parameter | QuantWeight = (
+        self.lm_head_weight: nn.Parameter | QuantWeight | DeviceQuantWeight = (
             self.embed_weight
             if config.tie_word_embeddings
             else p("lm_head_weight", config.vocab_size, config.hidden_size)
@@ -298,6 +299,8 @@ class LlamaForCausalLM(nn.Module):
         """Token embeddings (shared with drafters); a quantized table dequantizes the rows."""
         if isinstance(self.embed_weight, QuantWeight):
             return dequant_rows(self.embed_weight, ids, self._dtype)
+        if isinstance(self.embed_weight, DeviceQuantWeight):
+            return self.embed_weight.rows(ids, self._dtype)
         return F.embedding(ids, self.embed_weight)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
@@ -309,9 +312,9 @@ class LlamaForCausalLM(nn.Module):
         head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
         if isinstance(head, QuantWeight):  # fp32 straight from the accumulators
             return linear_quant(hidden, head, out_f32=True)
-        return linear(hidden, head).float()
+        return linear(hidden, head).float()  # a DeviceQuantWeight too: models.linear
 
-    def set_quantized(self, name: str, weight: QuantWeight) -> None:
+    def set_quantized(self, name: str, weight: QuantWeight | DeviceQuantWeight) -> None:
         """Install a GGUF-quantized weight declared ``external`` at construction.
 
         ``name`` is ``embed_weight`` (a tied LM head shares it), ``lm_head_weight`` or
@@ -347,7 +350,7 @@ class LlamaForCausalLM(nn.Module):
         packed = pack_weights(dense, self.backend.dense_gemm)
         for (layer, name), weight in zip(slots, packed):
             layer.set_packed(name, weight)
-        if isinstance(head, QuantWeight):
+        if isinstance(head, (QuantWeight, DeviceQuantWeight)):
             self._lm_head_packed = head
         else:
             self._lm_head_packed = packed[-1] if is_packed(packed[-1]) else None
@@ -376,7 +379,7 @@ class LlamaForCausalLM(nn.Module):
         head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
         kinds = []
         for w in [*weights, head]:
-            kind = ("quant" if isinstance(w, QuantWeight) else "native"
+            kind = ("quant" if isinstance(w, (QuantWeight, DeviceQuantWeight)) else "native"
                     if isinstance(w, BlockedWeight) else "onednn" if w.is_mkldnn else "dense")
             if kind not in kinds:
                 kinds.append(kind)
@@ -397,7 +400,7 @@ class LlamaForCausalLM(nn.Module):
         head = self.lm_head_weight if self._lm_head_packed is None else self._lm_head_packed
         total = 0
         for w in [*weights, head]:
-            if isinstance(w, QuantWeight):
+            if isinstance(w, (QuantWeight, DeviceQuantWeight)):
                 total += w.nbytes
             elif isinstance(w, BlockedWeight):
                 total += w.data.nbytes

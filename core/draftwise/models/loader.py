@@ -41,9 +41,9 @@ from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
 from draftwise.formats.values import ConfigValues
 from draftwise.models.arena import PrefaultedArena
-from draftwise.models.backend import decide_backend
+from draftwise.models.backend import decide_backend, refuse_on_device
 from draftwise.models.config import ModelConfig
-from draftwise.models.gguf_weights import load_quantized, plan_quantized
+from draftwise.models.gguf_weights import load_device_quantized, load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.nvfp4_weights import (
     NvFp4Plan,
@@ -112,11 +112,13 @@ class LoadedModel:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """``auto`` is bfloat16: fast on AVX-512-BF16 CPUs and bitwise batch-invariant there."""
+    """``auto`` is bfloat16 on the CPU (fast on AVX-512-BF16 CPUs and bitwise
+    batch-invariant there) and float16 on CUDA (the Triton kernels are checked in fp16 and
+    fp32, not bf16: ``models.backend``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16
+        return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
     if dtype not in _DTYPES:
         raise UnsupportedDtypeError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
@@ -235,7 +237,12 @@ def _load_gguf(
             quantized = quant.hf_names
             dense = [n for n in names if n not in quantized]
             tick = _ticker(len(names), progress)
-            load_quantized(ckpt, config, quant, available, model.set_quantized, tick, reserved)
+            if backend.kernels == "triton":
+                load_device_quantized(ckpt, config, quant, available, model.set_quantized,
+                                      device, tick)
+            else:
+                load_quantized(ckpt, config, quant, available, model.set_quantized, tick,
+                               reserved)
             heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
             tensors = ((name, ckpt.load_hf(available[name][0], heads, kv_heads)) for name in dense)
             _copy_weights(model, tensors, tick)
@@ -336,6 +343,13 @@ def _load_hf_dir(
     model: LlamaForCausalLM
     config: ModelConfig
     notices: tuple[str, ...] = ()
+    backend = decide_backend(dtype, device, plan.config.head_dim)
+    if plan.ckpt is None:
+        refuse_on_device(backend, device, "a GDN hybrid (recurrent layers)",
+                         "use --device cpu for it")
+    elif plan.nvfp4 is not None:
+        refuse_on_device(backend, device, "an NVFP4 checkpoint (its kernel is a CPU kernel)",
+                         "use --device cpu for it, or a GGUF (Q4_K/Q6_K/Q8_0) of the model")
     if plan.ckpt is None:
         from draftwise.models.qwen3_next import load_hybrid
 
@@ -343,7 +357,7 @@ def _load_hf_dir(
         model, config = hybrid, hybrid.config  # type: ignore[assignment]
     elif plan.nvfp4 is None:
         config = plan.config
-        model = LlamaForCausalLM(config, dtype, device)
+        model = LlamaForCausalLM(config, dtype, device, backend=backend)
         _copy_weights(model, plan.ckpt.iter_tensors(plan.names), _ticker(len(plan.names), progress))
     else:
         config = plan.config

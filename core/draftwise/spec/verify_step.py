@@ -35,9 +35,13 @@ def verify_rows(
     method: rule.VerifyMethod | str,
     logprobs_mode: LogprobsMode,
     decode: Callable[[int], str | None],
+    on_device: bool = False,
 ) -> StepOutcome:
     """Verify every sampling row (rows without drafts simply sample) in one call; rows
-    that do not sample (a prefill chunk short of the prompt's end) get no tokens."""
+    that do not sample (a prefill chunk short of the prompt's end) get no tokens.
+    ``on_device``: the Triton kernels' verify (``draftwise.gpu.verify.verify_on_device``,
+    the same rule and contract) runs it, and the step's tokens come back to the host at
+    its end, not one copy per token."""
     sampling = [i for i, row in enumerate(rows) if row.samples]
     outcome = StepOutcome([0] * len(rows), [None] * len(rows), [None] * len(rows))
     if not sampling:
@@ -55,7 +59,10 @@ def verify_rows(
             [draft_rows[i].tolist() for i in sampling], grammars.vocab_size,
         )
     # rows that do not sample never draft, so the flat drafts are the sampling rows'
-    result = rule.verify(
+    verify = rule.verify
+    if on_device:
+        from draftwise.gpu.verify import verify_on_device as verify
+    result = verify(
         logits,
         drafts.token_ids,
         [drafts.num_draft_tokens[i] for i in sampling],

@@ -1,7 +1,8 @@
-"""``--device`` on generate, bench and serve, and ``EngineArgs(device=...)``: ``cpu`` is the
-engine; ``cuda`` is refused by name at start-up, exit 2 with what would work, before the
-model is resolved or any weights are read (no traceback), on a machine without CUDA or
-triton and, until the CUDA engine is wired, on one with them."""
+"""``--device`` on generate, bench and serve, and ``EngineArgs(device=...)``: ``cpu`` runs
+the C kernels; ``cuda`` runs the same engine on the Triton kernels where torch sees a CUDA
+device and triton imports, and is refused by name at start-up elsewhere, exit 2 with what
+would work, before the model is resolved or any weights are read (no traceback). The
+engine on the Triton kernels itself is tested in ``tests/core/gpu/test_engine.py``."""
 
 from __future__ import annotations
 
@@ -67,13 +68,33 @@ def test_cuda_without_triton_is_refused_by_name(monkeypatch):
         backend.check_device("cuda")
 
 
-def test_cuda_with_a_device_says_the_engine_is_not_wired(monkeypatch):
-    """Nothing claims a GPU engine that never ran: with CUDA and triton present the
-    refusal says only the kernels run there."""
+def test_cuda_with_a_device_and_triton_runs_the_triton_kernels(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr("draftwise.gpu.device.triton_available", lambda: True)
-    with pytest.raises(DeviceUnavailableError, match="does not run on it yet"):
-        backend.check_device("cuda")
+    monkeypatch.delenv(backend.KERNELS_ENV, raising=False)
+    backend.check_device("cuda")  # accepted
+    assert backend.choose_kernels("cuda") == "triton"
+    monkeypatch.setenv(backend.KERNELS_ENV, "cpu")
+    with pytest.raises(DeviceUnavailableError, match="the C kernels run on the CPU only"):
+        backend.choose_kernels("cuda")
+
+
+def test_triton_kernels_on_cpu_need_the_interpreter(monkeypatch):
+    """``DRAFTWISE_KERNELS=triton`` (tests) runs the Triton kernels on CPU tensors only
+    under Triton's interpreter; without it, or without triton, refused by name."""
+    monkeypatch.setenv(backend.KERNELS_ENV, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(DeviceUnavailableError, match="set TRITON_INTERPRET=1 too"):
+        backend.choose_kernels("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr("draftwise.gpu.device.triton_available", lambda: False)
+    with pytest.raises(DeviceUnavailableError, match="triton is not installed"):
+        backend.choose_kernels("cpu")
+    monkeypatch.setenv(backend.KERNELS_ENV, "gpu")
+    with pytest.raises(ValueError, match="DRAFTWISE_KERNELS='gpu': use auto, cpu or triton"):
+        backend.choose_kernels("cpu")
+    monkeypatch.delenv(backend.KERNELS_ENV)
+    assert backend.choose_kernels("cpu") == "cpu"
 
 
 def test_unknown_device_and_cpu():
