@@ -2,8 +2,10 @@
 
 Exports ``--drafter`` with ``draftwise train export --format llamacpp-gguf`` (module
 ``draftwise.train.llamacpp_export``), then runs ``compare_llamacpp.py`` on the held-out
-prompts with four modes, greedy, one request at a time: draftwise plain and with
-``{"method": "dflash", "model": DRAFTER}``; ``llama-server`` plain and with ``-md FILE.gguf
+prompts with five modes, greedy, one request at a time: draftwise plain and with
+``{"method": "dflash", "model": DRAFTER}``, adaptive depth (the default) and fixed at
+k = B-1 (``"draftwise": {"adaptive": false}``, llama.cpp's policy, for a like-for-like
+acceptance); ``llama-server`` plain and with ``-md FILE.gguf
 --spec-type draft-dflash --spec-draft-n-max B-1`` (non-causal block, ``p-min`` 0, llama.cpp's
 defaults for DFlash). It prints tok/s of each, draftwise's acceptance and llama.cpp's
 ``draft_n``/``draft_n_accepted``, and whether each speculative mode's greedy tokens equal its
@@ -55,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def summarize(rec: dict[str, Any]) -> list[str]:
+def summarize(rec: dict[str, Any], k: int) -> list[str]:
     """One thread count's lines: tok/s, acceptance, identity."""
     runs, lines = rec["runs"], []
     for label, run in runs.items():
@@ -68,9 +70,12 @@ def summarize(rec: dict[str, Any]) -> list[str]:
             line += (f", {spec['num_accepted_tokens']}/{spec['num_draft_tokens']} drafted "
                      f"tokens accepted ({(spec['draft_acceptance_rate'] or 0):.3f}), mean "
                      f"acceptance length {(spec['mean_acceptance_length'] or 0):.3f}")
-        elif spec:  # llama.cpp: draft_n counts tokens, not drafts
+        elif spec:  # llama.cpp: draft_n counts tokens; each DFlash draft is n-max of them
+            drafts = spec["draft_n"] / k if spec["draft_n"] else 0
             line += (f", draft_n_accepted/draft_n {spec['draft_n_accepted']}/{spec['draft_n']}"
-                     f" ({(spec['draft_acceptance_rate'] or 0):.3f})")
+                     f" ({(spec['draft_acceptance_rate'] or 0):.3f}), mean acceptance length "
+                     f"~{1 + spec['draft_n_accepted'] / drafts if drafts else 0:.3f} (draft_n / "
+                     f"{k} drafts)")
         lines.append(line)
     for pair, ident in rec.get("identity", {}).items():
         lines.append(f"  identity {pair}: {json.dumps(ident)[:160]}")
@@ -88,12 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     report = export_llamacpp(Path(args.drafter), gguf, args.model, args.type,
                              args.allow_final_tap, show=print)
     k = report.block_size - 1
-    ours = json.dumps({"method": "dflash", "model": str(Path(args.drafter).resolve()),
-                       "num_speculative_tokens": k})
+    spec = {"method": "dflash", "model": str(Path(args.drafter).resolve()),
+            "num_speculative_tokens": k}
+    fixed = {**spec, "draftwise": {"adaptive": False}}  # llama.cpp's policy: always k
     theirs = f"-md {shlex.quote(str(gguf))} --spec-type draft-dflash --spec-draft-n-max {k}"
     cmd = ["--workload", args.workload, "--limit", str(args.limit), "--max-tokens",
            str(args.max_tokens), "--repeat", str(args.repeat), "--threads", args.threads,
-           "--speculative-config", f"dflash k{k}={ours}",
+           "--speculative-config", f"dflash k{k} adaptive={json.dumps(spec)}",
+           "--speculative-config", f"dflash k{k} fixed={json.dumps(fixed)}",
            "--llama-spec", f"draft-dflash n-max {k}={theirs}",
            "--llama-bin", args.llama_bin, "--no-bench", "--no-startup", "--out", str(out)]
     if args.model:
@@ -102,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     result = json.loads(out.read_text())
     for threads, rec in result["by_threads"].items():
         print(f"threads {threads}:")
-        print("\n".join(summarize(rec)))
+        print("\n".join(summarize(rec, k)))
 
 
 if __name__ == "__main__":
