@@ -13,7 +13,8 @@ is llama.cpp's, read at build 0c1e570 (the tree vendored in ``llama-cpp-python==
    ``src/models/llama.cpp``), and the input of layer ``id + 1`` is the output of ``id``.
 3. A tap at the target's last layer cannot run on a stock build: the input of layer
    ``n_layer`` is recorded only by the deepseek4, nemotron-h and mimo2 graphs, so a llama or
-   qwen2 target aborts on ``GGML_ASSERT(t_layer_inp[il] != nullptr)`` at its first decode.
+   qwen2 target aborts on ``GGML_ASSERT(t_layer_inp[il] != nullptr)`` at its first request
+   (seen with the default model's drafter on a stock build).
    draftwise's last tap is the target's final *normed* state (``train.record``, z-lab's
    ``hidden_states[L]``). Such a drafter is refused unless ``allow_final_tap`` says the
    llama.cpp in use carries ``benchmarks/llamacpp_final_tap.patch``, which records exactly
