@@ -3,7 +3,8 @@
 ``train data``: the target answers a prompt mix (built in, or ``--prompts``) and its
 hidden states at the drafter's taps are recorded into resumable shards. ``train dflash``:
 a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
-(``draftwise.train``). ``train dspark|mtp`` are not built yet.
+(``draftwise.train``). ``train export``: such a drafter as llama.cpp's ``dflash`` GGUF
+(``draftwise.train.llamacpp_export``). ``train dspark|mtp`` are not built yet.
 """
 
 from __future__ import annotations
@@ -210,3 +211,45 @@ def save_estimate(drafter: Path, acceptance: dict[str, object]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(path)
+
+
+@train.command("export")
+@click.option("--drafter", required=True, type=click.Path(), help="A drafter folder "
+              "`train dflash` wrote (z-lab's layout).")
+@click.option("--format", "fmt", required=True, type=click.Choice(["llamacpp-gguf"]),
+              help="llamacpp-gguf: llama.cpp's `dflash` architecture, for "
+                   "`llama-server --spec-type draft-dflash -md FILE`.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The .gguf to write.")
+@click.option("--target", default=None, help="The target's GGUF, whose tokenizer the file "
+              "carries (default: the embedded model).")
+@click.option("--type", "matrix_type", default="f32", show_default=True,
+              type=click.Choice(["f32", "f16", "bf16", "q8_0"]),
+              help="Stored type of the matrices (norms stay f32).")
+@click.option("--allow-final-tap", is_flag=True,
+              help="Write a drafter that taps the target's last layer: it runs only on a "
+                   "llama.cpp built with benchmarks/llamacpp_final_tap.patch.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def export(drafter: str, fmt: str, out: str, target: str | None, matrix_type: str,
+           allow_final_tap: bool, as_json: bool) -> None:
+    """Write a trained DFlash drafter in another engine's format."""
+    from pathlib import Path
+
+    from draftwise.cli.common import fail
+    from draftwise.train.llamacpp_export import export_llamacpp
+
+    try:
+        report = export_llamacpp(Path(drafter), Path(out), target, matrix_type,
+                                 allow_final_tap)
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    summary = {"out": str(report.out), "format": fmt, "tensors": report.tensors,
+               "bytes": report.bytes, "target_layers": list(report.target_layers),
+               "block_size": report.block_size, "mask_token_id": report.mask_token_id,
+               "type": report.matrix_type}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"export: {report.out} ({report.bytes / 2**20:.1f} MiB, {report.tensors} "
+                   f"tensors); run it with llama-server -m TARGET.gguf -md {report.out} "
+                   f"--spec-type draft-dflash --spec-draft-n-max {report.block_size - 1}")
