@@ -223,7 +223,14 @@ def estimate_saved(drafter: Path, data: Path, model: str | None = None,
     if not config.is_file():
         raise EngineConfigError(f"--drafter {drafter}: no {CONFIG}. Instead: a folder "
                                 "`draftwise train dflash --out` wrote.")
-    shape = shape_of(json.loads(config.read_text()))
+    raw = json.loads(config.read_text())
+    if "dflash_config" not in raw:
+        raise EngineConfigError(
+            f"--drafter {drafter}: architectures {raw.get('architectures')} is not a DFlash "
+            "drafter `train dflash` wrote; `train estimate` reads only those. Instead: a "
+            "dspark drafter's estimate is in its draftwise_train.json (every --eval-minutes "
+            "and at the end of `train dspark`).")
+    shape = shape_of(raw)
     share = HELD_OUT_SHARE
     if (drafter / STATE).is_file():
         share = torch.load(drafter / STATE, weights_only=False)["fixed"]["held_out_share"]

@@ -183,3 +183,11 @@ def test_a_quantized_target_lends_its_embedding_and_stays_lossless(tmp_path: Pat
     assert llm.engine.spec is not None
     on = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
     assert on == off and llm.engine.spec.metrics.num_draft_tokens > 0
+
+
+def test_train_estimate_refuses_a_dspark_drafter_by_name(tiny_target: str, tiny_data: Path,
+                                                        dspark_trained: Path) -> None:
+    result = CliRunner().invoke(cli, ["train", "estimate", "--drafter", str(dspark_trained),
+                                      "--data", str(tiny_data), "--model", tiny_target])
+    assert result.exit_code == 2, result.output
+    assert "not a DFlash drafter" in result.output and "Traceback" not in result.output
