@@ -295,7 +295,7 @@ def training_estimate(engine: LLMEngine) -> TrainingEstimate | None:
     2.11 where the drafter accepted 1.60 online) is refused by name with how to refresh it."""
     from pathlib import Path
 
-    from draftwise.train.dflash import REPORT
+    from draftwise.train.loop import REPORT
 
     config = engine.spec_config
     for member in config.drafters if config is not None else ():

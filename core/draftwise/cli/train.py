@@ -3,8 +3,10 @@
 ``train data``: the target answers a prompt mix (built in, or ``--prompts``) and its
 hidden states at the drafter's taps are recorded into resumable shards. ``train dflash``:
 a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
-(``draftwise.train``). ``train export``: such a drafter as llama.cpp's ``dflash`` GGUF
-(``draftwise.train.llamacpp_export``). ``train dspark|mtp`` are not built yet.
+(``draftwise.train``). ``train dspark``: a DSpark drafter with a reduced draft
+vocabulary, its shape from the measured cost model, saved in speculators' layout.
+``train export``: a DFlash drafter as llama.cpp's ``dflash`` GGUF
+(``draftwise.train.llamacpp_export``). ``train mtp`` is not built yet.
 """
 
 from __future__ import annotations
@@ -168,6 +170,72 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
                    f"\"{report.out}\", \"num_speculative_tokens\": {block_size - 1}}}'")
 
 
+@train.command("dspark")
+@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The drafter folder (an existing run there is resumed).")
+@click.option("--model", default=None, help="The target the data was recorded on "
+              "(default: the embedded model).")
+@click.option("--layers", default=None, type=int,
+              help="Draft decoder layers (default: chosen by the measured cost model).")
+@click.option("--block-size", default=4, show_default=True, type=int,
+              help="Drafts per step (num_speculative_tokens).")
+@click.option("--draft-vocab", default=None, type=int,
+              help="Draft vocabulary: the N most frequent target tokens of the data "
+                   "(default: chosen by the measured cost model).")
+@click.option("--markov-rank", default=64, show_default=True, type=int)
+@click.option("--steps", default=None, type=click.IntRange(1),
+              help="Stop at this step (every run into --out together).")
+@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
+              help="Stop after this long (this run).")
+@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
+@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
+              help="Sequences per step.")
+@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
+              help="Blocks per sequence per step.")
+@click.option("--checkpoint-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--eval-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
+def dspark(data: str, out: str, model: str | None, layers: int | None, block_size: int,
+           draft_vocab: int | None, markov_rank: int, steps: int | None,
+           minutes: float | None, lr: float, warmup: int, batch: int, anchors: int,
+           checkpoint_minutes: float, eval_minutes: float, seed: int,
+           num_threads: int | None, as_json: bool) -> None:
+    """Train a DSpark drafter with a reduced draft vocabulary (resumable: run it again)."""
+    from pathlib import Path
+
+    from draftwise.cli.common import fail
+    from draftwise.train.dspark import DSparkPlan, train_dspark
+    from draftwise.train.loop import mean_text
+
+    plan = DSparkPlan(data=Path(data), out=Path(out), model=model, layers=layers,
+                      block_size=block_size, draft_vocab=draft_vocab, markov_rank=markov_rank,
+                      steps=steps, minutes=minutes, lr=lr, warmup=warmup, batch=batch,
+                      anchors=anchors, checkpoint_minutes=checkpoint_minutes,
+                      eval_minutes=eval_minutes, seed=seed, threads=num_threads)
+    try:
+        report = train_dspark(plan, lambda line: click.echo(line, err=True))
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    summary = {"out": str(report.out), "steps": report.step, "stopped": report.stopped,
+               "loss": report.losses[-1] if report.losses else None,
+               "acceptance": report.acceptance, "seconds": round(report.seconds, 1)}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"dspark: drafter in {report.out} after {report.step} steps (stopped by "
+                   f"{report.stopped}); held-out mean acceptance length "
+                   f"{mean_text(report.acceptance)}; use it with "
+                   f"--speculative-config '{{\"method\": \"dspark\", \"model\": "
+                   f"\"{report.out}\"}}'")
+
+
 @train.command("estimate")
 @click.option("--drafter", required=True, type=click.Path(file_okay=False),
               help="A drafter folder `train dflash` wrote.")
@@ -201,7 +269,7 @@ def estimate(drafter: str, data: str, model: str | None, anchors: int,
 def save_estimate(drafter: Path, acceptance: dict[str, object]) -> None:
     """``acceptance`` as the drafter's current estimate in its report (the one before it
     kept under ``acceptance_before``), written beside and renamed into place."""
-    from draftwise.train.dflash import REPORT
+    from draftwise.train.loop import REPORT
 
     path = drafter / REPORT
     doc = json.loads(path.read_text()) if path.is_file() else {"method": "dflash"}

@@ -12,5 +12,10 @@ on the machine the user has, with the engine itself:
 - ``data.py``: the loop (generate a batch with continuous batching, record, write,
   checkpoint) with progress.
 
-The trainers themselves (DFlash, DSpark, MTP objectives) are not built yet.
+The trainers share ``trainset.py`` (the folder checked, split and ordered), ``loop.py``
+(the frozen target pieces, the cursor, checkpoints with exact resume, the budgeted loop)
+and ``acceptance.py`` (the held-out walk); each method adds its net, objective and
+layout: ``dflash*.py`` (z-lab's layout) and ``dspark*.py`` (speculators' layout with a
+reduced draft vocabulary, its shape from ``shape.py``'s measured costs). MTP is not
+built yet.
 """

@@ -46,6 +46,7 @@ until it is spent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,8 +167,25 @@ def estimate_acceptance(
     head: torch.Tensor,  # [V, H] the target's LM head (its dtype is the GEMMs')
     max_anchors: int = 4096,
 ) -> Acceptance:
-    """Rules 1-4 over ``sequences``, drafting at most about ``max_anchors`` blocks."""
-    k = net.shape.block_size - 1
+    """Rules 1-4 for a DFlash drafter over ``sequences``, drafting at most about
+    ``max_anchors`` blocks."""
+    def hits_of(seq: Sequence, ids: torch.Tensor, start: int) -> list[list[bool]]:
+        return draft_hits(net, ids, taps_of(seq), start, embed, head)  # type: ignore[operator]
+
+    return walk_estimate(sequences, net.shape.block_size - 1, hits_of, head, max_anchors)
+
+
+@torch.no_grad()
+def walk_estimate(
+    sequences: list[Sequence],
+    k: int,  # drafts per step at most
+    hits_of: Callable[[Sequence, torch.Tensor, int], list[list[bool]]],
+    head: torch.Tensor,  # [V, H] the target's LM head (rule 1's greedy check)
+    max_anchors: int = 4096,
+) -> Acceptance:
+    """Rules 1-4 for any drafter: ``hits_of(seq, ids, start)`` says, for every anchor
+    ``a`` in ``start .. T-3``, which of its ``min(k, T-a-2)`` first drafts equal the
+    recorded tokens (a list per anchor, indexed ``a - start``)."""
     steps: list[tuple[int, int]] = []
     full: list[list[bool]] = []  # rule 4: anchors with a whole block
     walked = skipped = drafted = 0
@@ -181,7 +199,7 @@ def estimate_acceptance(
         if not greedy_path(ids, seq.states["final"], start, head):
             skipped += 1
             continue
-        hits = draft_hits(net, ids, taps_of(seq), start, embed, head)  # type: ignore[operator]
+        hits = hits_of(seq, ids, start)
         drafted += len(hits)
         walked += 1
         steps += walk_steps(hits, start, ids.shape[0], k)
@@ -204,4 +222,4 @@ def estimate_acceptance(
 
 
 __all__ = ["GREEDY_MARGIN", "Acceptance", "draft_hits", "estimate_acceptance", "greedy_path",
-           "spread_anchors", "walk_steps"]
+           "spread_anchors", "walk_estimate", "walk_steps"]

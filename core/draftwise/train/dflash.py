@@ -1,44 +1,32 @@
 """``draftwise train dflash``: a DFlash drafter from a ``train data`` folder, resumable.
 
-The loop, step by step (the objective is ``dflash_objective.py``, the net
-``dflash_net.py``, the saved layout ``dflash_layout.py``):
+The loop, checkpoints, exact resume, progress and ``draftwise_train.json`` are the
+shared ones (``loop.py``, its rules 1-4); the objective is ``dflash_objective.py``, the
+net ``dflash_net.py``, the saved layout ``dflash_layout.py``. What is DFlash's here:
 
-1. the target is loaded once (float32) for what the drafter shares with it and never
-   trains: the embedding (block inputs, the mask slots included) and the LM head. The
-   drafter starts from transformers' init, its norms at 1 (starting its final norm at the
-   target's was worse on the default model: loss 7.7 against 6.3 after 80 steps, held-out
-   acceptance 1.09 against 1.12);
-2. a step takes the next ``batch`` training sequences from the data cursor (``epoch``,
-   ``position`` in ``TrainSet.order(seed, epoch)``), draws each one's anchors with a
-   generator seeded by ``(seed, step)``, runs every block of a sequence in one forward,
-   and steps AdamW on the position-weighted CE (gradient clipped; linear warmup, then a
-   constant rate, so that the rate of a step never depends on the run's budget);
-3. every ``checkpoint_minutes`` (and at the end, a budget, or Ctrl-C between steps; a
-   Ctrl-C inside a step drops that step and keeps the last checkpoint) the drafter is
-   written in z-lab's layout and ``train_state.pt`` beside it: weights, AdamW's state,
-   the cursor, the step (which seeds the anchors: the whole random state), the losses.
-   Running the same command again resumes from it, and the loss curve and weights are
-   those of an uninterrupted run (same thread count: torch's CPU kernels are
-   deterministic for a fixed one);
-4. a held-out acceptance estimate (``acceptance.py``) before the first step, every
-   ``eval_minutes`` and at the end; ``draftwise_train.json`` in the drafter folder keeps
-   the shape, the data, the steps, the losses and the estimates (what ``doctor`` reads).
+1. the drafter starts from transformers' init, its norms at 1 (starting its final norm
+   at the target's was worse on the default model: loss 7.7 against 6.3 after 80 steps,
+   held-out acceptance 1.09 against 1.12);
+2. a step takes the next ``batch`` training sequences from the cursor, draws each one's
+   anchors with the step's generator, runs every block of a sequence in one forward,
+   and steps AdamW on the position-weighted CE (gradient clipped);
+3. the held-out estimate is ``acceptance.estimate_acceptance`` (DFlash's block: slot 0
+   the anchor, ``B - 1`` drafts).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.errors import DraftwiseError, EngineConfigError
+from draftwise.errors import EngineConfigError
 from draftwise.train.acceptance import Acceptance, estimate_acceptance
-from draftwise.train.dflash_layout import CONFIG, load_weights, save_drafter, shape_of, write_json
+from draftwise.train.dflash_layout import CONFIG, load_weights, save_drafter, shape_of
 from draftwise.train.dflash_net import DFlashNet, DFlashShape
 from draftwise.train.dflash_objective import (
     block_inputs,
@@ -49,19 +37,24 @@ from draftwise.train.dflash_objective import (
     weight_sum,
     weighted_ce_sum,
 )
-from draftwise.train.trainset import TargetFacts, TrainSet, open_trainset
+from draftwise.train.loop import (
+    HELD_OUT_SHARE,
+    REPORT,
+    STATE,
+    Target,
+    TrainReport,
+    TrainResumeError,
+    TrainRun,
+    check_budget,
+    load_target,
+    mean_text,
+    run_loop,
+)
+from draftwise.train.trainset import TrainSet, open_trainset
 
-STATE = "train_state.pt"
-#: every 20th usable sequence of the data folder is held out (``trainset`` rule 2)
-HELD_OUT_SHARE = 0.05
-REPORT = "draftwise_train.json"
 #: the plan fields a resumed run must share with the run it resumes (rule 3)
 FIXED = ("layers", "block_size", "intermediate_size", "mask_token_id", "lr", "warmup",
          "seed", "batch", "anchors", "gamma", "grad_clip", "held_out_share")
-
-
-class TrainResumeError(DraftwiseError, ValueError):
-    """``--out`` holds a run this one cannot resume (another shape, data or seed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,49 +83,6 @@ class DFlashPlan:
     eval_minutes: float = 5.0
     eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
     progress_seconds: float = 10.0
-
-
-@dataclass(slots=True)
-class TrainReport:
-    """How the run ended: steps (all runs), why it stopped, the curve and the estimates."""
-
-    out: Path
-    step: int
-    stopped: str
-    losses: list[float]
-    acceptance: dict[str, Any]  # the last estimate (acceptance.Acceptance.as_dict + step)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-@dataclass(slots=True)
-class Target:
-    """The frozen pieces the drafter shares with the target (rule 1)."""
-
-    facts: TargetFacts
-    config: Any
-    embed: torch.Tensor  # [V, H] float32
-    head: torch.Tensor  # [V, H] float32
-    #: the head the loss runs through: bf16 GEMMs ran 3.4x faster than float32 here (2-core
-    #: EPYC, avx512_bf16: 86 vs 26 GFLOP/s), the head is >80% of a step's FLOPs, and the
-    #: engine runs the drafter's head in bf16 by default anyway
-    head_bf16: torch.Tensor  # [V, H]
-
-
-def load_target(model: str | None) -> Target:
-    """The target's embedding and LM head as float32 tensors (a quantized head is
-    recovered as ``lm_head(I)``: the same function, whatever its storage)."""
-    from draftwise.models.loader import load_model
-
-    loaded = load_model(model, dtype="float32")
-    m, cfg = loaded.model, loaded.config
-    with torch.no_grad():
-        embed = m.embed(torch.arange(cfg.vocab_size)).float().contiguous()
-        w = m.lm_head_weight
-        head = (w.detach().float().contiguous() if isinstance(w, torch.Tensor)
-                else m.lm_head(torch.eye(cfg.hidden_size)).T.contiguous())
-    facts = TargetFacts(str(loaded.path), int(cfg.hidden_size), int(cfg.num_hidden_layers))
-    return Target(facts, cfg, embed, head, head.to(torch.bfloat16))
 
 
 def make_shape(plan: DFlashPlan, target: Target, taps: tuple[int, ...]) -> DFlashShape:
@@ -165,67 +115,23 @@ def _fixed(plan: DFlashPlan, shape: DFlashShape, data: TrainSet) -> dict[str, An
     return d
 
 
-class Run:
-    """The loop's state between steps (rule 2-3): net, optimizer, cursor, curve."""
+class Run(TrainRun):
+    """DFlash's net, objective, layout and estimate on the shared loop (``loop.py``)."""
+
+    method = "dflash"
 
     def __init__(self, plan: DFlashPlan, target: Target, data: TrainSet,
                  shape: DFlashShape) -> None:
-        self.plan, self.target, self.data, self.shape = plan, target, data, shape
-        self.fixed = _fixed(plan, shape, data)
-        self.net = DFlashNet(shape)
-        self.net.init_weights(plan.seed)
-        self.opt = torch.optim.AdamW(self.net.parameters(), lr=plan.lr, weight_decay=0.0)
+        net = DFlashNet(shape)
+        net.init_weights(plan.seed)
+        opt = torch.optim.AdamW(net.parameters(), lr=plan.lr, weight_decay=0.0)
+        super().__init__(plan, target, data, net, opt, _fixed(plan, shape, data), CONFIG)
+        self.dplan, self.shape, self.dnet = plan, shape, net
         self.weights = position_weights(shape.block_size, self.fixed["gamma"])
-        self.step, self.epoch, self.position = 0, 0, 0
-        self.order = data.order(plan.seed, 0)
-        self.losses: list[float] = []
-        self.history: list[dict[str, Any]] = []
-        self.seconds = 0.0  # training seconds, every run
-        self.mid_step = False
-        self.last = target.facts.num_layers - 1
 
-    # -- checkpoint (rule 3) -------------------------------------------------------------
-    def resume(self) -> bool:
-        """Load ``train_state.pt`` when there is one; refuse another run's."""
-        path = self.plan.out / STATE
-        if not path.is_file():
-            if (self.plan.out / CONFIG).is_file():
-                raise TrainResumeError(
-                    f"--out {self.plan.out} holds a drafter without {STATE}: not a run this "
-                    "command can resume. Instead: another --out.")
-            return False
-        state = torch.load(path, weights_only=False)
-        diff = {k: (state["fixed"].get(k), v) for k, v in self.fixed.items()
-                if state["fixed"].get(k) != v}
-        if diff:
-            said = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise TrainResumeError(
-                f"--out {self.plan.out} holds a run with other settings ({said}). Instead: "
-                "the same settings to resume it, or another --out.")
-        self.net.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        self.order = self.data.order(self.plan.seed, self.epoch)
-        self.losses, self.history = list(state["losses"]), list(state["history"])
-        self.seconds = float(state["seconds"])
-        return True
-
-    def save(self) -> None:
-        """The drafter, then the state, then the report (each written atomically)."""
-        import os
-
-        out = self.plan.out
-        save_drafter(self.net, out)
-        state = {"format": 1, "fixed": self.fixed, "model": self.net.state_dict(),
-                 "optimizer": self.opt.state_dict(), "step": self.step, "epoch": self.epoch,
-                 "position": self.position, "losses": self.losses, "history": self.history,
-                 "seconds": self.seconds,
-                 "rng": {"anchors": "torch.Generator seeded by (seed, step)",
-                         "order": "numpy default_rng([seed, epoch])"}}
-        tmp = out / f"{STATE}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, out / STATE)
-        write_json(out / REPORT, self.report_dict())
+    def save_drafter(self) -> None:
+        """z-lab's layout (``dflash_layout.py``)."""
+        save_drafter(self.dnet, self.plan.out)
 
     def report_dict(self) -> dict[str, Any]:
         """``draftwise_train.json`` (rule 4)."""
@@ -233,39 +139,21 @@ class Run:
         return {
             "method": "dflash", "format": 1,
             "shape": self.shape.as_dict() | {"gamma": self.fixed["gamma"]},
-            "data": {"path": self.fixed["data"], "model": self.data.model,
-                     "taps": list(self.data.taps), "tokens": self.data.tokens,
-                     "train_sequences": len(self.data.train),
-                     "held_out_sequences": len(self.data.held_out)},
+            "data": self.data_dict(),
             "training": {k: self.fixed[k] for k in ("lr", "warmup", "seed", "batch", "anchors",
                                                      "grad_clip")}
-            | {"steps": self.step, "epochs": round(self.epoch + self.position
-                                                   / max(1, len(self.data.train)), 3),
-               "seconds": round(self.seconds, 1)},
+            | {"steps": self.step, "epochs": self.epochs(), "seconds": round(self.seconds, 1)},
             "losses": [round(x, 5) for x in self.losses],
             "acceptance": last,
             "acceptance_history": self.history,
         }
 
-    # -- one step (rule 2) ---------------------------------------------------------------
-    def next_sequences(self) -> list[int]:
-        """The cursor's next ``batch`` training sequence indices (new epochs reshuffle)."""
-        picks = []
-        for _ in range(self.plan.batch):
-            if self.position >= len(self.order):
-                self.epoch, self.position = self.epoch + 1, 0
-                self.order = self.data.order(self.plan.seed, self.epoch)
-            picks.append(int(self.order[self.position]))
-            self.position += 1
-        return picks
-
     def train_step(self) -> tuple[float, int]:
         """One optimizer step; returns the step's loss and its supervised positions.
         ``mid_step`` is True while the cursor, weights or step may disagree."""
         self.mid_step = True
-        plan, shape, t = self.plan, self.shape, self.target
-        gen = torch.Generator().manual_seed(
-            int(np.random.SeedSequence([plan.seed, self.step]).generate_state(1)[0]))
+        plan, shape, t = self.dplan, self.shape, self.target
+        gen = self.step_generator()
         items = []
         for i in self.next_sequences():
             seq = self.data.train[i]
@@ -275,9 +163,7 @@ class Run:
                                                  shape.mask_token_id)
             items.append((seq, anchors, blocks, labels, valid))
         total_w = sum(weight_sum(v, self.weights) for *_, v in items)
-        lr = plan.lr * min(1.0, (self.step + 1) / max(1, plan.warmup))
-        for group in self.opt.param_groups:
-            group["lr"] = lr
+        self.set_lr()
         self.opt.zero_grad(set_to_none=True)
         loss, labelled = 0.0, 0
         for seq, anchors, blocks, labels, valid in items:
@@ -300,10 +186,10 @@ class Run:
     def evaluate(self) -> Acceptance:
         """Rule 4's estimate, recorded in the history."""
         self.net.eval()
-        acc = estimate_acceptance(self.net, self.data.held_out,
+        acc = estimate_acceptance(self.dnet, self.data.held_out,
                                   lambda s: self.data.taps_of(s, self.last),
                                   self.target.embed, self.target.head_bf16,
-                                  self.plan.eval_anchors)
+                                  self.dplan.eval_anchors)
         self.net.train()
         self.history.append({"step": self.step, **acc.as_dict()})
         return acc
@@ -314,67 +200,16 @@ def train_dflash(plan: DFlashPlan, progress: Callable[[str], None] | None = None
     """Run (or resume) ``plan`` until its budget; module doc for the steps."""
     say = progress or (lambda _line: None)
     check_block_size(plan.block_size)
-    if plan.steps is None and plan.minutes is None:
-        raise EngineConfigError("train dflash needs a budget: --steps N (all runs into --out "
-                                "together) or --minutes M (this run)")
+    check_budget("dflash", plan.steps, plan.minutes)
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
     target = load_target(plan.model)
     data = open_trainset(plan.data, target.facts, min_response=2,
                          held_out_share=plan.held_out_share)
     shape = make_shape(plan, target, data.taps)
-    run = Run(plan, target, data, shape)
-    resumed = run.resume()
-    say(f"dflash: {'resuming at step ' + str(run.step) if resumed else 'new run'}: "
-        f"{shape.num_layers} layer(s), block {shape.block_size}, taps "
-        f"{list(shape.target_layer_ids)}, mask {shape.mask_token_id}; data "
-        f"{len(data.train)} train / {len(data.held_out)} held-out sequences")
-    if not run.history:
-        acc = run.evaluate()
-        say(f"dflash: held-out acceptance before training {acc.describe()}")
-    plan.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    mark_ckpt = mark_eval = mark_say = t0
-    start_step, labelled_total = run.step, 0
-    stopped = "steps"
-    try:
-        while True:
-            now = time.monotonic()
-            if plan.steps is not None and run.step >= plan.steps:
-                stopped = "steps"
-                break
-            if plan.minutes is not None and now - t0 >= plan.minutes * 60:
-                stopped = "minutes"
-                break
-            s0 = time.monotonic()
-            _, labelled = run.train_step()
-            run.seconds += time.monotonic() - s0
-            labelled_total += labelled
-            now = time.monotonic()
-            if now - mark_say >= plan.progress_seconds or run.step == start_step + 1:
-                mark_say = now
-                say(_line(run, plan, now - t0, run.step - start_step, labelled_total))
-            if now - mark_eval >= plan.eval_minutes * 60:
-                mark_eval = now
-                acc = run.evaluate()
-                say(f"dflash: step {run.step}: held-out acceptance {acc.describe()}")
-            if now - mark_ckpt >= plan.checkpoint_minutes * 60:
-                mark_ckpt = now
-                run.save()
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-        if run.mid_step:  # a half-done step is dropped: back to the last checkpoint
-            run = Run(plan, target, data, shape)
-            run.resume()
-            say(f"dflash: interrupted inside a step; keeping the checkpoint at step {run.step}")
-    if not run.history or run.history[-1]["step"] != run.step:
-        run.evaluate()
-    run.save()
-    last = run.history[-1]
-    say(f"dflash: stopped by {stopped} at step {run.step}; held-out acceptance "
-        f"{mean_text(last)}; drafter in {plan.out}")
-    return TrainReport(plan.out, run.step, stopped, run.losses, last, run.history,
-                       time.monotonic() - t0)
+    say(f"dflash: {shape.num_layers} layer(s), block {shape.block_size}, taps "
+        f"{list(shape.target_layer_ids)}, mask {shape.mask_token_id}")
+    return run_loop(lambda: Run(plan, target, data, shape), plan, say)
 
 
 def estimate_saved(drafter: Path, data: Path, model: str | None = None,
@@ -388,7 +223,14 @@ def estimate_saved(drafter: Path, data: Path, model: str | None = None,
     if not config.is_file():
         raise EngineConfigError(f"--drafter {drafter}: no {CONFIG}. Instead: a folder "
                                 "`draftwise train dflash --out` wrote.")
-    shape = shape_of(json.loads(config.read_text()))
+    raw = json.loads(config.read_text())
+    if "dflash_config" not in raw:
+        raise EngineConfigError(
+            f"--drafter {drafter}: architectures {raw.get('architectures')} is not a DFlash "
+            "drafter `train dflash` wrote; `train estimate` reads only those. Instead: a "
+            "dspark drafter's estimate is in its draftwise_train.json (every --eval-minutes "
+            "and at the end of `train dspark`).")
+    shape = shape_of(raw)
     share = HELD_OUT_SHARE
     if (drafter / STATE).is_file():
         share = torch.load(drafter / STATE, weights_only=False)["fixed"]["held_out_share"]
@@ -404,27 +246,6 @@ def estimate_saved(drafter: Path, data: Path, model: str | None = None,
     last = target.facts.num_layers - 1
     return estimate_acceptance(net, data_set.held_out, lambda s: data_set.taps_of(s, last),
                                target.embed, target.head_bf16, max_anchors)
-
-
-def mean_text(acceptance: dict[str, Any]) -> str:
-    """An estimate's mean acceptance length as printed (``none`` without greedy rows)."""
-    value = acceptance.get("mean_acceptance_length")
-    return "none" if value is None else f"{value:.3f}"
-
-
-def _line(run: Run, plan: DFlashPlan, elapsed: float, steps: int, labelled: int) -> str:
-    """A progress line: step, smoothed loss, supervised tokens/s, ETA."""
-    recent = run.losses[-10:]
-    rate = labelled / elapsed if elapsed > 0 else 0.0
-    left = []
-    if plan.steps is not None and steps:
-        left.append((plan.steps - run.step) * elapsed / steps)
-    if plan.minutes is not None:
-        left.append(max(0.0, plan.minutes * 60 - elapsed))
-    eta = f", ETA {min(left) / 60:.1f} min" if left else ""
-    total = f"/{plan.steps}" if plan.steps is not None else ""
-    return (f"dflash: step {run.step}{total}, loss {sum(recent) / len(recent):.4f}, "
-            f"{rate:.0f} tok/s{eta}")
 
 
 __all__ = [

@@ -27,12 +27,15 @@ and check the vocabulary is the target's (the draft's own head indexes the targe
 tokens, or through ``d2t`` a subset of them) (:func:`check_sizes`); ``load`` then reads the weights
 and checks ``d2t``/``t2d`` against each other and the sizes. The embedding and LM head are the
 draft's own (DeepSpec ships copies of the target's) or, where the layout saves none, the
-target's (:func:`borrow_target_tables`).
+target's (:func:`borrow_target_tables`): a quantized target embedding is read through the
+target's own ``embed`` (the rows it dequantizes are the target's embedding, exactly), a
+quantized target head is refused (a reduced-vocabulary drafter stores its own).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -216,7 +219,8 @@ class DSparkLoader:
         return LoadedDraft(
             weights=LoadedDSpark(
                 cfg, DFlashModel(cfg.backbone, body, model.dtype, model.device, model.backend),
-                mask, extra, checkpoint.path, dvocab),
+                mask, extra, checkpoint.path, dvocab,
+                None if "embed_tokens.weight" in extra else model.embed),
             kv_layout=KVLayout(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim,
                                model.dtype),
             hidden_layers=taps,
@@ -353,21 +357,27 @@ BORROWED = (("embed_tokens.weight", "embed_weight"), ("lm_head.weight", "lm_head
 def borrow_target_tables(t: dict[str, torch.Tensor], target: Any, path: str) -> None:
     """The target's embedding and LM head for those ``t`` lacks (the speculators layout
     never saves the embedding and drops a full-vocabulary head; llama.cpp's converter
-    drops the head): refused when the target's is quantized, since a DSpark draft reads
-    them as dense tables and would have to widen them."""
+    drops the head). A quantized target embedding is not put in ``t``: the draft then
+    embeds its block through the target's own ``embed`` (which dequantizes the rows it
+    reads: the very vectors the target embeds, so nothing is widened or approximated;
+    :class:`LoadedDSpark`). A quantized target head is refused: a DSpark draft runs its
+    head as a dense packed matrix and does not widen a quantized one."""
     model = target.model
     for name, attr in BORROWED:
         if name in t:
             continue
         w = getattr(model, attr, None)
-        if not isinstance(w, torch.Tensor) or w.dtype not in (torch.bfloat16, torch.float16,
-                                                               torch.float32):
+        if isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float16,
+                                                       torch.float32):
+            t[name] = w.detach().to(dtype=model.dtype, device=model.device)
+            continue
+        if name != "embed_tokens.weight":  # the embedding: LoadedDSpark uses model.embed
             raise DSparkError(
                 path, f"the drafter stores no {name}, so the target's is needed, and the "
                       "target's is quantized: a DSpark draft reads a dense table and does not "
-                      f"widen a quantized one. Instead: a bf16/fp16 target, or {RUNS}.",
+                      "widen a quantized one. Instead: a bf16/fp16 target, a drafter with its "
+                      f"own reduced-vocabulary lm_head (d2t/t2d), or {RUNS}.",
                 key=name)
-        t[name] = w.detach().to(dtype=model.dtype, device=model.device)
 
 
 class _Only:
@@ -388,12 +398,19 @@ class LoadedDSpark:
 
     def __init__(self, cfg: DSparkConfig, model: DFlashModel, mask_token_id: int,
                  t: dict[str, torch.Tensor], path: str = "",
-                 vocab: DraftVocab | None = None) -> None:
+                 vocab: DraftVocab | None = None,
+                 target_embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.cfg, self.model, self.mask_token_id = cfg, model, mask_token_id
         self.path = path
         #: a reduced draft vocabulary (lm_head and W2 rows are draft indices), or None
         self.vocab = vocab
-        self.embed = t["embed_tokens.weight"]
+        #: the draft's embedding table, or None: the target's own ``embed`` (a quantized
+        #: target table the layout borrows, :func:`borrow_target_tables`)
+        self.embed: torch.Tensor | None = t.get("embed_tokens.weight")
+        self.target_embed = target_embed
+        if self.embed is None and target_embed is None:
+            raise DSparkError(path, "no embed_tokens and no target embedding to borrow",
+                              key="embed_tokens.weight")
         # the heads' matrices in the native kernel's layout (the gate and the rnn's joint
         # projection too: one row-invariant GEMM per Markov step instead of torch's bf16)
         heads = ["lm_head.weight"]
@@ -418,6 +435,15 @@ class LoadedDSpark:
             self.confidence = ConfidenceHead(
                 t["confidence_head.proj.weight"], t["confidence_head.proj.bias"],
                 t["markov_head.markov_w1.weight"] if with_w1 else None)
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:  # [N] -> [N, H]
+        """The block's input embeddings: the draft's table, or the target's ``embed``."""
+        if self.embed is not None:
+            return torch.nn.functional.embedding(ids, self.embed)
+        embed = self.target_embed
+        if embed is None:
+            raise RuntimeError("LoadedDSpark without an embedding")
+        return embed(ids)
 
 
 __all__ = ["DSparkError", "DSparkLoader", "LoadedDSpark", "extra_shapes"]

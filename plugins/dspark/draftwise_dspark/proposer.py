@@ -38,7 +38,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from draftwise.kit import DraftRow, KVCache, build_forward_batch, linear, pick_draft_tokens
 from draftwise_dflash.proposer import BlockPlan, DFlashProposer, plan_blocks
 
@@ -117,7 +116,7 @@ class DSparkProposer(DFlashProposer):
             self.block_size, [list(range(p.drafts)) for p in plans], device=dev,
         )
         block_index = torch.arange(b, device=dev).repeat(len(plans))
-        x = F.embedding(batch.input_ids, self.draft.embed)
+        x = self.draft.embed_ids(batch.input_ids)
         hidden = model.block_hidden(x, batch, self.kv, block_index)
         hidden = hidden.index_select(0, batch.logits_indices)  # [N = sum w, H], row-major
         base = linear(hidden, self.draft.lm_head).float()

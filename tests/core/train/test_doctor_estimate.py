@@ -10,7 +10,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 from draftwise.cli import cli
-from draftwise.train.dflash import REPORT
+from draftwise.train.loop import REPORT
 
 from .conftest import PROMPTS
 
