@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -145,7 +146,7 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
     from pathlib import Path
 
     from draftwise.cli.common import fail
-    from draftwise.train.dflash import DFlashPlan, mean_text, train_dflash
+    from draftwise.train.dflash import DFlashPlan, train_dflash
 
     plan = DFlashPlan(data=Path(data), out=Path(out), model=model, layers=layers,
                       block_size=block_size, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
@@ -157,17 +158,7 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
     except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
         fail(exc)
         return
-    summary = {"out": str(report.out), "steps": report.step, "stopped": report.stopped,
-               "loss": report.losses[-1] if report.losses else None,
-               "acceptance": report.acceptance, "seconds": round(report.seconds, 1)}
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        click.echo(f"dflash: drafter in {report.out} after {report.step} steps (stopped by "
-                   f"{report.stopped}); held-out mean acceptance length "
-                   f"{mean_text(report.acceptance)}; use it with "
-                   f"--speculative-config '{{\"method\": \"dflash\", \"model\": "
-                   f"\"{report.out}\", \"num_speculative_tokens\": {block_size - 1}}}'")
+    _summarise("dflash", report, as_json, f', "num_speculative_tokens": {block_size - 1}')
 
 
 @train.command("dspark")
@@ -211,7 +202,6 @@ def dspark(data: str, out: str, model: str | None, layers: int | None, block_siz
 
     from draftwise.cli.common import fail
     from draftwise.train.dspark import DSparkPlan, train_dspark
-    from draftwise.train.loop import mean_text
 
     plan = DSparkPlan(data=Path(data), out=Path(out), model=model, layers=layers,
                       block_size=block_size, draft_vocab=draft_vocab, markov_rank=markov_rank,
@@ -223,17 +213,24 @@ def dspark(data: str, out: str, model: str | None, layers: int | None, block_siz
     except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
         fail(exc)
         return
+    _summarise("dspark", report, as_json)
+
+
+def _summarise(method: str, report: Any, as_json: bool, extra: str = "") -> None:
+    """A finished (or budget-stopped) training run's last line, or its JSON summary."""
+    from draftwise.train.loop import mean_text
+
     summary = {"out": str(report.out), "steps": report.step, "stopped": report.stopped,
                "loss": report.losses[-1] if report.losses else None,
                "acceptance": report.acceptance, "seconds": round(report.seconds, 1)}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-    else:
-        click.echo(f"dspark: drafter in {report.out} after {report.step} steps (stopped by "
-                   f"{report.stopped}); held-out mean acceptance length "
-                   f"{mean_text(report.acceptance)}; use it with "
-                   f"--speculative-config '{{\"method\": \"dspark\", \"model\": "
-                   f"\"{report.out}\"}}'")
+        return
+    click.echo(f"{method}: drafter in {report.out} after {report.step} steps (stopped by "
+               f"{report.stopped}); held-out mean acceptance length "
+               f"{mean_text(report.acceptance)}; use it with "
+               f"--speculative-config '{{\"method\": \"{method}\", \"model\": "
+               f"\"{report.out}\"{extra}}}'")
 
 
 @train.command("estimate")

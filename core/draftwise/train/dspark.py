@@ -229,13 +229,7 @@ class Run(TrainRun):
             (part / total_w).backward()
             loss += float(part.detach())
             labelled += int(valid.sum())
-        torch.nn.utils.clip_grad_norm_(self.net.parameters(), plan.grad_clip)
-        self.opt.step()
-        self.step += 1
-        value = loss / total_w
-        self.losses.append(value)
-        self.mid_step = False
-        return value, labelled
+        return self.finish_step(plan.grad_clip, loss, total_w, labelled)
 
     @torch.no_grad()
     def hits(self, seq: Sequence, ids: torch.Tensor, start: int) -> list[list[bool]]:

@@ -185,6 +185,18 @@ class TrainRun:
             self.position += 1
         return picks
 
+    def finish_step(self, grad_clip: float, loss: float, total_weight: float,
+                    labelled: int) -> tuple[float, int]:
+        """The end of every method's ``train_step``: clip, step the optimizer, count the
+        step and record its loss (the summed weighted loss over the step's weight)."""
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), grad_clip)
+        self.opt.step()
+        self.step += 1
+        value = loss / total_weight
+        self.losses.append(value)
+        self.mid_step = False
+        return value, labelled
+
     def set_lr(self) -> None:
         """Linear warmup, then constant: a step's rate never depends on the budget.
         A group's ``lr_scale`` (default 1) multiplies it."""
