@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +134,7 @@ def check_budget(method: str, steps: int | None, minutes: float | None) -> None:
                                 "--out together) or --minutes M (this run)")
 
 
-class TrainRun:
+class TrainRun(ABC):
     """The loop's state between steps (rules 2-3); a method subclasses it."""
 
     method = "?"
@@ -152,21 +153,21 @@ class TrainRun:
         self.last = target.facts.num_layers - 1
 
     # -- what a method supplies ----------------------------------------------------------
+    @abstractmethod
     def train_step(self) -> tuple[float, int]:
         """One optimizer step: the loss and the supervised positions."""
-        raise NotImplementedError
 
+    @abstractmethod
     def evaluate(self) -> Any:
         """Rule 4's estimate (an ``Acceptance``), appended to ``history``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def save_drafter(self) -> None:
         """The drafter in the method's layout, into ``plan.out``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def report_dict(self) -> dict[str, Any]:
         """``draftwise_train.json``."""
-        raise NotImplementedError
 
     # -- shared --------------------------------------------------------------------------
     def step_generator(self) -> torch.Generator:
