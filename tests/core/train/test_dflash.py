@@ -37,8 +37,9 @@ def test_the_saved_drafter_drafts_and_greedy_output_is_lossless(tiny_target: str
     prompts = [p.text for p in PROMPTS[:3]] + ["an unseen prompt"]
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     off = [o.outputs[0].token_ids for o in LLM(model=tiny_target).generate(prompts, sp)]
-    llm = LLM(model=tiny_target, speculative_config={
-        "method": "dflash", "model": str(trained), "num_speculative_tokens": 3})
+    llm = LLM(model=tiny_target, speculative_config={  # fixed depth: drafts every step
+        "method": "dflash", "model": str(trained), "num_speculative_tokens": 3,
+        "draftwise": {"adaptive": False}})
     on = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
     assert on == off
     m = llm.engine.spec.metrics
