@@ -41,6 +41,7 @@ from draftwise.train.loop import (
     HELD_OUT_SHARE,
     REPORT,
     STATE,
+    RunPlan,
     Target,
     TrainReport,
     TrainResumeError,
@@ -58,31 +59,12 @@ FIXED = ("layers", "block_size", "intermediate_size", "mask_token_id", "lr", "wa
 
 
 @dataclass(frozen=True, slots=True)
-class DFlashPlan:
+class DFlashPlan(RunPlan):
     """One ``train dflash`` run; ``steps`` counts every run into ``out``, ``minutes`` this one."""
 
-    data: Path
-    out: Path
-    model: str | None = None
     layers: int = 1
     block_size: int = 8
-    intermediate_size: int | None = None  # None: the target's
-    mask_token_id: int | None = None  # None: the target's last vocabulary id
-    steps: int | None = None
-    minutes: float | None = None
-    lr: float = 1e-3
-    warmup: int = 50
-    seed: int = 0
-    threads: int | None = None
-    batch: int = 4  # sequences per step
-    anchors: int = 32  # blocks per sequence
     gamma: float | None = None  # None: the paper's for this block size
-    grad_clip: float = 1.0
-    held_out_share: float = HELD_OUT_SHARE
-    checkpoint_minutes: float = 5.0
-    eval_minutes: float = 5.0
-    eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
-    progress_seconds: float = 10.0
 
 
 def make_shape(plan: DFlashPlan, target: Target, taps: tuple[int, ...]) -> DFlashShape:

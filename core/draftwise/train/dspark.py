@@ -47,8 +47,8 @@ from draftwise.train.dspark_objective import (
     token_counts,
 )
 from draftwise.train.loop import (
-    HELD_OUT_SHARE,
     STATE,
+    RunPlan,
     Target,
     TrainReport,
     TrainRun,
@@ -66,34 +66,15 @@ FIXED = ("block_size", "draft_vocab", "markov_rank", "intermediate_size",
 
 
 @dataclass(frozen=True, slots=True)
-class DSparkPlan:
+class DSparkPlan(RunPlan):
     """One ``train dspark`` run; ``steps`` counts every run into ``out``, ``minutes`` this one."""
 
-    data: Path
-    out: Path
-    model: str | None = None
     layers: int | None = None  # None: chosen by the measured cost model (shape.py)
     block_size: int = 4
     draft_vocab: int | None = None  # None: chosen by the measured cost model (shape.py)
     markov_rank: int = 64
-    intermediate_size: int | None = None  # None: the target's
-    mask_token_id: int | None = None  # None: the target's last vocabulary id
-    steps: int | None = None
-    minutes: float | None = None
-    lr: float = 1e-3
     markov_lr_scale: float = 10.0
-    warmup: int = 50
-    seed: int = 0
-    threads: int | None = None
-    batch: int = 4  # sequences per step
-    anchors: int = 32  # blocks per sequence
     gamma: float = DEFAULT_GAMMA
-    grad_clip: float = 1.0
-    held_out_share: float = HELD_OUT_SHARE
-    checkpoint_minutes: float = 5.0
-    eval_minutes: float = 5.0
-    eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
-    progress_seconds: float = 10.0
 
 
 def check_plan(plan: DSparkPlan, vocab: int | None = None) -> None:

@@ -50,6 +50,33 @@ class TrainResumeError(DraftwiseError, ValueError):
     """``--out`` holds a run this one cannot resume (another shape, data or seed)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What every trainer's run takes, with the defaults they share (one place for them);
+    a method's plan adds its shape options. ``steps`` counts every run into ``out``,
+    ``minutes`` this one."""
+
+    data: Path
+    out: Path
+    model: str | None = None
+    intermediate_size: int | None = None  # None: the target's
+    mask_token_id: int | None = None  # None: the target's last vocabulary id
+    steps: int | None = None
+    minutes: float | None = None
+    lr: float = 1e-3
+    warmup: int = 50
+    seed: int = 0
+    threads: int | None = None
+    batch: int = 4  # sequences per step
+    anchors: int = 32  # blocks per sequence
+    grad_clip: float = 1.0
+    held_out_share: float = HELD_OUT_SHARE
+    checkpoint_minutes: float = 5.0
+    eval_minutes: float = 5.0
+    eval_anchors: int = 4096  # blocks the held-out walk may draft (acceptance.py)
+    progress_seconds: float = 10.0
+
+
 class LoopPlan(Protocol):
     """The plan fields the loop reads (every method's frozen plan has them)."""
 
@@ -344,6 +371,6 @@ def progress_line(run: TrainRun, plan: LoopPlan, elapsed: float, steps: int,
             f"{rate:.0f} tok/s{eta}")
 
 
-__all__ = ["HELD_OUT_SHARE", "REPORT", "STATE", "LoopPlan", "Target", "TrainReport",
+__all__ = ["HELD_OUT_SHARE", "REPORT", "STATE", "LoopPlan", "RunPlan", "Target", "TrainReport",
            "TrainResumeError", "TrainRun", "check_budget", "load_target", "mean_text",
            "progress_line", "run_loop"]
