@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from spec_sampling import fixed_depth
 from draftwise import LLM, SamplingParams
 from tiny_checkpoints import save_tiny
 
@@ -55,8 +56,8 @@ def test_greedy_samples_under_speculation_equal_spec_off(tiny: Path) -> None:
     params = SamplingParams(n=3, temperature=0.0, max_tokens=12, ignore_eos=True,
                             frequency_penalty=-1.5)
     off, _ = generate(tiny, params)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-            "prompt_lookup_min": 1}
+    spec = fixed_depth({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                        "prompt_lookup_min": 1})
     on, llm = generate(tiny, params, speculative_config=spec)
     assert [c.token_ids for c in on.outputs] == [c.token_ids for c in off.outputs]
     assert len({tuple(c.token_ids) for c in on.outputs}) == 1  # greedy: n equal samples

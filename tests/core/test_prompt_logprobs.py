@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spec_sampling import fixed_depth
 from draftwise import LLM, SamplingParams
 from tiny_checkpoints import save_tiny
 
@@ -54,8 +55,8 @@ def check(entries: list, want: torch.Tensor) -> None:
             assert entry[i].rank == r
 
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-         "prompt_lookup_max": 3}
+NGRAM = fixed_depth({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                     "prompt_lookup_max": 3})
 
 
 @pytest.mark.parametrize("budget", [None, 8, 5])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spec_sampling import fixed_depth
 from tiny_checkpoints import save_tiny
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "medusa_lite"
@@ -67,8 +68,8 @@ def test_greedy_identity_with_the_example_plugin(tmp_path: Path, medusa_lite, mo
     monkeypatch.setattr(medusa_lite.MedusaLiteProposer, "propose", spy)
     path = str(save_tiny("llama", tmp_path / "m", seed=3))
     off, _ = _generate(path, None)
-    on, llm = _generate(path, {"method": "medusa_lite", "num_speculative_tokens": 3,
-                               "medusa_init_std": std})
+    on, llm = _generate(path, fixed_depth({"method": "medusa_lite", "num_speculative_tokens": 3,
+                                           "medusa_init_std": std}))
     assert on == off
     stats = llm.engine.spec.proposer_stats()
     assert stats[0]["method"] == "medusa_lite" and stats[0]["head_forwards"] > 0

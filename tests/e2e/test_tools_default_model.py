@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+from spec_sampling import fixed_depth
 from draftwise.engine import LLMEngine
 from draftwise.engine_args import EngineArgs
 from draftwise.formats.chat import ChatTemplate
@@ -27,8 +28,9 @@ from draftwise.server.tools import renders_tools
 pytestmark = pytest.mark.default_model
 
 MODEL = "smollm2"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-         "prompt_lookup_max": 4}
+#: fixed depth: the tests assert speculation ran, and adaptive depth drafts by the clock
+NGRAM = fixed_depth({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                     "prompt_lookup_max": 4})
 QWEN = (Path(__file__).parents[1] / "core" / "server" / "data"
         / "qwen2.5_chat_template.jinja").read_text()
 WEATHER = {"type": "function", "function": {

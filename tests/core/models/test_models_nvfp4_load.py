@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spec_sampling import fixed_depth
 from draftwise import LLM, SamplingParams
 from draftwise.formats.errors import ModelFormatError
 from draftwise.models.backend import gemm_kind
@@ -100,9 +101,9 @@ def test_greedy_decode_speculation_on_equals_off(nvfp4_dirs, convention: str) ->
     plain = LLM(model=path, dtype="bfloat16")
     off = [o.outputs[0].token_ids for o in plain.generate(
         [{"prompt_token_ids": p} for p in PROMPTS], params)]
-    spec = LLM(model=path, dtype="bfloat16", speculative_config={
+    spec = LLM(model=path, dtype="bfloat16", speculative_config=fixed_depth({
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3})
+        "prompt_lookup_max": 3}))
     on = [o.outputs[0].token_ids for o in spec.generate(
         [{"prompt_token_ids": p} for p in PROMPTS], params)]
     assert on == off and all(len(t) == 16 for t in off)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spec_sampling import fixed_depth
 from draftwise import LLM, SamplingParams
 from spec_features import (
     STOP_KINDS,
@@ -66,7 +67,8 @@ def test_greedy_with_the_parameter_is_identical_to_spec_off(
     off, _ = tokens(hybrid_dir, None, PARAMS[name])
     plain, _ = tokens(hybrid_dir, None, {})
     assert off != plain, "the parameter must change the output, or the test cannot fail"
-    on, llm = tokens(hybrid_dir, {"method": "mtp", "num_speculative_tokens": k}, PARAMS[name])
+    on, llm = tokens(hybrid_dir, fixed_depth({"method": "mtp", "num_speculative_tokens": k}),
+                     PARAMS[name])
     assert on == off
     # the tiny head is random: its drafts are rejected, so this covers position 0 and the
     # recurrent rollback; accepted drafts under a hybrid target: the core oracle test
