@@ -16,6 +16,7 @@ from draftwise.train.loop import REPORT, STATE, TrainResumeError
 
 from .conftest import PROMPTS, VOCAB, dplan
 
+
 def test_loss_falls_and_held_out_acceptance_rises(dspark_trained: Path) -> None:
     report = json.loads((dspark_trained / REPORT).read_text())
     losses = report["losses"]
