@@ -3,9 +3,9 @@
 with exactly as it drafts with the trained folder (speculators' layout); what DeepSpec's
 layout cannot express is refused by name.
 
-DeepSpec's own code is not installed here (it is not a package on any registry this
-project uses): :func:`test_deepspec_loads_the_export` runs only where ``deepspec`` is
-importable and is skipped, saying so, elsewhere.
+DeepSpec's own code is not installed here (a source tree, no PyPI package; the project
+does not install it): :func:`test_deepspec_loads_the_export` runs only where
+``deepspec`` is importable and is skipped, saying so, elsewhere.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def test_the_plugin_drafts_the_same_tokens_from_the_export(
 
 
 def test_deepspec_loads_the_export(exported: Path) -> None:
-    pytest.importorskip("deepspec", reason="DeepSpec's own code is not installed (not a "
-                                           "registry package): its loader is not checked")
+    pytest.importorskip("deepspec", reason="DeepSpec's own code is not installed: its "
+                                           "loader is not checked")
     from deepspec.modeling.dspark.qwen3.modeling import Qwen3DSparkModel
 
     _, info = Qwen3DSparkModel.from_pretrained(exported, output_loading_info=True)
