@@ -6,7 +6,8 @@ a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
 (``draftwise.train``). ``train dspark``: a DSpark drafter with a reduced draft
 vocabulary, its shape from the measured cost model, saved in speculators' layout.
 ``train export``: a DFlash drafter as llama.cpp's ``dflash`` GGUF
-(``draftwise.train.llamacpp_export``). ``train mtp`` is not built yet.
+(``draftwise.train.llamacpp_export``), or a DSpark drafter in DeepSpec's
+``Qwen3DSparkModel`` layout (``draftwise.train.deepspec_export``). ``train mtp`` is not built yet.
 """
 
 from __future__ import annotations
@@ -280,30 +281,47 @@ def save_estimate(drafter: Path, acceptance: dict[str, object]) -> None:
 
 @train.command("export")
 @click.option("--drafter", required=True, type=click.Path(), help="A drafter folder "
-              "`train dflash` wrote (z-lab's layout).")
-@click.option("--format", "fmt", required=True, type=click.Choice(["llamacpp-gguf"]),
+              "`train dflash` (llamacpp-gguf) or `train dspark` (deepspec) wrote.")
+@click.option("--format", "fmt", required=True,
+              type=click.Choice(["llamacpp-gguf", "deepspec"]),
               help="llamacpp-gguf: llama.cpp's `dflash` architecture, for "
-                   "`llama-server --spec-type draft-dflash -md FILE`.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The .gguf to write.")
-@click.option("--target", default=None, help="The target's GGUF, whose tokenizer the file "
-              "carries (default: the embedded model).")
-@click.option("--type", "matrix_type", default="f32", show_default=True,
+                   "`llama-server --spec-type draft-dflash -md FILE`. deepspec: DeepSpec's "
+                   "Qwen3DSparkModel folder (a DSpark drafter over the whole vocabulary).")
+@click.option("--out", required=True, type=click.Path(), help="The .gguf file "
+              "(llamacpp-gguf) or the folder (deepspec) to write.")
+@click.option("--target", default=None, help="llamacpp-gguf: the target's GGUF, whose "
+              "tokenizer the file carries (default: the embedded model). deepspec: the "
+              "target whose config and embedding/head the folder copies (default: the one "
+              "the drafter records).")
+@click.option("--type", "matrix_type", default=None,
               type=click.Choice(["f32", "f16", "bf16", "q8_0"]),
-              help="Stored type of the matrices (norms stay f32).")
+              help="llamacpp-gguf: stored type of the matrices (norms stay f32) [default: "
+                   "f32].")
 @click.option("--allow-final-tap", is_flag=True,
-              help="Write a drafter that taps the target's last layer: it runs only on a "
-                   "llama.cpp built with benchmarks/llamacpp_final_tap.patch.")
+              help="llamacpp-gguf: write a drafter that taps the target's last layer: it "
+                   "runs only on a llama.cpp built with benchmarks/llamacpp_final_tap.patch.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def export(drafter: str, fmt: str, out: str, target: str | None, matrix_type: str,
+def export(drafter: str, fmt: str, out: str, target: str | None, matrix_type: str | None,
            allow_final_tap: bool, as_json: bool) -> None:
-    """Write a trained DFlash drafter in another engine's format."""
+    """Write a trained drafter in another engine's format."""
     from pathlib import Path
 
     from draftwise.cli.common import fail
+    from draftwise.train.llamacpp_export import DrafterExportError
+
+    if fmt == "deepspec":
+        for given, flag in ((matrix_type is not None, f"--type {matrix_type}"),
+                            (allow_final_tap, "--allow-final-tap")):
+            if given:
+                fail(DrafterExportError(f"{flag} is a llamacpp-gguf option: DeepSpec's layout "
+                                        "stores the drafter's own bf16 weights. Instead: drop "
+                                        "it."))
+        export_deepspec_cli(Path(drafter), Path(out), target, as_json)
+        return
     from draftwise.train.llamacpp_export import export_llamacpp
 
     try:
-        report = export_llamacpp(Path(drafter), Path(out), target, matrix_type,
+        report = export_llamacpp(Path(drafter), Path(out), target, matrix_type or "f32",
                                  allow_final_tap)
     except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
         fail(exc)
@@ -318,3 +336,24 @@ def export(drafter: str, fmt: str, out: str, target: str | None, matrix_type: st
         click.echo(f"export: {report.out} ({report.bytes / 2**20:.1f} MiB, {report.tensors} "
                    f"tensors); run it with llama-server -m TARGET.gguf -md {report.out} "
                    f"--spec-type draft-dflash --spec-draft-n-max {report.block_size - 1}")
+
+
+def export_deepspec_cli(drafter: Path, out: Path, target: str | None, as_json: bool) -> None:
+    """``train export --format deepspec``."""
+    from draftwise.cli.common import fail
+    from draftwise.train.deepspec_export import export_deepspec
+
+    try:
+        report = export_deepspec(drafter, out, target)
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    summary = {"out": str(report.out), "format": "deepspec", "tensors": report.tensors,
+               "bytes": report.bytes, "target_layer_ids": list(report.target_layer_ids),
+               "block_size": report.block_size, "mask_token_id": report.mask_token_id}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"export: {report.out} ({report.bytes / 2**20:.1f} MiB, {report.tensors} "
+                   "tensors, DeepSpec's Qwen3DSparkModel); run it with --speculative-config "
+                   f"'{{\"method\": \"dspark\", \"model\": \"{report.out}\"}}'")

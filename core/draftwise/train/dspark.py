@@ -146,7 +146,8 @@ class Run(TrainRun):
 
     def save_drafter(self) -> None:
         """speculators' layout (``dspark_layout.py``)."""
-        save_drafter(self.dnet, self.target.head, self.draft_ids, self.plan.out)
+        save_drafter(self.dnet, self.target.head, self.draft_ids, self.plan.out,
+                     self.target.facts.path)
 
     def report_dict(self) -> dict[str, Any]:
         """``draftwise_train.json``."""

@@ -11,7 +11,11 @@ with no conversion (``shared/reference/drafter-formats.md`` §2.3, §5.1). What 
   ``draft_vocab_size``, ``block_size``, ``mask_token_id``, ``aux_hidden_state_layer_ids``
   = the data's taps + 1 (speculators index HF's ``hidden_states``, 0 the embedding
   output; written explicitly, never left to a reader's fallback), ``sample_from_anchor:
-  true`` (next-token blocks), the Markov and confidence keys;
+  true`` (next-token blocks), the Markov and confidence keys, and
+  ``speculators_config.verifier`` (``name_or_path``: the target as the run was given it;
+  ``architectures``: its config's, empty for a GGUF target). speculators' config schema
+  requires ``verifier`` (its ``SpeculatorsConfig`` refuses a config without it) and its
+  loader reads the embedding, which the layout does not save, from that path;
 - ``model.safetensors`` (bf16, as the engine runs a drafter): the body, ``lm_head`` =
   the target's head rows at the draft ids (``[Vd, H]``), ``markov_head.*``,
   ``confidence_head.proj.*``, ``d2t`` (int64 offsets: draft index ``i`` is target id
@@ -36,8 +40,15 @@ from draftwise.train.dflash_layout import CONFIG, WEIGHTS, write_json
 from draftwise.train.dspark_net import DSparkNet
 
 
-def config_dict(net: DSparkNet) -> dict[str, Any]:
-    """The drafter's config.json (module doc)."""
+def verifier_dict(target: str) -> dict[str, Any]:
+    """``speculators_config.verifier`` (module doc): the target's path and architectures."""
+    cfg = Path(target) / CONFIG
+    arch = list(json.loads(cfg.read_text()).get("architectures") or []) if cfg.is_file() else []
+    return {"name_or_path": target, "architectures": arch}
+
+
+def config_dict(net: DSparkNet, target: str) -> dict[str, Any]:
+    """The drafter's config.json (module doc); ``target``: the target's path."""
     s = net.shape
     layer = {
         "model_type": "qwen3", "hidden_size": s.hidden_size,
@@ -68,6 +79,7 @@ def config_dict(net: DSparkNet) -> dict[str, Any]:
             "algorithm": "dspark", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy",
                                   "speculative_tokens": s.block_size}],
+            "verifier": verifier_dict(target),
         },
         "torch_dtype": "bfloat16",
     }
@@ -90,7 +102,7 @@ def drafter_tensors(net: DSparkNet, head: torch.Tensor,  # [V, H] the target's h
 
 
 def save_drafter(net: DSparkNet, head: torch.Tensor, draft_ids: torch.Tensor,
-                 out: Path) -> None:
+                 out: Path, target: str) -> None:
     """The weights, then the config, each renamed into place (module doc)."""
     from safetensors.torch import save_file
 
@@ -98,7 +110,7 @@ def save_drafter(net: DSparkNet, head: torch.Tensor, draft_ids: torch.Tensor,
     tmp = out / f"{WEIGHTS}.tmp"
     save_file(drafter_tensors(net, head, draft_ids), str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / WEIGHTS)
-    write_json(out / CONFIG, config_dict(net))
+    write_json(out / CONFIG, config_dict(net, target))
 
 
 def read_config(out: Path) -> dict[str, Any]:
@@ -106,4 +118,4 @@ def read_config(out: Path) -> dict[str, Any]:
     return dict(json.loads((out / CONFIG).read_text()))
 
 
-__all__ = ["config_dict", "drafter_tensors", "read_config", "save_drafter"]
+__all__ = ["config_dict", "drafter_tensors", "read_config", "save_drafter", "verifier_dict"]

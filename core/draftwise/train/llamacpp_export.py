@@ -110,33 +110,34 @@ def gguf_name(hf_name: str) -> str:
                              "Instead: a drafter `draftwise train dflash` wrote.")
 
 
-def read_drafter(drafter: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The drafter's config and its fp32 tensors, or a named refusal."""
+def read_drafter(drafter: Path, arch: str = "DFlashDraftModel", method: str = "dflash",
+                 layout: str = "z-lab's") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A trained drafter folder's config (naming ``arch``) and its fp32 tensors, or a named
+    refusal; ``method``/``layout`` name the trainer and its layout in the messages (the
+    exports of both trainers share these checks)."""
+    made_by = f"a folder `draftwise train {method} --out` wrote"
     if not drafter.is_dir():
-        raise DrafterExportError(f"--drafter {drafter}: no such folder. Instead: a folder "
-                                 "`draftwise train dflash --out` wrote.")
+        raise DrafterExportError(f"--drafter {drafter}: no such folder. Instead: {made_by}.")
     for name in (CONFIG, WEIGHTS):
         if not (drafter / name).is_file():
-            raise DrafterExportError(f"--drafter {drafter}: no {name}, not a DFlash drafter in "
-                                     "z-lab's layout. Instead: a folder `draftwise train "
-                                     "dflash --out` wrote.")
+            raise DrafterExportError(f"--drafter {drafter}: no {name}, not a {arch} drafter in "
+                                     f"{layout} layout. Instead: {made_by}.")
     try:
         config = json.loads((drafter / CONFIG).read_text())
     except (OSError, ValueError) as exc:
         raise DrafterExportError(f"--drafter {drafter}: {CONFIG} is not JSON ({exc}).") from None
-    if not isinstance(config, dict) or "DFlashDraftModel" not in (config.get("architectures")
-                                                                  or []):
+    if not isinstance(config, dict) or arch not in (config.get("architectures") or []):
         raise DrafterExportError(f"--drafter {drafter}: {CONFIG} does not describe a "
-                                 "DFlashDraftModel.")
+                                 f"{arch}. Instead: {made_by}.")
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file  # numpy has no bf16 (the DSpark trainer's dtype)
 
     try:
         tensors = load_file(str(drafter / WEIGHTS))
     except (OSError, SafetensorError) as exc:
         raise DrafterExportError(f"--drafter {drafter}: {WEIGHTS} cannot be read ({exc})."
                                  ) from None
-    return config, {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
+    return config, {k: v.float().numpy() for k, v in tensors.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,4 +386,4 @@ def export_llamacpp(drafter: Path, out: Path, target: str | None = None,
 
 
 __all__ = ["ARCH", "DrafterExportError", "ExportReport", "export_llamacpp", "gguf_name",
-           "read_target"]
+           "read_drafter", "read_target"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from draftwise.train.data import DataPlan, generate_data
 from draftwise.train.dflash import DFlashPlan, train_dflash
+from draftwise.train.dspark import DSparkPlan, train_dspark
 from draftwise.train.prompts import Prompt
 from tiny_checkpoints import save_tiny, write_byte_tokenizer
 
@@ -47,4 +48,34 @@ def trained(tiny_target: str, tiny_data: Path, tmp_path_factory: pytest.TempPath
             ) -> Path:
     out = tmp_path_factory.mktemp("trained") / "drafter"
     train_dflash(plan(tiny_target, tiny_data, out, steps=80))
+    return out
+
+
+VOCAB = 128  # of the tiny target's 512: every label of the tiny data
+
+
+def dplan(target: str, data: Path, out: Path, **kw: object) -> DSparkPlan:
+    """A small, fast DSpark plan (overrides by keyword)."""
+    base: dict = {"data": data, "out": out, "model": target, "layers": 1, "block_size": 4,
+                  "draft_vocab": VOCAB, "markov_rank": 16, "steps": 60, "batch": 2,
+                  "anchors": 8, "warmup": 5, "lr": 3e-3, "held_out_share": 0.2, "seed": 0,
+                  "threads": 1}
+    return DSparkPlan(**{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def dspark_trained(tiny_target: str, tiny_data: Path, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Path:
+    """A DSpark drafter with a reduced draft vocabulary (``VOCAB`` of 512)."""
+    out = tmp_path_factory.mktemp("dspark") / "drafter"
+    train_dspark(dplan(tiny_target, tiny_data, out, steps=80))
+    return out
+
+
+@pytest.fixture(scope="session")
+def dspark_trained_full(tiny_target: str, tiny_data: Path,
+                        tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DSpark drafter over the target's whole vocabulary (the layout saves no head)."""
+    out = tmp_path_factory.mktemp("dspark-full") / "drafter"
+    train_dspark(dplan(tiny_target, tiny_data, out, steps=60, draft_vocab=512))
     return out

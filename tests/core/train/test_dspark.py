@@ -11,29 +11,10 @@ import torch
 from click.testing import CliRunner
 from draftwise.cli import cli
 from draftwise.errors import DraftwiseError
-from draftwise.train.dspark import DSparkPlan, train_dspark
+from draftwise.train.dspark import train_dspark
 from draftwise.train.loop import REPORT, STATE, TrainResumeError
 
-from .conftest import PROMPTS
-
-VOCAB = 128  # of the tiny target's 512: every label of the tiny data
-
-
-def dplan(target: str, data: Path, out: Path, **kw: object) -> DSparkPlan:
-    """A small, fast plan (overrides by keyword)."""
-    base: dict = {"data": data, "out": out, "model": target, "layers": 1, "block_size": 4,
-                  "draft_vocab": VOCAB, "markov_rank": 16, "steps": 60, "batch": 2,
-                  "anchors": 8, "warmup": 5, "lr": 3e-3, "held_out_share": 0.2, "seed": 0,
-                  "threads": 1}
-    return DSparkPlan(**{**base, **kw})
-
-
-@pytest.fixture(scope="module")
-def dspark_trained(tiny_target: str, tiny_data: Path, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Path:
-    out = tmp_path_factory.mktemp("dspark") / "drafter"
-    train_dspark(dplan(tiny_target, tiny_data, out, steps=80))
-    return out
+from .conftest import PROMPTS, VOCAB, dplan
 
 
 def test_loss_falls_and_held_out_acceptance_rises(dspark_trained: Path) -> None:
@@ -54,6 +35,8 @@ def test_the_layout_is_speculators_with_a_reduced_vocabulary(dspark_trained: Pat
     cfg = json.loads((dspark_trained / "config.json").read_text())
     assert cfg["architectures"] == ["DSparkSpeculator"] and cfg["draft_vocab_size"] == VOCAB
     assert cfg["aux_hidden_state_layer_ids"] == [1, 3]  # the data's taps (0, 2) + 1
+    verifier = cfg["speculators_config"]["verifier"]  # speculators' schema requires it
+    assert verifier["architectures"] == ["LlamaForCausalLM"] and verifier["name_or_path"]
     t = load_file(str(dspark_trained / "model.safetensors"))
     ids = torch.arange(VOCAB) + t["d2t"]
     assert torch.equal(t["t2d"].nonzero().flatten(), ids)

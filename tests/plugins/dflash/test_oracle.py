@@ -22,7 +22,7 @@ import torch
 
 from draftwise import LLM, SamplingParams
 
-from .conftest import MASK, save_drafter
+from .conftest import save_drafter
 
 PROMPTS = [[7, 3, 11, 5, 2, 9], list(range(20, 47))]
 
@@ -53,7 +53,7 @@ def reference_drafts(target: Any, drafter: Any, tokens: list[int], k: int) -> li
     with torch.no_grad():
         out = target(torch.tensor([tokens[:-1]]), output_hidden_states=True)
         ctx = extract_context_feature(out.hidden_states, drafter.target_layer_ids)
-        noise = target.get_input_embeddings()(torch.tensor([[tokens[-1]] + [MASK] * k])) * scale
+        noise = target.get_input_embeddings()(torch.tensor([[tokens[-1]] + [drafter.mask_token_id] * k])) * scale
         hidden = drafter(
             target_hidden=ctx, noise_embedding=noise,
             position_ids=torch.arange(n + k)[None], use_cache=False,

@@ -7,14 +7,22 @@ So nothing here imports the package: :func:`source_path` finds its directory thr
 :func:`definitions` loads ``models/dspark/model_definitions.py`` (``MarkovHead``,
 ``ConfidenceHead``; it imports only torch) as a module of its own. :func:`trainer_function`
 takes one pure function out of a file whose module imports are heavy (the vocabulary
-mapping builder). Absent package: the caller's test is skipped, saying so.
+mapping builder). :func:`dspark_model_class` imports speculators' own ``DSparkDraftModel``
+(its loader, config schema and module tree) with the package's ``__init__`` and
+``speculators.models``' ``__init__`` skipped (the only modules that reach the training
+stack: ``models/eagle3/data.py`` imports ``datasets``), then takes the stand-ins out of
+``sys.modules`` again. Absent package: the caller's test is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,4 +69,33 @@ def trainer_function(relative: str, name: str, namespace: dict[str, Any]) -> Any
     return scope[name]
 
 
-__all__ = ["VERSION", "definitions", "source_path", "trainer_function"]
+@contextmanager
+def dspark_model_class() -> Iterator[Any]:
+    """speculators' ``DSparkDraftModel`` (module doc), usable inside the ``with`` (its
+    ``from_pretrained`` imports more of the package lazily)."""
+    root = source_path("__init__.py").parent
+    saved = {k: m for k, m in sys.modules.items() if k == "speculators" or
+             k.startswith("speculators.")}
+    real = importlib.util.find_spec("speculators")
+    try:
+        for name, where in (("speculators", root), ("speculators.models", root / "models")):
+            stub = ModuleType(name)
+            stub.__path__ = [str(where)]
+            stub.__spec__ = real if name == "speculators" else None
+            sys.modules[name] = stub
+        config = importlib.import_module("speculators.config")
+        top = sys.modules["speculators"]
+        for name in ("SpeculatorModelConfig", "SpeculatorsConfig", "VerifierConfig",
+                     "reload_schemas"):
+            setattr(top, name, getattr(config, name))
+        top.SpeculatorModel = importlib.import_module("speculators.model").SpeculatorModel
+        model = importlib.import_module("speculators.models.dspark.core").DSparkDraftModel
+        config.reload_schemas()  # what the package __init__ ends with
+        yield model
+    finally:
+        for k in [k for k in sys.modules if k == "speculators" or k.startswith("speculators.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+__all__ = ["VERSION", "definitions", "dspark_model_class", "source_path", "trainer_function"]
