@@ -102,10 +102,14 @@ def make_shape(plan: MtpPlan, target: Target) -> MtpShape:
         raise EngineConfigError(f"train mtp: the target has {', '.join(odd)}, which the "
                                 "mtp plugin's nextn layer does not load. Instead: ngram "
                                 "or draft_model for this target.")
+    if plan.intermediate_size not in (None, c.intermediate_size):
+        raise EngineConfigError(
+            f"intermediate_size {plan.intermediate_size}: the mtp plugin builds the head's "
+            f"layer at the target's MLP size ({c.intermediate_size}). Instead: leave it out.")
     return MtpShape(
         hidden_size=c.hidden_size, num_heads=c.num_attention_heads,
         num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        intermediate_size=plan.intermediate_size or c.intermediate_size,
+        intermediate_size=c.intermediate_size,
         vocab_size=c.vocab_size, num_target_layers=c.num_hidden_layers,
         rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
         max_position_embeddings=c.max_position_embeddings,

@@ -168,7 +168,8 @@ def test_bad_options_and_data_without_the_last_tap_are_refused(
         train_mtp(mplan(tiny_target, data, tmp_path / "o"))
     for kw, match in (({"layers": 2}, "--layers 2"), ({"depth": 0}, "--depth 0"),
                       ({"eval_k": 0}, "--eval-k 0"), ({"steps": None}, "needs a budget"),
-                      ({"mask_token_id": 3}, "--mask-token-id 3")):
+                      ({"mask_token_id": 3}, "--mask-token-id 3"),
+                      ({"intermediate_size": 64}, "intermediate_size 64")):
         with pytest.raises(DraftwiseError, match=match):
             train_mtp(mplan(tiny_target, data, tmp_path / "o", **kw))
 
