@@ -7,7 +7,9 @@ a DFlash drafter trained on such a folder, saved in z-lab's layout, resumable
 vocabulary, its shape from the measured cost model, saved in speculators' layout.
 ``train export``: a DFlash drafter as llama.cpp's ``dflash`` GGUF
 (``draftwise.train.llamacpp_export``), or a DSpark drafter in DeepSpec's
-``Qwen3DSparkModel`` layout (``draftwise.train.deepspec_export``). ``train mtp`` is not built yet.
+``Qwen3DSparkModel`` layout (``draftwise.train.deepspec_export``). ``train mtp``: an MTP
+head for a target that ships none, saved in the DeepSeek ``nextn`` layout the mtp plugin
+loads by ``"model"``.
 """
 
 from __future__ import annotations
@@ -215,6 +217,57 @@ def dspark(data: str, out: str, model: str | None, layers: int | None, block_siz
         fail(exc)
         return
     _summarise("dspark", report, as_json)
+
+
+@train.command("mtp")
+@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The head's folder (an existing run there is resumed).")
+@click.option("--model", default=None, help="The target the data was recorded on "
+              "(default: the embedded model).")
+@click.option("--layers", default=1, show_default=True, type=int,
+              help="MTP layers (the mtp plugin runs one).")
+@click.option("--depth", default=2, show_default=True, type=int,
+              help="Recursive steps the loss covers (the plugin loops the head for k > 1).")
+@click.option("--eval-k", default=3, show_default=True, type=int,
+              help="Drafts per step of the held-out walk (k = 1 .. this are reported).")
+@click.option("--steps", default=None, type=click.IntRange(1),
+              help="Stop at this step (every run into --out together).")
+@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
+              help="Stop after this long (this run).")
+@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
+@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
+              help="Sequences per step.")
+@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
+              help="Labelled positions per sequence per step.")
+@click.option("--checkpoint-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--eval-minutes", default=5.0, show_default=True,
+              type=click.FloatRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
+def mtp(data: str, out: str, model: str | None, layers: int, depth: int, eval_k: int,
+        steps: int | None, minutes: float | None, lr: float, warmup: int, batch: int,
+        anchors: int, checkpoint_minutes: float, eval_minutes: float, seed: int,
+        num_threads: int | None, as_json: bool) -> None:
+    """Train an MTP head for a target that has none (resumable: run it again to go on)."""
+    from pathlib import Path
+
+    from draftwise.cli.common import fail
+    from draftwise.train.mtp import MtpPlan, train_mtp
+
+    plan = MtpPlan(data=Path(data), out=Path(out), model=model, layers=layers, depth=depth,
+                   eval_k=eval_k, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
+                   batch=batch, anchors=anchors, checkpoint_minutes=checkpoint_minutes,
+                   eval_minutes=eval_minutes, seed=seed, threads=num_threads)
+    try:
+        report = train_mtp(plan, lambda line: click.echo(line, err=True))
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    _summarise("mtp", report, as_json, f', "num_speculative_tokens": {eval_k}')
 
 
 def _summarise(method: str, report: Any, as_json: bool, extra: str = "") -> None:
