@@ -40,6 +40,7 @@ class DataPlan:
     temperature: float = 0.7
     seed: int = 0
     shard_tokens: int = 1 << 18
+    shard_seconds: float = 600.0  # a shard at least this often (a resume starts there)
     threads: int | None = None
 
 
@@ -87,7 +88,7 @@ def generate_data(plan: DataPlan, prompts: list[Prompt],
     recorder = TapRecorder(loaded, taps, engine.max_model_len)
     names = (*(f"tap{t}" for t in recorder.taps), "final")
     writer = ShardWriter(plan.out, names, int(loaded.config.hidden_size),
-                         shard_tokens=plan.shard_tokens,
+                         shard_tokens=plan.shard_tokens, shard_seconds=plan.shard_seconds,
                          meta={"model": str(loaded.path), "taps": list(recorder.taps),
                                "seed": plan.seed, "max_tokens": plan.max_tokens})
     t0 = time.monotonic()

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,13 +54,19 @@ class Sequence:
 
 @dataclass(slots=True)
 class ShardWriter:
-    """Buffers sequences and writes a shard every ``shard_tokens`` tokens."""
+    """Buffers sequences and writes a shard every ``shard_tokens`` tokens, or once the
+    oldest buffered sequence is ``shard_seconds`` old: a resumed run starts from the last
+    shard, and the 1.5B target records ~15 tokens/s on one thread, so a token count alone
+    (2^18) would keep five hours of work in memory, lost to an interruption."""
 
     root: Path
     names: tuple[str, ...]  # "tap<L>" ..., "final"
     hidden_size: int
     shard_tokens: int = 1 << 18
     meta: dict[str, Any] = field(default_factory=dict)
+    shard_seconds: float | None = 600.0
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _since: float | None = None  # when the oldest buffered sequence was added
     _tokens: list[np.ndarray] = field(default_factory=list)
     _starts: list[int] = field(default_factory=list)
     _states: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -96,6 +103,8 @@ class ShardWriter:
     def add(self, token_ids: list[int], response_start: int,
             states: dict[str, np.ndarray]) -> None:
         """One sequence (flushed with :meth:`prompts_finished`)."""
+        if self._since is None:
+            self._since = self.clock()
         self._tokens.append(np.asarray(token_ids, dtype=np.int32))
         self._starts.append(int(response_start))
         for name in self.names:
@@ -103,10 +112,13 @@ class ShardWriter:
 
     def prompts_finished(self, n: int, force: bool = False) -> None:
         """``n`` more prompts are fully added; write a shard when enough is buffered (or
-        ``force``), and only then advance the manifest's ``prompts_done``."""
+        ``force``, or when the oldest buffered sequence is ``shard_seconds`` old), and only
+        then advance the manifest's ``prompts_done``."""
         self._pending_prompts += n
         buffered = sum(len(t) for t in self._tokens)
-        if buffered and (force or buffered >= self.shard_tokens):
+        stale = (self.shard_seconds is not None and self._since is not None
+                 and self.clock() - self._since >= self.shard_seconds)
+        if buffered and (force or stale or buffered >= self.shard_tokens):
             self._flush()
         elif force and not buffered and self._pending_prompts:  # prompts that made nothing
             self.manifest["prompts_done"] += self._pending_prompts
@@ -140,6 +152,7 @@ class ShardWriter:
         self._tokens, self._starts = [], []
         self._states = {n: [] for n in self.names}
         self._pending_prompts = 0
+        self._since = None
 
 
 def read_manifest(root: Path) -> dict[str, Any] | None:

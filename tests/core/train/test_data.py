@@ -135,3 +135,27 @@ def test_the_command_line(model: str, tmp_path: Path) -> None:
                                    str(tmp_path / "e"), "--prompts", str(prompts),
                                    "--taps", "0,7"])
     assert bad.exit_code == 2 and "taps [0, 7]" in bad.output
+
+
+def test_a_shard_is_written_once_the_oldest_buffered_sequence_is_old(tmp_path: Path) -> None:
+    """A slow target (the 1.5B: ~15 tokens/s) must not keep hours of data in memory: a
+    shard is written by age as well as by size, and the manifest advances with it."""
+    from draftwise.train.shards import ShardWriter
+
+    now = [0.0]
+    writer = ShardWriter(tmp_path, ("tap0", "final"), 4, shard_tokens=1 << 20,
+                         shard_seconds=60.0, clock=lambda: now[0])
+    states = {"tap0": np.zeros((3, 4)), "final": np.ones((3, 4))}
+    writer.add([1, 2, 3], 1, states)
+    now[0] = 59.0
+    writer.prompts_finished(1)
+    assert read_manifest(tmp_path) is None  # young and small: still buffered
+    writer.add([4, 5, 6], 2, states)
+    now[0] = 60.0
+    writer.prompts_finished(1)
+    manifest = read_manifest(tmp_path)
+    assert [s["tokens"] for s in manifest["shards"]] == [6] and manifest["prompts_done"] == 2
+    writer.add([7, 8, 9], 1, states)  # the clock restarts with the next shard's first sequence
+    now[0] = 119.0
+    writer.prompts_finished(1)
+    assert len(read_manifest(tmp_path)["shards"]) == 1
