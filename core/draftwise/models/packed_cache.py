@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 logger = logging.getLogger("draftwise")
@@ -213,10 +214,10 @@ class PackedFile:
                        "to map (%s=0 turns this off)", made.data, nbytes / 1e9, ENV)
         return made
 
-    def write(self, offset: int, chunk: torch.Tensor) -> None:
+    def write(self, offset: int, chunk: np.ndarray) -> None:
         """Write ``chunk`` (uint8, contiguous) at ``offset`` (``os.pwrite`` releases the GIL
         and takes no file position: packing threads write side by side)."""
-        view = memoryview(chunk.numpy()).cast("B")
+        view = memoryview(chunk).cast("B")
         if offset < 0 or offset + len(view) > self.nbytes:
             raise ValueError(f"{len(view)} bytes at {offset} do not fit {self.nbytes}")
         while view:
