@@ -83,7 +83,7 @@ class EarlyPack:
             available = ckpt.hf_shapes()
             plan = plan_packing(ckpt, config, native_groups(ckpt, config, available), available)
             key = packed_cache.cache_key(self.path, plan.sizes)
-        except Exception as exc:  # the loader plans again and names what is wrong
+        except Exception as exc:  # noqa: BLE001 (the loader plans again and names it)
             logger.debug("draftwise: no early packing of %s: %r", self.path, exc)
             return
         if self._stop.is_set() or not plan.total:

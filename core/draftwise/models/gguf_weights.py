@@ -111,7 +111,7 @@ def load_quantized(
     available: Mapping[str, tuple[str, tuple[int, ...]]],
     install: Callable[[str, object], None],
     progress: Callable[[str], None] | None = None,
-    reserved: PrefaultedArena | None = None,
+    reserved: Ahead | None = None,
 ) -> int:
     """Pack every planned group into one huge-page arena and ``install(name, weight)`` it.
 

@@ -126,8 +126,8 @@ def pack_quant_stream(
     offset, start = 0, 0
     for group in groups:
         qtype = group[0].qtype
-        rows = row_addresses(group, k)
-        row_bytes = qtype.row_bytes(k)
+        rows = row_addresses(group, k)  # refuses a type without a native kernel
+        kernel, row_bytes = int(qtype.kernel or 0), qtype.row_bytes(k)
         if TILE * row_bytes > scratch.size:
             raise ValueError(f"a scratch of {scratch.size} bytes holds no tile of "
                              f"{qtype.name} x {k}")
@@ -135,7 +135,7 @@ def pack_quant_stream(
         for first in range(0, len(rows), step):
             n = min(step, len(rows) - first)
             part_bytes = qtype.packed_bytes(n, k)
-            pack(int(qtype.kernel), rows.ctypes.data + rows.itemsize * first, address, n, k, 1)
+            pack(kernel, rows.ctypes.data + rows.itemsize * first, address, n, k, 1)
             write(offset + first * row_bytes, scratch[:part_bytes])
             if rows_done is not None:
                 rows_done(start + first + n)
@@ -254,12 +254,14 @@ def stream_plan(plan: PackPlan, ckpt: GGUFRows, write: Callable[[int, np.ndarray
             if len(parts) == 1 and parts[0].order is None:
                 def follow(rows: int, name: str = names[0]) -> None:
                     ckpt.release(name, rows, evict=True)
+            def put(offset: int, chunk: np.ndarray, base: int = base) -> None:
+                write(base + offset, chunk)
+
             try:
-                pack_quant_stream(parts, plan.k_of[target], scratch,
-                                  lambda offset, chunk: write(base + offset, chunk), follow)
+                pack_quant_stream(parts, plan.k_of[target], scratch, put, follow)
                 for name in names:
                     ckpt.release(name, evict=True)
-            except BaseException as exc:  # handed to the caller, raised there
+            except BaseException as exc:  # noqa: BLE001 (handed to the caller, raised there)
                 errors.append(exc)
                 return
 

@@ -217,7 +217,7 @@ class PackedFile:
     def write(self, offset: int, chunk: np.ndarray) -> None:
         """Write ``chunk`` (uint8, contiguous) at ``offset`` (``os.pwrite`` releases the GIL
         and takes no file position: packing threads write side by side)."""
-        view = memoryview(chunk).cast("B")
+        view = chunk.data.cast("B")
         if offset < 0 or offset + len(view) > self.nbytes:
             raise ValueError(f"{len(view)} bytes at {offset} do not fit {self.nbytes}")
         while view:

@@ -45,9 +45,14 @@ from draftwise.models.pack_plan import (  # noqa: F401 (re-exported: the parts a
     QuantPart,
     pack_quant_stream,
     plan_bytes,
+)
+from draftwise.models.pack_plan import (
     row_addresses as _row_addresses,
+)
+from draftwise.models.pack_plan import (
     segments as _segments,
 )
+
 
 def quant_kernels_available() -> bool:
     """Whether this install built the quantized GEMM (any C compiler: it has a scalar path)."""
