@@ -29,9 +29,12 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftwise.models import packed_cache
+
+if TYPE_CHECKING:
+    from draftwise.formats.gguf import GGUFCheckpoint
 
 logger = logging.getLogger("draftwise")
 
@@ -55,6 +58,8 @@ class EarlyPack:
         #: does not try again under the same key
         self.tried = False
         self._file: packed_cache.PackedFile | None = None
+        self._ckpt: GGUFCheckpoint | None = None
+        self._opened = threading.Event()
         self._stop = threading.Event()
         #: the interval found (the loader restores this one too, ``models.loader``)
         self.switch_before = sys.getswitchinterval()
@@ -76,7 +81,10 @@ class EarlyPack:
         )
 
         try:
-            ckpt = GGUFCheckpoint(self.path)
+            try:
+                ckpt = self._ckpt = GGUFCheckpoint(self.path)
+            finally:
+                self._opened.set()
             config = ModelConfig.from_gguf_metadata(
                 ckpt.metadata, ckpt.tensor_names, self.path,
                 rope_freq_factors=ckpt.rope_freq_factors())
@@ -106,6 +114,12 @@ class EarlyPack:
             writing.abandon()
             raise
         self._file = writing
+
+    def checkpoint(self) -> GGUFCheckpoint | None:
+        """The GGUF's header as this read it (the loader's, so it is parsed once; None
+        where it could not be read: the loader reads it again and names the error)."""
+        self._opened.wait()
+        return self._ckpt
 
     def take(self, key: dict[str, Any]) -> packed_cache.PackedFile | None:
         """Wait for the packing; the written file when it was packed under ``key`` (the

@@ -186,10 +186,11 @@ def plan_gguf(path: str) -> GGUFPlan:
 
 
 def _plan_gguf_weights(
-    path: str,
+    path: str, opened: GGUFCheckpoint | None = None,
 ) -> tuple[GGUFCheckpoint, ModelConfig, dict[str, tuple[str, tuple[int, ...]]], list[str]]:
-    """:func:`plan_gguf`'s checks up to the tensors (everything but the tokenizer)."""
-    ckpt = GGUFCheckpoint(path)
+    """:func:`plan_gguf`'s checks up to the tensors (everything but the tokenizer);
+    ``opened``: the file's header as an early packing read it (``models.early_pack``)."""
+    ckpt = opened if opened is not None else GGUFCheckpoint(path)
     check_gguf_metadata(ckpt.metadata, path)
     config = ModelConfig.from_gguf_metadata(
         ckpt.metadata, ckpt.tensor_names, path, rope_freq_factors=ckpt.rope_freq_factors()
@@ -227,7 +228,8 @@ def _load_gguf(
     the default 5 ms the packing thread, which needs the GIL for a moment between
     tensors, would wait up to 5 ms each time the tokenizer thread holds it.
     """
-    ckpt, config, available, names = _plan_gguf_weights(path)
+    opened = reserved.checkpoint() if isinstance(reserved, EarlyPack) else None
+    ckpt, config, available, names = _plan_gguf_weights(path, opened)
     backend = decide_backend(dtype, device, config.head_dim)
     quant = plan_quantized(ckpt, config, available, dtype, device, backend)
     for line in quant.notices:
