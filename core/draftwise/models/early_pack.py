@@ -25,6 +25,7 @@ out different) puts it back, stops the threads and deletes a file nobody took.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -68,6 +69,9 @@ class EarlyPack:
         self._thread = threading.Thread(target=self._run, name="draftwise-early-pack",
                                         daemon=True)
         self._thread.start()
+        # a command that fails before its load finishes this (its options, a refusal):
+        # at exit, so a 1 GB temporary file is not left for the next write to delete
+        atexit.register(self.finish)
 
     def _run(self) -> None:
         """Plan as the loader will, create the file, stream into it (see the module doc)."""
@@ -133,6 +137,7 @@ class EarlyPack:
     def finish(self) -> None:
         """Stop and wait for the threads, delete a file nobody took, and put the switch
         interval back. Safe to call more than once."""
+        atexit.unregister(self.finish)
         self._stop.set()
         self._thread.join()
         if self._file is not None:

@@ -255,6 +255,8 @@ def stream_plan(plan: PackPlan, ckpt: GGUFRows, write: Callable[[int, np.ndarray
                 def follow(rows: int, name: str = names[0]) -> None:
                     ckpt.release(name, rows, evict=True)
             def put(offset: int, chunk: np.ndarray, base: int = base) -> None:
+                if stop is not None and stop.is_set():  # within a call, not a whole weight
+                    raise StreamStopped("stopped before every weight was packed")
                 write(base + offset, chunk)
 
             try:

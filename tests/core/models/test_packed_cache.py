@@ -352,3 +352,22 @@ def test_a_cached_model_begins_nothing_ahead(tiny_gguf, cache_on: Path) -> None:
     ahead = prefault_for_gguf(str(t.path))
     load_model(str(t.path), reserved=ahead)
     assert packed_cache.cached_for(str(t.path)) and prefault_for_gguf(str(t.path)) is None
+
+
+def test_a_command_that_fails_before_its_load_leaves_no_early_file(tiny_gguf, cache_on: Path,
+                                                                   monkeypatch) -> None:
+    """``draftwise generate`` begins the early packing before it parses its options; one
+    that then refuses them (no prompt) never loads, and at exit the file it began is
+    deleted (``EarlyPack.finish`` at exit), not left for the next write to find."""
+    import os
+    import subprocess
+    import sys
+
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    env = {**os.environ, packed_cache.ENV: "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys; from draftwise.cli import main; "
+         "sys.argv[0] = 'draftwise'; main()", "generate", "--model", str(t.path)],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--prompt" in run.stderr
+    assert not cache_on.exists() or not list(cache_on.iterdir())
