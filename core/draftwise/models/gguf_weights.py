@@ -119,7 +119,9 @@ def load_quantized(
     resident once (in the arena), not twice. ``reserved``: memory faulted in ahead of the
     load (``models.arena``), used when the arena fits in it; its unused pages go back to
     the OS before the arena is filled (all of them, when it does not fit, before a fresh
-    one is allocated). Returns the arena's size in bytes.
+    one is allocated); or the cache file an early start is packing
+    (``models.early_pack``), taken when it was packed under this load's cache key.
+    Returns the arena's size in bytes.
     """
     try:
         return _pack_groups(ckpt, config, plan, available, install, progress, reserved)
