@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from draftwise.spec.adaptive import DepthPolicy
     from draftwise.config import ResolvedSpeculativeConfig
     from draftwise.spec.draft_stage import DetectedDraft
-    from draftwise.models.arena import PrefaultedArena
+    from draftwise.models.prefault import Ahead
     from draftwise.models.backend import Backend
     from draftwise.models.loader import LoadedModel
     from draftwise.plugins.registry import SpeculatorRegistry
@@ -273,7 +273,7 @@ def lazy_target_header(path: str) -> Callable[[], TargetHeader]:
 
 
 def build_engine_parts(
-    args: EngineArgs, progress: Any = None, reserved: PrefaultedArena | None = None
+    args: EngineArgs, progress: Any = None, reserved: Ahead | None = None
 ) -> EngineParts:
     """Config, draft detection, target weights, draft weights, one KV pool, proposers.
 
@@ -319,7 +319,7 @@ def check_device_engine(
 
 
 def _build_engine_parts(
-    args: EngineArgs, progress: Any, reserved: PrefaultedArena | None
+    args: EngineArgs, progress: Any, reserved: Ahead | None
 ) -> EngineParts:
     from draftwise.config import parse_speculative_config
     from draftwise.spec.draft_stage import (

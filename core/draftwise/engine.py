@@ -45,7 +45,7 @@ from draftwise.structured.compiler import GrammarCompiler
 from draftwise.structured.matcher import GrammarMatcher, consume_committed
 
 if TYPE_CHECKING:
-    from draftwise.models.arena import PrefaultedArena
+    from draftwise.models.prefault import Ahead
     from draftwise.spec.cost_model import CostModel
 
 logger = logging.getLogger("draftwise.engine")
@@ -75,7 +75,7 @@ class LLMEngine:
     """The step-level engine: one target model, one scheduler, optional speculation."""
 
     def __init__(
-        self, args: EngineArgs, progress: Any = None, reserved: PrefaultedArena | None = None
+        self, args: EngineArgs, progress: Any = None, reserved: Ahead | None = None
     ) -> None:
         """``progress``: called as weights load; ``reserved``: memory for the target's
         quantized weights that a caller started faulting in before its imports

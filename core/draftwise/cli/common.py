@@ -16,7 +16,7 @@ from draftwise.peak_rss import peak_rss_bytes as peak_rss_bytes
 
 if TYPE_CHECKING:
     from draftwise.engine import LLMEngine
-    from draftwise.models.arena import PrefaultedArena
+    from draftwise.models.prefault import Ahead
     from draftwise.sampling_params import SamplingParams
 
 
@@ -108,7 +108,7 @@ def load_progress() -> Any:
     return callback
 
 
-def prefault_weights(model: str | None, dtype: str) -> PrefaultedArena | None:
+def prefault_weights(model: str | None, dtype: str) -> Ahead | None:
     """Start faulting in the memory the target's quantized weights will be packed into,
     on a thread, so the kernel does it while this process imports (``models.arena``).
 
@@ -164,7 +164,7 @@ def _last_value(args: Sequence[str], option: str) -> str | None:
     return value
 
 
-def claim_prefault(model: str | None, dtype: str) -> PrefaultedArena | None:
+def claim_prefault(model: str | None, dtype: str) -> Ahead | None:
     """The arena :func:`draftwise.cli.main` started for these options, or one started now
     (:func:`prefault_weights`); one started for other options is handed back first."""
     from draftwise.cli.state import CliState
@@ -184,7 +184,7 @@ def claim_prefault(model: str | None, dtype: str) -> PrefaultedArena | None:
 
 def build_engine(
     model: str | None, speculative_config: str | None, dtype: str,
-    reserved: PrefaultedArena | None = None, **kwargs: Any,
+    reserved: Ahead | None = None, **kwargs: Any,
 ) -> LLMEngine:
     """An engine with a progress display while weights load (the command then prints its
     backend line, :func:`announce_backend`, where its output allows). ``reserved``: from

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from draftwise.models.arena import PrefaultedArena
+    from draftwise.models.prefault import Ahead
     from draftwise.plugins.errors import PluginError
     from draftwise.plugins.manager import PluginHost
     from draftwise.plugins.registry import SpeculatorRegistry
 
 #: a prefault as started: the options it was started for, and its arena (None: none)
-Prefault = tuple["str | None", str, "PrefaultedArena | None"]
+Prefault = tuple["str | None", str, "Ahead | None"]
 
 #: exit status when the installed plugins themselves are broken (refusals exit 2)
 EXIT_PLUGIN_ERROR = 1

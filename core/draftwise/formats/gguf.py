@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from draftwise.formats.errors import (
     ModelFormatError,
@@ -27,6 +26,9 @@ from draftwise.formats.errors import (
 )
 from draftwise.formats.gguf_file import GGUFFile, TensorInfo
 from draftwise.formats.weight_types import NoDequantizationError, WeightType
+
+if TYPE_CHECKING:
+    import torch
 
 #: archs whose Q/K llama.cpp's converter permutes (rope type NORM)
 PERMUTED_QK_ARCHS = frozenset({"llama"})
@@ -180,6 +182,8 @@ class GGUFCheckpoint:
             arr = arr[order]
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr).copy()
+        import torch  # here: the header and raw rows are read before torch is imported
+
         return torch.from_numpy(arr)
 
     def iter_hf(self, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:

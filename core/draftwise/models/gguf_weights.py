@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,21 +29,22 @@ from draftwise.formats.gguf import GGUFCheckpoint
 from draftwise.gpu.quant import BLOCKS as DEVICE_BLOCKS
 from draftwise.gpu.quant import DeviceQuantWeight
 from draftwise.models import packed_cache
+from draftwise.models.arena import PrefaultedArena
 from draftwise.models.config import ModelConfig
+from draftwise.models.early_pack import EarlyPack
 from draftwise.models.hugepages import huge_page_tensor, region_tensor
-from draftwise.models.quant import (
-    PACK_CALL_BYTES,
-    TILE,
-    QuantPart,
-    QuantWeight,
-    pack_quant,
-    pack_quant_stream,
-    plan_bytes,
+from draftwise.models.pack_plan import (
+    PackPlan,
+    StreamStopped,
+    plan_packing,
+    quantizable_groups,
+    stream_plan,
 )
+from draftwise.models.quant import QuantWeight, pack_quant
 
 if TYPE_CHECKING:
-    from draftwise.models.arena import PrefaultedArena
     from draftwise.models.backend import Backend
+    from draftwise.models.prefault import Ahead
 
 logger = logging.getLogger("draftwise")
 
@@ -63,21 +63,6 @@ class QuantPlan:
     def hf_names(self) -> frozenset[str]:
         """HF tensors the quantized groups cover (not copied densely)."""
         return frozenset(n for names in self.groups.values() for n in names)
-
-
-def quantizable_groups(config: ModelConfig) -> dict[str, tuple[str, ...]]:
-    """Model weight name -> the HF tensors fused into it, for every quantizable weight
-    (GGUF here, NVFP4 in ``models.nvfp4_weights``)."""
-    out: dict[str, tuple[str, ...]] = {"embed_weight": ("model.embed_tokens.weight",)}
-    if not config.tie_word_embeddings:
-        out["lm_head_weight"] = ("lm_head.weight",)
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out[f"layers.{i}.qkv_weight"] = tuple(f"{p}self_attn.{n}_proj.weight" for n in "qkv")
-        out[f"layers.{i}.o_weight"] = (f"{p}self_attn.o_proj.weight",)
-        out[f"layers.{i}.gate_up_weight"] = tuple(f"{p}mlp.{n}_proj.weight" for n in ("gate", "up"))
-        out[f"layers.{i}.down_weight"] = (f"{p}mlp.down_proj.weight",)
-    return out
 
 
 def plan_quantized(
@@ -126,7 +111,7 @@ def load_quantized(
     available: Mapping[str, tuple[str, tuple[int, ...]]],
     install: Callable[[str, object], None],
     progress: Callable[[str], None] | None = None,
-    reserved: PrefaultedArena | None = None,
+    reserved: Ahead | None = None,
 ) -> int:
     """Pack every planned group into one huge-page arena and ``install(name, weight)`` it.
 
@@ -134,7 +119,9 @@ def load_quantized(
     resident once (in the arena), not twice. ``reserved``: memory faulted in ahead of the
     load (``models.arena``), used when the arena fits in it; its unused pages go back to
     the OS before the arena is filled (all of them, when it does not fit, before a fresh
-    one is allocated). Returns the arena's size in bytes.
+    one is allocated); or the cache file an early start is packing
+    (``models.early_pack``), taken when it was packed under this load's cache key.
+    Returns the arena's size in bytes.
     """
     try:
         return _pack_groups(ckpt, config, plan, available, install, progress, reserved)
@@ -187,31 +174,29 @@ def _pack_groups(
     available: Mapping[str, tuple[str, tuple[int, ...]]],
     install: Callable[[str, object], None],
     progress: Callable[[str], None] | None,
-    reserved: PrefaultedArena | None,
+    reserved: Ahead | None,
 ) -> int:
-    parts_of: dict[str, list[QuantPart]] = {}
-    for target, hf in plan.groups.items():
-        parts = []
-        for n in hf:
-            name = available[n][0]
-            order = ckpt.row_order(name, config.num_attention_heads, config.num_key_value_heads)
-            parts.append(QuantPart(ckpt.qtype(name), ckpt.raw(name), order))
-        parts_of[target] = parts
-    k_of = {t: available[hf[0]][1][1] for t, hf in plan.groups.items()}
-    sizes = {t: plan_bytes(parts_of[t], k_of[t]) for t in plan.groups}
-    total = sum(sizes.values())
+    packing = plan_packing(ckpt, config, plan.groups, available)
+    sizes, total = packing.sizes, packing.total
+    early = reserved if isinstance(reserved, EarlyPack) else None
+    arena_ahead = reserved if isinstance(reserved, PrefaultedArena) else None
     key = packed_cache.cache_key(ckpt.path, sizes) if packed_cache.enabled() else None
     cached = packed_cache.load(key, total) if key is not None else None
-    writing = (packed_cache.PackedFile.create(key, total)
-               if key is not None and cached is None and total else None)
-    taken = (reserved.take(0 if cached is not None or writing is not None else total)
-             if reserved is not None else None)
+    writing, tried = None, False
+    if key is not None and cached is None and early is not None:
+        written = early.take(key)  # packed since before the imports (models.early_pack)
+        tried = early.tried and early.key == key
+        if written is not None:
+            cached = written.finish()
+    if key is not None and cached is None and total and not tried:
+        writing = packed_cache.PackedFile.create(key, total)
+    taken = (arena_ahead.take(0 if cached is not None or writing is not None else total)
+             if arena_ahead is not None else None)
     if not sizes:
         return 0
-    stored = {t: [available[n][0] for n in hf] for t, hf in plan.groups.items()}
     workers = min(os.cpu_count() or 1, len(sizes))
     if writing is not None:  # packed straight into the cache file, then mapped
-        cached = _stream_to_file(writing, sizes, parts_of, k_of, stored, ckpt, workers)
+        cached = _stream_to_file(writing, packing, ckpt, workers)
     if cached is not None:  # packed by an earlier start or just now: mapped, nothing to pack
         arena = cached
     elif taken is not None:
@@ -222,6 +207,7 @@ def _pack_groups(
     for target, size in sizes.items():
         slices[target] = arena[offset : offset + size]
         offset += size
+    stored, parts_of, k_of = packing.stored, packing.parts_of, packing.k_of
 
     def pack(target: str) -> QuantWeight:
         """One weight, packed by one thread, which gives its stored pages back: a tensor
@@ -254,61 +240,16 @@ def _pack_groups(
     return offset
 
 
-def _stream_to_file(
-    writing: packed_cache.PackedFile,
-    sizes: Mapping[str, int],
-    parts_of: Mapping[str, list[QuantPart]],
-    k_of: Mapping[str, int],
-    stored: Mapping[str, list[str]],
-    ckpt: GGUFCheckpoint,
-    workers: int,
-) -> torch.Tensor | None:
+def _stream_to_file(writing: packed_cache.PackedFile, packing: PackPlan, ckpt: GGUFCheckpoint,
+                    workers: int) -> torch.Tensor | None:
     """Pack every weight into ``writing`` (the cache file, ``packed_cache.PackedFile``) and
-    map it; None when that failed (the file is gone, the caller packs into memory).
-
-    Each thread packs a weight at a time through one scratch buffer of its own, reused
-    (fresh memory faulted once, not per weight), and gives the weight's stored pages back
-    as they are read, to the page cache too (``evict``: the memory of the GGUF's copy
-    becomes the packed file's, ``GGUFFile.release``; later starts map the packed file and
-    do not read these bytes)."""
-    widest = max(TILE * _widest_row_bytes(parts_of[t], k_of[t]) for t in sizes)
-    scratch_bytes = max(PACK_CALL_BYTES, widest)
-    local = threading.local()
-    offsets, at = {}, 0
-    for target, size in sizes.items():
-        offsets[target] = at
-        at += size
-
-    def stream(target: str) -> None:
-        scratch = getattr(local, "scratch", None)
-        if scratch is None:
-            scratch = local.scratch = torch.empty(scratch_bytes, dtype=torch.uint8)
-        names, parts, base = stored[target], parts_of[target], offsets[target]
-        follow = None
-        if len(parts) == 1 and parts[0].order is None:
-            follow = functools.partial(ckpt.release, names[0], evict=True)
-        pack_quant_stream(parts, k_of[target], scratch,
-                          lambda offset, chunk: writing.write(base + offset, chunk), follow)
-        for name in names:
-            ckpt.release(name, evict=True)
-
+    map it; None when that failed (the file is gone, the caller packs into memory). The
+    threads are ``pack_plan.stream_plan``'s, as an early start's are (``models.early_pack``)."""
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="draftwise-pack") as pool:
-            tasks = [pool.submit(stream, t) for t in sizes]
-            try:
-                for task in tasks:
-                    task.result()
-            finally:  # after a failure, the weights not started are not packed for nothing
-                for task in tasks:
-                    task.cancel()
-    except OSError as exc:  # a disk that filled up after all, an I/O error
+        stream_plan(packing, ckpt, writing.write, workers)
+    except (OSError, StreamStopped) as exc:  # a disk that filled up after all, an I/O error
         logger.warning("draftwise: packed weights not cached at %s: %s (%s=0: do not try)",
                        writing.data, exc, packed_cache.ENV)
         writing.abandon()
         return None
     return writing.finish()
-
-
-def _widest_row_bytes(parts: list[QuantPart], k: int) -> int:
-    """The widest stored row of ``parts`` in bytes (the scratch holds a tile of it)."""
-    return max(p.qtype.row_bytes(k) for p in parts)

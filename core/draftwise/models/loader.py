@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,9 +40,9 @@ from draftwise.formats.jsonfile import read_json
 from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.tokenizer import Tokenizer, find_tokenizer_file, read_tokenizer_config
 from draftwise.formats.values import ConfigValues
-from draftwise.models.arena import PrefaultedArena
 from draftwise.models.backend import decide_backend, refuse_on_device
 from draftwise.models.config import ModelConfig
+from draftwise.models.early_pack import EarlyPack
 from draftwise.models.gguf_weights import load_device_quantized, load_quantized, plan_quantized
 from draftwise.models.llama import LlamaForCausalLM, expected_shapes
 from draftwise.models.nvfp4_weights import (
@@ -58,6 +58,9 @@ from draftwise.models.registry import (
     check_hf_config,
     model_class,
 )
+
+if TYPE_CHECKING:
+    from draftwise.models.prefault import Ahead
 
 #: called after each tensor: (tensors done, tensors total, HF name of the last one)
 ProgressFn = Callable[[int, int, str], None]
@@ -129,7 +132,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     progress: ProgressFn | None = None,
-    reserved: PrefaultedArena | None = None,
+    reserved: Ahead | None = None,
 ) -> LoadedModel:
     """Load a ``.gguf`` file or an HF safetensors directory; ``None`` is the default model.
 
@@ -138,9 +141,11 @@ def load_model(
     :param dtype: ``auto`` (bfloat16), ``bfloat16``, ``float32`` or ``float16``.
     :param device: where weights live.
     :param progress: called after each tensor is loaded.
-    :param reserved: memory for a GGUF's quantized weights, faulting in since before the
-        imports (``models.arena``: the CLI's start-up); used where they fit, and its
-        unused pages handed back either way.
+    :param reserved: what the CLI's start-up began for a GGUF's quantized weights before
+        its imports (``models.prefault``): memory faulting in (``models.arena``), used
+        where it fits, its unused pages handed back either way; or, on a first start with
+        the packed-weights cache on, the cache file being packed (``models.early_pack``),
+        taken where it was packed under this load's cache key.
     :returns: the model with its config, tokenizer, chat template and stop ids.
     """
     try:
@@ -181,10 +186,11 @@ def plan_gguf(path: str) -> GGUFPlan:
 
 
 def _plan_gguf_weights(
-    path: str,
+    path: str, opened: GGUFCheckpoint | None = None,
 ) -> tuple[GGUFCheckpoint, ModelConfig, dict[str, tuple[str, tuple[int, ...]]], list[str]]:
-    """:func:`plan_gguf`'s checks up to the tensors (everything but the tokenizer)."""
-    ckpt = GGUFCheckpoint(path)
+    """:func:`plan_gguf`'s checks up to the tensors (everything but the tokenizer);
+    ``opened``: the file's header as an early packing read it (``models.early_pack``)."""
+    ckpt = opened if opened is not None else GGUFCheckpoint(path)
     check_gguf_metadata(ckpt.metadata, path)
     config = ModelConfig.from_gguf_metadata(
         ckpt.metadata, ckpt.tensor_names, path, rope_freq_factors=ckpt.rope_freq_factors()
@@ -211,7 +217,7 @@ _OVERLAP_SWITCH_S = 1e-4
 
 def _load_gguf(
     path: str, dtype: torch.dtype, device: str | torch.device, progress: ProgressFn | None,
-    reserved: PrefaultedArena | None = None,
+    reserved: Ahead | None = None,
 ) -> LoadedModel:
     """Everything :func:`plan_gguf` checks, then the weights.
 
@@ -222,12 +228,14 @@ def _load_gguf(
     the default 5 ms the packing thread, which needs the GIL for a moment between
     tensors, would wait up to 5 ms each time the tokenizer thread holds it.
     """
-    ckpt, config, available, names = _plan_gguf_weights(path)
+    opened = reserved.checkpoint() if isinstance(reserved, EarlyPack) else None
+    ckpt, config, available, names = _plan_gguf_weights(path, opened)
     backend = decide_backend(dtype, device, config.head_dim)
     quant = plan_quantized(ckpt, config, available, dtype, device, backend)
     for line in quant.notices:
         logger.warning("draftwise: %s", line)
-    switch = sys.getswitchinterval()
+    # an early packing (models.early_pack) cut the interval already; this is what it found
+    switch = reserved.switch_before if isinstance(reserved, EarlyPack) else sys.getswitchinterval()
     sys.setswitchinterval(min(switch, _OVERLAP_SWITCH_S))
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="draftwise-tokenizer") as pool:

@@ -41,7 +41,7 @@ from draftwise.formats.safetensors_dir import SafetensorsCheckpoint
 from draftwise.formats.safetensors_header import DTYPE_BITS
 from draftwise.formats.weight_types import NVFP4
 from draftwise.models.config import ModelConfig
-from draftwise.models.gguf_weights import quantizable_groups
+from draftwise.models.pack_plan import quantizable_groups
 from draftwise.models.quant import NvFp4Part, QuantWeight, pack_nvfp4
 
 if TYPE_CHECKING:

@@ -21,8 +21,10 @@ never mapped; it is packed again and rewritten, with a warning naming it.
 A first start packs straight into the file (:class:`PackedFile`) and runs on it as later
 starts do: page-cache pages are fresh memory too, but they are then the only copy (the
 packed bytes used to be made in an anonymous arena and written here afterwards, twice
-the fresh memory). It costs disk the size of the packed weights (1.11 GB for the 1.5B
-Q4_K_M: the GGUF's own size again); ``DRAFTWISE_PACKED_CACHE=0`` turns the cache off (no
+the fresh memory); the CLI begins that packing before its imports
+(``models.early_pack``), and the loader takes the file. It costs disk the size of the
+packed weights (1.11 GB for the 1.5B Q4_K_M: the GGUF's own size again);
+``DRAFTWISE_PACKED_CACHE=0`` turns the cache off (no
 file read or written), and ``$DRAFTWISE_CACHE_DIR`` (else ``$XDG_CACHE_HOME/draftwise``,
 else ``~/.cache/draftwise``) says where it lives.
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 logger = logging.getLogger("draftwise")
@@ -213,10 +216,10 @@ class PackedFile:
                        "to map (%s=0 turns this off)", made.data, nbytes / 1e9, ENV)
         return made
 
-    def write(self, offset: int, chunk: torch.Tensor) -> None:
+    def write(self, offset: int, chunk: np.ndarray) -> None:
         """Write ``chunk`` (uint8, contiguous) at ``offset`` (``os.pwrite`` releases the GIL
         and takes no file position: packing threads write side by side)."""
-        view = memoryview(chunk.numpy()).cast("B")
+        view = chunk.data.cast("B")
         if offset < 0 or offset + len(view) > self.nbytes:
             raise ValueError(f"{len(view)} bytes at {offset} do not fit {self.nbytes}")
         while view:

@@ -33,20 +33,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from draftwise.formats.weight_types import NVFP4, TILE, WeightType, weight_type
 from draftwise.models import kernels
 from draftwise.models.hugepages import huge_page_tensor
 from draftwise.models.kernels import KernelInputError, kernel_threads
-
-#: fused parts per call the kernel accepts
-MAX_SEGMENTS = 8
-#: stored bytes per packing call when a loader follows the packing (``pack_quant``'s
-#: ``rows_done``): with the arena faulted in before the load (``models.arena``), the
-#: stored pages not yet given back are what the load adds to the peak resident set
-PACK_CALL_BYTES = 8 << 20
+from draftwise.models.pack_plan import (  # noqa: F401 (re-exported: the parts are planned there)
+    MAX_SEGMENTS,
+    PACK_CALL_BYTES,
+    QuantPart,
+    pack_quant_stream,
+    plan_bytes,
+)
+from draftwise.models.pack_plan import (
+    row_addresses as _row_addresses,
+)
+from draftwise.models.pack_plan import (
+    segments as _segments,
+)
 
 
 def quant_kernels_available() -> bool:
@@ -75,21 +80,6 @@ def _kernel_of(qtype: int) -> int:
     if wtype.kernel is None:
         raise KernelInputError(f"{wtype.name} has no native kernel")
     return wtype.kernel
-
-
-@dataclass(frozen=True)
-class QuantPart:
-    """One stored tensor to pack: ``raw`` is ``[rows, row_bytes]`` GGUF blocks (a view of
-    the mapped file), ``order`` the stored row each packed row takes (None: as stored).
-    ``qtype`` may be given as a number (a ``GGMLQuantizationType``): it becomes its
-    registered record here, once."""
-
-    qtype: WeightType
-    raw: np.ndarray  # [rows, row_bytes] uint8
-    order: np.ndarray | None = None  # [rows] int64
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "qtype", weight_type(self.qtype))
 
 
 @dataclass(frozen=True)
@@ -156,91 +146,6 @@ class QuantWeight:
     def qtypes(self) -> tuple[str, ...]:
         """Type names of the segments, in column order."""
         return tuple(s.qtype.name for s in self.segments)
-
-
-def _segments(parts: Sequence[QuantPart]) -> list[list[QuantPart]]:
-    """Adjacent parts of one type share a segment when the earlier ones fill whole tiles."""
-    groups: list[list[QuantPart]] = []
-    for part in parts:
-        last = groups[-1] if groups else None
-        if last and last[0].qtype == part.qtype and sum(p.raw.shape[0] for p in last) % TILE == 0:
-            last.append(part)
-        else:
-            groups.append([part])
-    return groups
-
-
-def _row_addresses(group: Sequence[QuantPart], k: int) -> np.ndarray:  # [rows] int64
-    """The address of each stored row of one segment's parts, in packed order (checked)."""
-    qtype = group[0].qtype
-    if not qtype.native or qtype.container != "gguf" or k % qtype.block_k:
-        raise ValueError(f"{qtype.name} with {k} columns cannot be packed natively")
-    row_bytes = qtype.row_bytes(k)
-    pointers = []
-    for part in group:
-        raw = part.raw
-        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != row_bytes:
-            raise ValueError(f"{qtype.name} rows must be uint8 [rows, {row_bytes}]")
-        if raw.strides[1] != 1:
-            raise ValueError("stored rows must be contiguous")
-        order = np.arange(raw.shape[0]) if part.order is None else part.order
-        base = raw.__array_interface__["data"][0]
-        pointers.append(base + np.asarray(order, dtype=np.int64) * raw.strides[0])
-    return np.concatenate(pointers).astype(np.int64)
-
-
-def pack_quant_stream(
-    parts: Sequence[QuantPart],
-    k: int,
-    scratch: torch.Tensor,
-    write: Callable[[int, torch.Tensor], None],
-    rows_done: Callable[[int], None] | None = None,
-) -> int:
-    """:func:`pack_quant`'s bytes without an arena: packed a kernel call at a time into
-    ``scratch`` (uint8, at least :data:`PACK_CALL_BYTES` plus one tile of the widest row)
-    and handed to ``write(offset, bytes)`` at their offset in the weight's packed bytes.
-
-    Why: a first start writes the packed weights straight into the cache file
-    (``models.packed_cache.PackedFile``), so the process allocates them once, as page
-    cache, and not a second time as an anonymous arena (each fresh page is a fault the
-    host of a VM with free page reporting supplies). The bytes are :func:`pack_quant`'s:
-    a call writes whole tiles, and tiles do not depend on the call they were packed in.
-    Returns the bytes written (:func:`plan_bytes`).
-    """
-    if not quant_kernels_available():
-        raise RuntimeError("the quantized GEMM is not built (no C compiler at install)")
-    groups = _segments(parts)
-    if len(groups) > MAX_SEGMENTS:
-        raise ValueError(f"at most {MAX_SEGMENTS} type segments per weight, got {len(groups)}")
-    if scratch.dtype != torch.uint8 or not scratch.is_contiguous():
-        raise ValueError("pack_quant_stream needs a contiguous uint8 scratch buffer")
-    offset, start = 0, 0
-    for group in groups:
-        qtype = group[0].qtype
-        rows = _row_addresses(group, k)
-        row_bytes = qtype.row_bytes(k)
-        if TILE * row_bytes > scratch.numel():
-            raise ValueError(f"a scratch of {scratch.numel()} bytes holds no tile of "
-                             f"{qtype.name} x {k}")
-        step = scratch.numel() // (row_bytes * TILE) * TILE
-        for first in range(0, len(rows), step):
-            n = min(step, len(rows) - first)
-            part_bytes = qtype.packed_bytes(n, k)
-            kernels.quant_pack(qtype.kernel, rows.ctypes.data + rows.itemsize * first, n, k,
-                               scratch[:part_bytes], part_bytes, 1)
-            write(offset + first * row_bytes, scratch[:part_bytes])
-            if rows_done is not None:
-                rows_done(start + first + n)
-        offset += qtype.packed_bytes(len(rows), k)
-        start += len(rows)
-    return offset
-
-
-def plan_bytes(parts: Sequence[QuantPart], k: int) -> int:
-    """Bytes :func:`pack_quant` will need for ``parts`` (to size one arena for a model)."""
-    return sum(
-        g[0].qtype.packed_bytes(sum(p.raw.shape[0] for p in g), k) for g in _segments(parts)
-    )
 
 
 def pack_quant(

@@ -174,34 +174,6 @@ def test_packing_in_calls_that_report_progress_gives_the_same_bytes(monkeypatch)
     assert all(torch.equal(a.data, b.data) for a, b in zip(stepped.segments, whole.segments))
 
 
-def test_streamed_pack_writes_the_bytes_of_the_arena_pack() -> None:
-    """``pack_quant_stream`` (a first start packing into the cache file): every call's
-    bytes at their offset give exactly ``pack_quant``'s arena, fused mixed types and a
-    row order included, with a scratch of a few tiles (several calls a segment), and
-    ``rows_done`` counts over the weight's rows as ``pack_quant``'s does."""
-    k = 256
-    order = np.random.default_rng(3).permutation(40)
-    parts = [q.QuantPart(Q.Q4_K, blocks(Q.Q4_K, 40, k, seed=1), order),
-             q.QuantPart(Q.Q4_K, blocks(Q.Q4_K, 16, k, seed=2)),
-             q.QuantPart(Q.Q6_K, blocks(Q.Q6_K, 21, k, seed=3))]
-    whole = q.pack_quant(parts, k)
-    want = torch.cat([s.data for s in whole.segments])
-    got = torch.full((q.plan_bytes(parts, k),), 0xA5, dtype=torch.uint8)
-    calls: list[tuple[int, int]] = []
-    seen: list[int] = []
-
-    def write(offset: int, chunk: torch.Tensor) -> None:
-        calls.append((offset, chunk.numel()))
-        got[offset : offset + chunk.numel()] = chunk
-
-    scratch = torch.empty(2 * 8 * 210 + 7, dtype=torch.uint8)  # two Q6_K tiles, or 2 Q4_K
-    assert q.pack_quant_stream(parts, k, scratch, write, seen.append) == want.numel()
-    assert torch.equal(got, want)
-    assert len(calls) == 4 + 2 and seen == [16, 32, 48, 56, 72, 77]
-    with pytest.raises(ValueError, match="holds no tile"):
-        q.pack_quant_stream(parts, k, torch.empty(100, dtype=torch.uint8), write)
-
-
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
 def test_rows_never_depend_on_the_batch(scalar: bool) -> None:
     """Alone, as any slice of a batch (across the passes of up to five rows, split evenly,

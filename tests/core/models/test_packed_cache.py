@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 from draftwise.models import packed_cache
+from draftwise.models.early_pack import EarlyPack
 from draftwise.models.loader import load_model
 from draftwise.models.prefault import prefault_for_gguf
 from draftwise.models.quant import quant_kernels_available
@@ -133,8 +135,14 @@ def test_first_start_runs_on_the_file_it_writes_with_the_bits_of_the_arena(
     monkeypatch.setenv(packed_cache.ENV, "0")
     in_memory = load_model(str(t.path)).model
     monkeypatch.setenv(packed_cache.ENV, "1")
-    assert prefault_for_gguf(str(t.path)) is None  # the first start fills no arena either
-    first = load_model(str(t.path)).model
+    created = []
+    create = packed_cache.PackedFile.create
+    monkeypatch.setattr(packed_cache.PackedFile, "create",
+                        classmethod(lambda cls, key, n: created.append(key) or create(key, n)))
+    ahead = prefault_for_gguf(str(t.path))  # the first start fills no arena: it packs the file
+    assert isinstance(ahead, EarlyPack)
+    first = load_model(str(t.path), reserved=ahead).model
+    assert len(created) == 1  # the early packing's file, taken: the loader packed nothing
     data = next(cache_on.glob("*.bin"))
     seg = first.decoder_layers()[0].qkv_weight.segments[0]
     with open("/proc/self/maps") as maps:  # the weights are the file's mapping, not memory
@@ -268,3 +276,97 @@ def test_a_first_start_hands_the_ggufs_page_cache_to_the_file_it_writes(
     monkeypatch.setenv(packed_cache.ENV, "0")
     off = logits(_load_and_wait(str(t.path)), IDS)  # packs in memory, every start: drops nothing
     assert dropped == [] and torch.equal(want, off)
+
+
+def test_an_early_packing_under_another_key_is_not_taken(tiny_gguf, cache_on: Path,
+                                                          monkeypatch) -> None:
+    """The loader takes an early start's file only under its own cache key (here the
+    build changed between the two: another plan would do the same); the early file is
+    deleted, the loader writes its own, and the model runs the bits of one packed in
+    memory."""
+    from draftwise import disk_cache
+
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True,
+                  tensor_types=Q4_K_M, **SHAPE)
+    monkeypatch.setenv(packed_cache.ENV, "0")
+    want = logits(load_model(str(t.path)).model, IDS)
+    monkeypatch.setenv(packed_cache.ENV, "1")
+    ahead = prefault_for_gguf(str(t.path))
+    assert isinstance(ahead, EarlyPack)
+    code = disk_cache.code_identity()
+    for _ in range(2000):  # its key made (it does not read the build again after that)
+        if ahead.key is not None:
+            break
+        time.sleep(0.005)
+    monkeypatch.setattr(disk_cache, "code_identity", lambda: {**code, "version": "next"})
+    model = load_model(str(t.path), reserved=ahead).model
+    assert ahead.key is not None and ahead.key["code"] == code
+    assert sorted(p.suffix for p in cache_on.iterdir()) == [".bin", ".json"]
+    side = next(cache_on.glob("*.json"))
+    assert json.loads(side.read_text())["key"]["code"]["version"] == "next"
+    assert torch.equal(logits(model, IDS), want)
+
+
+def test_an_early_packing_nobody_takes_leaves_nothing(tiny_gguf, cache_on: Path) -> None:
+    """Handed back untaken (the command's options differed, or it failed first), an early
+    start's file is deleted and the GIL switch interval is what it was."""
+    import os
+    import sys
+
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    before = sys.getswitchinterval()
+    ahead = prefault_for_gguf(str(t.path))
+    assert isinstance(ahead, EarlyPack) and sys.getswitchinterval() <= 1e-4
+    assert ahead.take({}) is None and ahead.tried  # written whole, under another key
+    assert [p.suffix.startswith(f".tmp{os.getpid()}-") for p in cache_on.iterdir()] == [True]
+    ahead.finish()
+    ahead.finish()
+    assert sys.getswitchinterval() == before
+    assert not list(cache_on.iterdir()) and not packed_cache.cached_for(str(t.path))
+
+
+def test_an_early_packing_on_a_full_disk_warns_once_and_packs_in_memory(
+        tiny_gguf, cache_on: Path, monkeypatch, caplog) -> None:
+    """A disk without room refuses the early start's file (one warning); the loader does
+    not try again under the same key, packs into memory, and leaves nothing."""
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True,
+                  tensor_types=Q4_K_M, **SHAPE)
+    monkeypatch.setenv(packed_cache.ENV, "0")
+    want = logits(load_model(str(t.path)).model, IDS)
+    monkeypatch.setenv(packed_cache.ENV, "1")
+
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(packed_cache.os, "posix_fallocate", no_room)
+    with caplog.at_level(logging.WARNING, logger="draftwise"):
+        model = load_model(str(t.path), reserved=prefault_for_gguf(str(t.path))).model
+    assert caplog.text.count("not cached") == 1 and "No space left" in caplog.text
+    assert not list(cache_on.iterdir())
+    assert torch.equal(logits(model, IDS), want)
+
+
+def test_a_cached_model_begins_nothing_ahead(tiny_gguf, cache_on: Path) -> None:
+    """Once the file is there, a start maps it: nothing is packed or faulted ahead."""
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    ahead = prefault_for_gguf(str(t.path))
+    load_model(str(t.path), reserved=ahead)
+    assert packed_cache.cached_for(str(t.path)) and prefault_for_gguf(str(t.path)) is None
+
+
+def test_a_command_that_fails_before_its_load_leaves_no_early_file(tiny_gguf, cache_on: Path,
+                                                                   monkeypatch) -> None:
+    """``draftwise generate`` begins the early packing before it parses its options; one
+    that then refuses them (no prompt) never loads, and at exit the file it began is
+    deleted (``EarlyPack.finish`` at exit), not left for the next write to find."""
+    import os
+    import subprocess
+    import sys
+
+    t = tiny_gguf(arch="llama", matrix_type=Q.Q4_K, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    env = {**os.environ, packed_cache.ENV: "1"}
+    script = "import sys; from draftwise.cli import main; sys.argv[0] = 'draftwise'; main()"
+    run = subprocess.run([sys.executable, "-c", script, "generate", "--model", str(t.path)],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode != 0 and "--prompt" in run.stderr
+    assert not cache_on.exists() or not list(cache_on.iterdir())
