@@ -15,12 +15,16 @@ loads by ``"model"``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from draftwise.cli.common import RegularFile
+from draftwise.train.loop import RunPlan
+
+RunPlanT = TypeVar("RunPlanT", bound=RunPlan)
 
 
 @click.group("train")
@@ -110,66 +114,94 @@ def data(model: str | None, out: str, prompts: str | None, tokens: int | None,
                    f"{report.stopped})")
 
 
+def _target_options(out_help: str) -> Callable[[Any], Any]:
+    """``--data``, ``--out``, ``--model``: the first options of every trainer."""
+    options = [
+        click.option("--data", required=True, type=click.Path(), help="A `train data` folder."),
+        click.option("--out", required=True, type=click.Path(file_okay=False), help=out_help),
+        click.option("--model", default=None, help="The target the data was recorded on "
+                     "(default: the embedded model)."),
+    ]
+    return _stack(options)
+
+
+def _loop_options(anchors_help: str) -> Callable[[Any], Any]:
+    """The loop's options every trainer shares (``train.loop.RunPlan``'s fields, with its
+    defaults: one place for them), after each method's own."""
+    plan = RunPlan(data=Path(), out=Path())
+    positive = click.FloatRange(0, min_open=True)
+    options = [
+        click.option("--steps", default=None, type=click.IntRange(1),
+                     help="Stop at this step (every run into --out together)."),
+        click.option("--minutes", default=None, type=positive,
+                     help="Stop after this long (this run)."),
+        click.option("--lr", default=plan.lr, show_default=True, type=positive),
+        click.option("--warmup", default=plan.warmup, show_default=True,
+                     type=click.IntRange(0)),
+        click.option("--batch", default=plan.batch, show_default=True, type=click.IntRange(1),
+                     help="Sequences per step."),
+        click.option("--anchors", default=plan.anchors, show_default=True,
+                     type=click.IntRange(1), help=anchors_help),
+        click.option("--checkpoint-minutes", default=plan.checkpoint_minutes,
+                     show_default=True, type=positive),
+        click.option("--eval-minutes", default=plan.eval_minutes, show_default=True,
+                     type=positive),
+        click.option("--seed", default=plan.seed, show_default=True, type=int),
+        click.option("--threads", "threads", default=None, type=click.IntRange(1)),
+        click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end."),
+    ]
+    return _stack(options)
+
+
+def _stack(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """``options`` applied so that ``--help`` lists them in this order."""
+    def apply(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return apply
+
+
+def _plan(cls: type[RunPlanT], run: dict[str, Any], **own: Any) -> RunPlanT:
+    """A method's plan from the shared options (``data``/``out`` as paths) and its own."""
+    return cls(**{**run, "data": Path(run["data"]), "out": Path(run["out"])}, **own)
+
+
+def _train(method: str, trainer: Callable[..., Any], plan: RunPlan, as_json: bool,
+           extra: str = "") -> None:
+    """Run ``trainer`` with progress on stderr; refusals become a clean exit."""
+    from draftwise.cli.common import fail
+
+    try:
+        report = trainer(plan, lambda line: click.echo(line, err=True))
+    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
+        fail(exc)
+        return
+    _summarise(method, report, as_json, extra)
+
+
 @train.command("dflash")
-@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="The drafter folder (an existing run there is resumed).")
-@click.option("--model", default=None, help="The target the data was recorded on "
-              "(default: the embedded model).")
+@_target_options("The drafter folder (an existing run there is resumed).")
 @click.option("--layers", default=1, show_default=True, type=int, help="Draft decoder layers.")
 @click.option("--block-size", default=8, show_default=True, type=int,
               help="Anchor + drafted slots (num_speculative_tokens = block size - 1).")
-@click.option("--steps", default=None, type=click.IntRange(1),
-              help="Stop at this step (every run into --out together).")
-@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
-              help="Stop after this long (this run).")
-@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
-@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
-@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
-              help="Sequences per step.")
-@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
-              help="Blocks per sequence per step.")
 @click.option("--gamma", default=None, type=click.FloatRange(0, min_open=True),
               help="Position weight exp(-(k-1)/gamma) (default: 7 for B=16, 4 for B=8, else B/2).")
 @click.option("--mask-token-id", default=None, type=int,
               help="The mask slots' token (default: the target's last id).")
-@click.option("--checkpoint-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--eval-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
-def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
-           steps: int | None, minutes: float | None, lr: float, warmup: int, batch: int,
-           anchors: int, gamma: float | None, mask_token_id: int | None,
-           checkpoint_minutes: float, eval_minutes: float, seed: int,
-           num_threads: int | None, as_json: bool) -> None:
+@_loop_options("Blocks per sequence per step.")
+def dflash(layers: int, block_size: int, gamma: float | None, mask_token_id: int | None,
+           as_json: bool, **run: Any) -> None:
     """Train a DFlash drafter on a data folder (resumable: run it again to go on)."""
-    from pathlib import Path
-
-    from draftwise.cli.common import fail
     from draftwise.train.dflash import DFlashPlan, train_dflash
 
-    plan = DFlashPlan(data=Path(data), out=Path(out), model=model, layers=layers,
-                      block_size=block_size, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
-                      batch=batch, anchors=anchors, gamma=gamma, mask_token_id=mask_token_id,
-                      checkpoint_minutes=checkpoint_minutes, eval_minutes=eval_minutes,
-                      seed=seed, threads=num_threads)
-    try:
-        report = train_dflash(plan, lambda line: click.echo(line, err=True))
-    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
-        fail(exc)
-        return
-    _summarise("dflash", report, as_json, f', "num_speculative_tokens": {block_size - 1}')
+    plan = _plan(DFlashPlan, run, layers=layers, block_size=block_size, gamma=gamma,
+                 mask_token_id=mask_token_id)
+    _train("dflash", train_dflash, plan, as_json, f', "num_speculative_tokens": {block_size - 1}')
 
 
 @train.command("dspark")
-@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="The drafter folder (an existing run there is resumed).")
-@click.option("--model", default=None, help="The target the data was recorded on "
-              "(default: the embedded model).")
+@_target_options("The drafter folder (an existing run there is resumed).")
 @click.option("--layers", default=None, type=int,
               help="Draft decoder layers (default: chosen by the measured cost model).")
 @click.option("--block-size", default=4, show_default=True, type=int,
@@ -178,96 +210,32 @@ def dflash(data: str, out: str, model: str | None, layers: int, block_size: int,
               help="Draft vocabulary: the N most frequent target tokens of the data "
                    "(default: chosen by the measured cost model).")
 @click.option("--markov-rank", default=64, show_default=True, type=int)
-@click.option("--steps", default=None, type=click.IntRange(1),
-              help="Stop at this step (every run into --out together).")
-@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
-              help="Stop after this long (this run).")
-@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
-@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
-@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
-              help="Sequences per step.")
-@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
-              help="Blocks per sequence per step.")
-@click.option("--checkpoint-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--eval-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
-def dspark(data: str, out: str, model: str | None, layers: int | None, block_size: int,
-           draft_vocab: int | None, markov_rank: int, steps: int | None,
-           minutes: float | None, lr: float, warmup: int, batch: int, anchors: int,
-           checkpoint_minutes: float, eval_minutes: float, seed: int,
-           num_threads: int | None, as_json: bool) -> None:
+@_loop_options("Blocks per sequence per step.")
+def dspark(layers: int | None, block_size: int, draft_vocab: int | None, markov_rank: int,
+           as_json: bool, **run: Any) -> None:
     """Train a DSpark drafter with a reduced draft vocabulary (resumable: run it again)."""
-    from pathlib import Path
-
-    from draftwise.cli.common import fail
     from draftwise.train.dspark import DSparkPlan, train_dspark
 
-    plan = DSparkPlan(data=Path(data), out=Path(out), model=model, layers=layers,
-                      block_size=block_size, draft_vocab=draft_vocab, markov_rank=markov_rank,
-                      steps=steps, minutes=minutes, lr=lr, warmup=warmup, batch=batch,
-                      anchors=anchors, checkpoint_minutes=checkpoint_minutes,
-                      eval_minutes=eval_minutes, seed=seed, threads=num_threads)
-    try:
-        report = train_dspark(plan, lambda line: click.echo(line, err=True))
-    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
-        fail(exc)
-        return
-    _summarise("dspark", report, as_json)
+    plan = _plan(DSparkPlan, run, layers=layers, block_size=block_size,
+                 draft_vocab=draft_vocab, markov_rank=markov_rank)
+    _train("dspark", train_dspark, plan, as_json)
 
 
 @train.command("mtp")
-@click.option("--data", required=True, type=click.Path(), help="A `train data` folder.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="The head's folder (an existing run there is resumed).")
-@click.option("--model", default=None, help="The target the data was recorded on "
-              "(default: the embedded model).")
+@_target_options("The head's folder (an existing run there is resumed).")
 @click.option("--layers", default=1, show_default=True, type=int,
               help="MTP layers (the mtp plugin runs one).")
 @click.option("--depth", default=2, show_default=True, type=int,
               help="Recursive steps the loss covers (the plugin loops the head for k > 1).")
 @click.option("--eval-k", default=3, show_default=True, type=int,
               help="Drafts per step of the held-out walk (k = 1 .. this are reported).")
-@click.option("--steps", default=None, type=click.IntRange(1),
-              help="Stop at this step (every run into --out together).")
-@click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
-              help="Stop after this long (this run).")
-@click.option("--lr", default=1e-3, show_default=True, type=click.FloatRange(0, min_open=True))
-@click.option("--warmup", default=50, show_default=True, type=click.IntRange(0))
-@click.option("--batch", default=4, show_default=True, type=click.IntRange(1),
-              help="Sequences per step.")
-@click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),
-              help="Labelled positions per sequence per step.")
-@click.option("--checkpoint-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--eval-minutes", default=5.0, show_default=True,
-              type=click.FloatRange(0, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--threads", "num_threads", default=None, type=click.IntRange(1))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
-def mtp(data: str, out: str, model: str | None, layers: int, depth: int, eval_k: int,
-        steps: int | None, minutes: float | None, lr: float, warmup: int, batch: int,
-        anchors: int, checkpoint_minutes: float, eval_minutes: float, seed: int,
-        num_threads: int | None, as_json: bool) -> None:
+@_loop_options("Labelled positions per sequence per step.")
+def mtp(layers: int, depth: int, eval_k: int, as_json: bool, **run: Any) -> None:
     """Train an MTP head for a target that has none (resumable: run it again to go on)."""
-    from pathlib import Path
-
-    from draftwise.cli.common import fail
     from draftwise.train.mtp import MtpPlan, train_mtp
 
-    plan = MtpPlan(data=Path(data), out=Path(out), model=model, layers=layers, depth=depth,
-                   eval_k=eval_k, steps=steps, minutes=minutes, lr=lr, warmup=warmup,
-                   batch=batch, anchors=anchors, checkpoint_minutes=checkpoint_minutes,
-                   eval_minutes=eval_minutes, seed=seed, threads=num_threads)
-    try:
-        report = train_mtp(plan, lambda line: click.echo(line, err=True))
-    except Exception as exc:  # noqa: BLE001 - refusals become a clean exit
-        fail(exc)
-        return
-    _summarise("mtp", report, as_json, f', "num_speculative_tokens": {eval_k}')
+    plan = _plan(MtpPlan, run, layers=layers, depth=depth, eval_k=eval_k)
+    _train("mtp", train_mtp, plan, as_json, f', "num_speculative_tokens": {eval_k}')
 
 
 def _summarise(method: str, report: Any, as_json: bool, extra: str = "") -> None:
