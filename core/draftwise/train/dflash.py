@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from draftwise.errors import EngineConfigError
@@ -33,7 +32,6 @@ from draftwise.train.dflash_objective import (
     check_block_size,
     default_gamma,
     position_weights,
-    sample_anchors,
     weight_sum,
     weighted_ce_sum,
 )
@@ -135,12 +133,8 @@ class Run(TrainRun):
         ``mid_step`` is True while the cursor, weights or step may disagree."""
         self.mid_step = True
         plan, shape, t = self.dplan, self.shape, self.target
-        gen = self.step_generator()
         items = []
-        for i in self.next_sequences():
-            seq = self.data.train[i]
-            ids = torch.from_numpy(np.asarray(seq.token_ids, dtype=np.int64))
-            anchors = sample_anchors(len(ids), seq.response_start, plan.anchors, gen)
+        for seq, ids, anchors in self.next_batch(self.step_generator()):
             blocks, labels, valid = block_inputs(ids, anchors, shape.block_size,
                                                  shape.mask_token_id)
             items.append((seq, anchors, blocks, labels, valid))

@@ -117,13 +117,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU, as every Qwen3 layer."""
+    """SwiGLU, as every Qwen3 and llama layer (the MTP head's too, ``mtp_net``)."""
 
-    def __init__(self, s: DFlashShape) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -135,7 +135,7 @@ class Layer(nn.Module):
     def __init__(self, s: DFlashShape) -> None:
         super().__init__()
         self.self_attn = Attention(s)
-        self.mlp = MLP(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 

@@ -33,7 +33,6 @@ from draftwise.errors import EngineConfigError
 from draftwise.train.acceptance import Acceptance, walk_estimate
 from draftwise.train.dflash_layout import CONFIG
 from draftwise.train.dflash_net import DFlashShape
-from draftwise.train.dflash_objective import sample_anchors
 from draftwise.train.dspark_layout import save_drafter
 from draftwise.train.dspark_net import DSparkNet
 from draftwise.train.dspark_objective import (
@@ -186,13 +185,7 @@ class Run(TrainRun):
         ``mid_step`` is True while the cursor, weights or step may disagree."""
         self.mid_step = True
         plan = self.dplan
-        gen = self.step_generator()
-        items = []
-        for i in self.next_sequences():
-            seq = self.data.train[i]
-            ids = torch.from_numpy(np.asarray(seq.token_ids, dtype=np.int64))
-            items.append((seq, ids, sample_anchors(len(ids), seq.response_start,
-                                                   plan.anchors, gen)))
+        items = self.next_batch(self.step_generator())
         b = self.shape.block_size
         total_w = sum(float(((a[:, None] + torch.arange(b) + 1 < len(ids)) * self.weights)
                             .sum()) for _, ids, a in items)

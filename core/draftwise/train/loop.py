@@ -96,6 +96,9 @@ class LoopPlan(Protocol):
     def batch(self) -> int: ...
 
     @property
+    def anchors(self) -> int: ...
+
+    @property
     def lr(self) -> float: ...
 
     @property
@@ -212,6 +215,21 @@ class TrainRun(ABC):
             picks.append(int(self.order[self.position]))
             self.position += 1
         return picks
+
+    def next_batch(self, gen: torch.Generator) -> list[tuple[Any, torch.Tensor, torch.Tensor]]:
+        """The step's training sequences as (recorded sequence, its ids, its ``anchors``
+        positions over the response, drawn from ``gen``), in the cursor's order (every
+        method's step starts here, so the draws of a resumed run are the uninterrupted
+        one's)."""
+        from draftwise.train.dflash_objective import sample_anchors
+
+        out = []
+        for i in self.next_sequences():
+            seq = self.data.train[i]
+            ids = torch.from_numpy(np.asarray(seq.token_ids, dtype=np.int64))
+            out.append((seq, ids, sample_anchors(len(ids), seq.response_start,
+                                                 self.plan.anchors, gen)))
+        return out
 
     def finish_step(self, grad_clip: float, loss: float, total_weight: float,
                     labelled: int) -> tuple[float, int]:

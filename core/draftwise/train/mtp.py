@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from draftwise.errors import EngineConfigError
 from draftwise.train.acceptance import Acceptance, walk_estimate
 from draftwise.train.dflash_layout import CONFIG
-from draftwise.train.dflash_objective import sample_anchors
 from draftwise.train.loop import (
     RunPlan,
     Target,
@@ -168,13 +167,7 @@ class Run(TrainRun):
         disagree."""
         self.mid_step = True
         plan = self.mplan
-        gen = self.step_generator()
-        items = []
-        for i in self.next_sequences():
-            seq = self.data.train[i]
-            ids = torch.from_numpy(np.asarray(seq.token_ids, dtype=np.int64))
-            items.append((seq, ids, sample_anchors(len(ids), seq.response_start,
-                                                   plan.anchors, gen)))
+        items = self.next_batch(self.step_generator())
         total = sum(int((a[:, None] + torch.arange(1, plan.depth + 1) < len(ids)).sum())
                     for _, ids, a in items)
         self.set_lr()

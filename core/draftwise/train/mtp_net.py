@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.models.rope import apply_rope, inv_frequencies, rope_tables
-from draftwise.train.dflash_net import RMSNorm
+from draftwise.train.dflash_net import MLP, RMSNorm
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,19 +116,6 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(n, self.heads * d))
 
 
-class MLP(nn.Module):
-    """SwiGLU, as the target's layers."""
-
-    def __init__(self, s: MtpShape) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class SharedHead(nn.Module):
     """``shared_head.norm`` (the head's LM head is the target's: not a parameter here)."""
 
@@ -150,7 +137,7 @@ class MtpNet(nn.Module):
         self.input_layernorm = RMSNorm(h, s.rms_norm_eps)
         self.self_attn = Attention(s)
         self.post_attention_layernorm = RMSNorm(h, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = MLP(s.hidden_size, s.intermediate_size)
         self.shared_head = SharedHead(s)
         self._inv, self._scaling = inv_frequencies(
             s.head_dim, s.rope_theta, s.rope_scaling, s.max_position_embeddings)
