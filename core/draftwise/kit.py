@@ -85,8 +85,8 @@ if TYPE_CHECKING:
         markov_pass,
         markov_pass_built,
     )
+    from draftwise.models.pack_plan import QuantPart
     from draftwise.models.quant import (
-        QuantPart,
         QuantWeight,
         dequant_rows,
         linear_quant,
