@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.train.llamacpp_export import CONFIG, WEIGHTS, DrafterExportError, read_drafter
+from draftwise.train.loop import REPORT  # the trainer's report, where the run's --anchors is
 
 FORMAT = "deepspec"
 ARCH = "Qwen3DSparkModel"
@@ -52,8 +53,6 @@ SPECULATORS_ARCH = "DSparkSpeculator"
 #: DeepSpec's ``num_anchors`` (``config/dspark/dspark_qwen3_*.py``) where the run's own
 #: ``--anchors`` is not recorded
 DEEPSPEC_NUM_ANCHORS = 512
-#: the trainer's report, where the run's ``--anchors`` is
-REPORT = "draftwise_train.json"
 
 
 @dataclass(frozen=True, slots=True)
